@@ -1,0 +1,65 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tuner import gpu
+
+DATA_DIR = Path(os.environ.get("TUNER_DATA_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+REAL = sorted(DATA_DIR.glob("*.npz")) if DATA_DIR.is_dir() else []
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu.available():
+        return
+    skip = pytest.mark.skip(reason=f"no CUDA GPU: {gpu.unavailable_reason()}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    """Every test gets its own cache directory, so no test sees another's plans or binaries."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def real_paths():
+    if not REAL:
+        pytest.skip(f"no real matrices in {DATA_DIR}")
+    return REAL
+
+
+def power_law(n_rows=3000, n_cols=None, seed=0, dtype=np.float32, max_row=None):
+    """A random matrix with Zipf-distributed row lengths, some empty rows and one long row."""
+    rng = np.random.default_rng(seed)
+    n_cols = n_cols or n_rows
+    lengths = np.minimum(rng.zipf(1.8, n_rows) - 1, max_row or n_cols)
+    lengths[rng.choice(n_rows, n_rows // 10, replace=False)] = 0
+    rows = np.repeat(np.arange(n_rows), lengths)
+    cols = rng.integers(0, n_cols, rows.size)
+    vals = rng.uniform(-2, 2, rows.size).astype(dtype)
+    return sp.csr_matrix((vals, (rows, cols)), shape=(n_rows, n_cols))
+
+
+def fixture_matrices():
+    """Named small matrices covering the edge cases every kernel must handle."""
+    rng = np.random.default_rng(7)
+    dense_row = sp.random(500, 400, density=0.01, format="lil", random_state=3, dtype=np.float32)
+    dense_row[17, :] = rng.uniform(1, 2, 400)
+    return {
+        "power_law": power_law(),
+        "rectangular_wide": power_law(300, 5000, seed=1),
+        "rectangular_tall": power_law(4000, 70, seed=2),
+        "one_dense_row": dense_row.tocsr(),
+        "empty_rows": sp.csr_matrix((np.ones(3, np.float32), ([2, 2, 9], [0, 5, 1])), shape=(12, 6)),
+        "pattern": (power_law(2000, seed=4) != 0).astype(np.float32),
+        "float64": power_law(1500, seed=5, dtype=np.float64),
+        "all_empty": sp.csr_matrix((40, 30), dtype=np.float32),
+        "tiny": sp.csr_matrix(np.array([[0, 2.5], [1.5, 0]], dtype=np.float32)),
+        "long_rows": power_law(200, 20000, seed=6, max_row=20000),
+    }

@@ -1,0 +1,91 @@
+"""The command line and the bench helpers, on the no-GPU path (the GPU path runs in .ci/gpu-run)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tuner
+from tuner import bench, cli, gpu
+from tuner.matrix import canonicalize
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(gpu, "available", lambda: False)
+    monkeypatch.setattr(gpu, "unavailable_reason", lambda: "test: pretend there is no device")
+
+
+@pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"]])
+def test_every_command_explains_itself(args):
+    proc = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
+    assert proc.returncode == 0
+    assert "usage: python -m tuner" in proc.stdout
+    assert ("rmat:SCALE" in proc.stdout) or args == ["--help"]
+
+
+def test_tune_without_gpu_plans_compiles_and_says_so(no_gpu, capsys, tmp_path):
+    code = cli.main(["tune", "rmat:9", "--cache-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == cli.NO_GPU_EXIT
+    assert out.startswith("NO CUDA GPU PRESENT (test: pretend there is no device)")
+    row = next(line for line in out.splitlines() if line.startswith("rmat:9"))
+    candidates, compiled = int(row.split()[2]), int(row.split()[3])
+    assert candidates == compiled > 10
+    assert list(tmp_path.glob("cubin/*/*.entry"))
+
+
+def test_bench_without_gpu_covers_the_whole_suite(no_gpu, capsys, tmp_path):
+    mtx = tmp_path / "g.mtx"
+    mtx.write_text("%%MatrixMarket matrix coordinate pattern general\n3 3 3\n1 2\n2 3\n3 1\n")
+    code = cli.main(["bench", "rmat:8", str(mtx), "--cache-dir", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert code == cli.NO_GPU_EXIT
+    assert "rmat:8" in out and "\ng " in out and "No CUDA GPU present" in out
+
+
+def test_bad_matrix_argument_is_a_clear_error(capsys):
+    assert cli.main(["tune", "/nonexistent/graph.mtx"]) == 2
+    assert "/nonexistent/graph.mtx" in capsys.readouterr().err
+    assert cli.main(["tune", "rmat:notanumber"]) == 2
+
+
+def test_compile_without_gpu_names_the_problem(no_gpu, monkeypatch):
+    monkeypatch.setattr(gpu, "drv", None)
+    gpu.device_info.cache_clear()
+    monkeypatch.setattr(gpu, "unavailable_reason", lambda: "test: pretend there is no device")
+    try:
+        with pytest.raises(tuner.NoDeviceError, match="no CUDA GPU present: test: pretend"):
+            tuner.compile(sp.eye(4, format="csr", dtype=np.float32))
+    finally:
+        gpu.device_info.cache_clear()
+
+
+def test_prepare_compiles_every_candidate_without_gpu(tmp_path):
+    from tuner.cache import Cache
+    p = tuner.prepare(sp.random(200, 300, density=0.05, format="csr", random_state=0), cache=Cache(tmp_path))
+    assert len(p.binaries) == len(p.specs) >= 10
+    assert all(b.cubin[:4] == b"\x7fELF" for b in p.binaries)
+    assert p.fingerprint.features["n_cols"] == 300
+
+
+def test_compulsory_bytes_count_indices_values_pointers_and_vectors():
+    m = canonicalize(sp.random(10, 20, density=0.5, format="csr", random_state=1, dtype=np.float64))
+    assert bench.compulsory_bytes(m) == m.nnz * (4 + 8) + 11 * 4 + 20 * 8 + 10 * 8
+
+
+def test_bench_table_shows_speedup_and_floor():
+    row = bench.BenchRow(name="g", n_rows=10, n_cols=10, nnz=1234, value_free=True, plan="csr_vector(x)",
+                         ours_ms=0.5, ours_kernel_ms=0.4, cusparse_csr_ms=1.0, cusparse_coo_ms=1.2,
+                         cusparse_ms=1.0, speedup=2.0, compulsory_bytes=10**9, achieved_gbs=2000.0,
+                         floor_fraction=0.5, rel_error=1e-7, load_s=0.1, tune_s=1.0, cache_hit_s=0.1)
+    line = bench.format_table([row]).splitlines()[1]
+    assert line.split()[:7] == ["g", "1,234", "0.5000", "1.0000", "2.00x", "2000", "50.0%"]
+
+
+def test_default_suite_lists_real_matrices_then_generated(tmp_path):
+    (tmp_path / "b.npz").write_bytes(b"")
+    (tmp_path / "a.npz").write_bytes(b"")
+    suite = bench.default_suite(tmp_path)
+    assert [s.rsplit("/", 1)[-1] for s in suite] == ["a.npz", "b.npz", "rmat:20", "rmat:23"]

@@ -1,0 +1,220 @@
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tuner.generators import kronecker, rmat
+
+
+def assert_canonical_pattern(A, shape):
+    assert isinstance(A, sp.csr_matrix)
+    assert A.shape == shape
+    assert A.dtype == np.float32
+    assert A.indices.dtype == A.indptr.dtype == np.int32
+    assert np.all(A.data == 1.0)
+    assert A.indptr[0] == 0 and A.indptr[-1] == A.nnz == A.indices.size
+    rows = np.repeat(np.arange(shape[0]), np.diff(A.indptr))
+    keys = rows.astype(np.int64) * shape[1] + A.indices
+    assert np.all(np.diff(keys) > 0), "indices must be sorted within rows and free of duplicates"
+    assert A.indices.min() >= 0 and A.indices.max() < shape[1]
+    assert A.has_sorted_indices
+
+
+# --- rmat --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rmat14():
+    return rmat(14)
+
+
+def test_rmat_is_a_canonical_float32_pattern_of_2_to_the_scale_nodes(rmat14):
+    assert_canonical_pattern(rmat14, (2**14, 2**14))
+    assert rmat14.has_canonical_format
+
+
+def test_rmat_nnz_is_edge_factor_times_n_less_a_few_duplicates(rmat14):
+    drawn = 16 * 2**14
+    assert 0.85 * drawn < rmat14.nnz <= drawn
+    assert rmat14.nnz < drawn, "R-MAT at scale 14 always draws some duplicate edges"
+
+
+def test_rmat_degree_distribution_is_skewed(rmat14):
+    out_degree = np.diff(rmat14.indptr)
+    in_degree = np.bincount(rmat14.indices, minlength=2**14)
+    assert out_degree.max() > 20 * out_degree.mean()
+    assert in_degree.max() > 20 * in_degree.mean()
+    assert np.count_nonzero(out_degree == 0) > 0.1 * 2**14
+
+
+def test_rmat_quadrant_probabilities_shape_the_row_and_column_sums():
+    # Before the relabelling, the top half of the rows holds a + b of the edges; the permutation
+    # preserves the multiset of degrees, so compare against a graph drawn with a = b (symmetric rows).
+    heavy_top = rmat(12, a=0.7, b=0.1, c=0.1)
+    balanced = rmat(12, a=0.25, b=0.25, c=0.25)
+    top_share = np.sort(np.diff(heavy_top.indptr))[::-1][: 2**11].sum() / heavy_top.nnz
+    flat_share = np.sort(np.diff(balanced.indptr))[::-1][: 2**11].sum() / balanced.nnz
+    assert top_share > 0.9 > 0.6 > flat_share
+
+
+def test_rmat_is_deterministic_for_a_seed_and_differs_across_seeds():
+    a = rmat(10, 8, seed=7)
+    b = rmat(10, 8, seed=7)
+    c = rmat(10, 8, seed=8)
+    assert np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
+    assert a.nnz != c.nnz or not np.array_equal(a.indices, c.indices)
+    assert (a != c).nnz > 0.5 * a.nnz
+
+
+def test_rmat_does_not_depend_on_the_thread_count():
+    # Scale 17 draws 2 Mi edges: two random-stream blocks and several row partitions.
+    one = rmat(17, 16, seed=3, threads=1)
+    three = rmat(17, 16, seed=3, threads=3)
+    assert np.array_equal(one.indptr, three.indptr)
+    assert np.array_equal(one.indices, three.indices)
+
+
+def test_rmat_matches_a_plain_scipy_build_of_the_same_edges(monkeypatch):
+    # Recompute the partitioned sort with scipy's COO -> CSR on the same generated keys.
+    import tuner.generators as generators
+
+    kept = []
+    original = generators._rmat_block
+
+    def spy(*args):
+        keys, offsets = original(*args)
+        kept.append((keys.copy(), offsets.copy()))
+        return keys, offsets
+
+    monkeypatch.setattr(generators, "_rmat_block", spy)
+    A = rmat(9, 4, seed=5)
+    layout = generators._PartitionLayout(9, generators._partition_bits(9, 4 * 2**9))
+    rows, cols = [], []
+    for keys, offsets in kept:
+        for p in range(layout.count):
+            part_keys = keys[offsets[p] : offsets[p + 1]]
+            rows.append((part_keys >> np.uint64(9)).astype(np.int64) + p * layout.rows_per_part)
+            cols.append((part_keys & np.uint64(2**9 - 1)).astype(np.int64))
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    assert rows.size == 4 * 2**9
+    expected = sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(2**9, 2**9))
+    expected.sum_duplicates()
+    assert np.array_equal(A.indptr, expected.indptr)
+    assert np.array_equal(A.indices, expected.indices)
+
+
+def test_rmat_keeps_self_loops_and_works_at_tiny_scales():
+    A = rmat(1, 8, seed=1)
+    assert_canonical_pattern(A, (2, 2))
+    assert A.nnz <= 4
+    assert rmat(3, 64).diagonal().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"scale": 0}, "scale"),
+        ({"scale": 41}, "scale"),
+        ({"scale": 2.5}, "scale"),
+        ({"scale": True}, "scale"),
+        ({"scale": 4, "edge_factor": 0}, "edge_factor"),
+        ({"scale": 4, "a": 0.0}, "a"),
+        ({"scale": 4, "b": 1.0}, "b"),
+        ({"scale": 4, "c": -0.1}, "c"),
+        ({"scale": 4, "a": 0.5, "b": 0.3, "c": 0.2}, "a + b + c"),
+        ({"scale": 4, "seed": -1}, "seed"),
+        ({"scale": 4, "threads": 0}, "threads"),
+    ],
+)
+def test_rmat_rejects_bad_arguments_naming_them(kwargs, name):
+    with pytest.raises(ValueError, match=name.replace("+", r"\+")):
+        rmat(**kwargs)
+
+
+# --- kronecker ---------------------------------------------------------------------------------------
+
+G = np.array(
+    [
+        [0, 1, 1, 0],
+        [0, 0, 1, 0],
+        [1, 0, 0, 1],
+        [0, 0, 0, 1],
+    ]
+)
+S = np.array([[1, 1], [1, 0]])
+
+
+def explicit_kron(seed, k, graph):
+    power = sp.csr_matrix(np.ones((1, 1)))
+    for _ in range(k):
+        power = sp.kron(power, seed, format="csr")
+    return (sp.kron(power, graph).toarray() != 0).astype(np.float32)
+
+
+def test_kronecker_without_permutation_equals_scipy_kron():
+    K = kronecker(G, S, 3, permute=False)
+    assert_canonical_pattern(K, (2**3 * 4, 2**3 * 4))
+    assert np.array_equal(K.toarray(), explicit_kron(S, 3, G))
+    assert K.nnz == 3**3 * 6
+
+
+def test_kronecker_default_seed_is_the_three_entry_2x2_initiator():
+    assert np.array_equal(kronecker(G, None, 2, permute=False).toarray(), explicit_kron(S, 2, G))
+
+
+def test_kronecker_permutation_relabels_the_same_graph():
+    plain = kronecker(G, S, 3, permute=False)
+    shuffled = kronecker(G, S, 3, rng_seed=4)
+    assert_canonical_pattern(shuffled, plain.shape)
+    assert shuffled.nnz == plain.nnz
+    assert np.array_equal(np.sort(np.diff(shuffled.indptr)), np.sort(np.diff(plain.indptr)))
+    assert np.array_equal(
+        np.sort(np.bincount(shuffled.indices, minlength=32)), np.sort(np.bincount(plain.indices, minlength=32))
+    )
+    assert shuffled.diagonal().sum() == plain.diagonal().sum(), "one permutation for rows and columns"
+    assert (shuffled != plain).nnz > 0
+    assert np.array_equal(shuffled.toarray(), kronecker(G, S, 3, rng_seed=4).toarray())
+
+
+def test_kronecker_of_sparse_inputs_with_values_uses_their_pattern():
+    graph = sp.coo_matrix(G * 2.5)
+    seed = sp.csr_matrix(S * 7)
+    K = kronecker(graph, seed, 2, permute=False)
+    assert np.array_equal(K.toarray(), explicit_kron(S, 2, G))
+
+
+def test_kronecker_k0_returns_the_graph_pattern():
+    assert np.array_equal(kronecker(sp.csr_matrix(G * 3.0), k=0, permute=False).toarray(), G != 0)
+    shuffled = kronecker(G, k=0)
+    assert shuffled.shape == G.shape and shuffled.nnz == np.count_nonzero(G)
+
+
+def test_kronecker_of_a_real_sized_graph_keeps_nnz_power_law():
+    A = rmat(8, 4, seed=2)
+    K = kronecker(A, None, 4)
+    assert K.shape == (2**4 * 256, 2**4 * 256)
+    assert K.nnz == 3**4 * A.nnz
+    assert_canonical_pattern(K, K.shape)
+
+
+def test_kronecker_rectangular_seed():
+    seed = np.array([[1, 0, 1]])
+    K = kronecker(G, seed, 2, permute=False)
+    assert K.shape == (4, 9 * 4)
+    assert np.array_equal(K.toarray(), explicit_kron(seed, 2, G))
+    shuffled = kronecker(G, seed, 2)
+    assert shuffled.shape == (4, 36) and shuffled.nnz == K.nnz
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"k": -1}, "k must"),
+        ({"k": 1.5}, "k must"),
+        ({"seed": np.ones(3)}, "seed must be 2-D"),
+        ({"seed": np.ones((0, 2))}, "seed must have at least one row"),
+        ({"rng_seed": -2}, "rng_seed"),
+    ],
+)
+def test_kronecker_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        kronecker(G, **{"k": 1, **kwargs})

@@ -1,0 +1,188 @@
+"""GPU tests: every family and parameter set against SciPy in float64, array interop, the plan cache.
+
+Skipped on machines without a CUDA device (see conftest.py).
+"""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tuner
+from tuner import codegen, compiler, families, gpu
+from tuner.kernel import DeviceArrays, SpMV, random_vector
+from tuner.matrix import canonicalize
+
+from .conftest import fixture_matrices
+
+pytestmark = pytest.mark.gpu
+FIXTURES = fixture_matrices()
+
+
+def rel_error(y, ref):
+    y = np.asarray(y, dtype=np.float64)
+    assert np.isfinite(y).all(), "some rows were never written (poison survived) or overflowed"
+    denom = np.linalg.norm(ref)
+    return np.linalg.norm(y - ref) / denom if denom else np.linalg.norm(y - ref)
+
+
+def check_every_candidate(m, tol):
+    """Build every candidate of every family for ``m``, run on a random x with poisoned y, compare."""
+    arch = gpu.device_info().arch
+    specs = families.specializations(m)
+    binaries = codegen.compile_many([families.render(s, m) for s in specs], arch=arch)
+    arrays = DeviceArrays()
+    x = random_vector(m.n_cols, m.value_dtype, seed=11)
+    ref = m.to_scipy().astype(np.float64) @ x.astype(np.float64)
+    failures = []
+    for spec, binary in zip(specs, binaries):
+        k = SpMV(m, spec, binary.cubin, plan=None, arrays=arrays)
+        x_ptr, y_ptr = k.buffers
+        gpu.copy_to_device(x_ptr, x)
+        gpu.memset_bytes(y_ptr, 0xFF, m.n_rows * m.value_dtype.itemsize)  # NaN in every row
+        k.launch(x_ptr, y_ptr)
+        y = np.empty(m.n_rows, m.value_dtype)
+        gpu.copy_to_host(y, y_ptr)
+        err = rel_error(y, ref) if np.isfinite(y).all() else np.inf
+        if not err <= tol:
+            failures.append((spec.label(), err))
+    assert not failures, failures
+    return len(specs)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_every_candidate_matches_scipy_on_fixture(name):
+    A = FIXTURES[name]
+    m = canonicalize(A)
+    tol = 1e-12 if m.value_dtype == np.float64 else 1e-5
+    assert check_every_candidate(m, tol) >= 2
+
+
+@pytest.mark.parametrize("name", ["power_law", "one_dense_row", "pattern", "rectangular_tall"])
+def test_every_candidate_matches_scipy_with_int64_indices(name):
+    m = canonicalize(FIXTURES[name], index_dtype=np.int64)
+    assert m.index_dtype == np.int64
+    check_every_candidate(m, 1e-5)
+
+
+@pytest.mark.parametrize("name", ["power_law", "pattern"])
+def test_every_candidate_matches_scipy_in_float64(name):
+    m = canonicalize(FIXTURES[name], dtype=np.float64)
+    check_every_candidate(m, 1e-12)
+
+
+def test_every_candidate_matches_scipy_on_real_matrices(real_paths):
+    for path in real_paths:
+        m = canonicalize(sp.load_npz(path))
+        check_every_candidate(m, 1e-5)
+
+
+def test_every_candidate_matches_scipy_on_rmat():
+    m = canonicalize(tuner.load("rmat:16"))
+    assert m.value_free
+    check_every_candidate(m, 1e-5)
+
+
+def test_compile_returns_fastest_candidate_and_numpy_result():
+    A = FIXTURES["power_law"]
+    spmv = tuner.compile(A)
+    timed = [t.measured_ms for t in spmv.plan.ranking if t.measured_ms is not None]
+    assert spmv.plan.measured_ms == min(timed)
+    assert len(spmv.plan.ranking) == len(families.specializations(canonicalize(A)))
+    x = random_vector(A.shape[1], np.float32, seed=3)
+    y = spmv(x)
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32
+    assert rel_error(y, A.astype(np.float64) @ x.astype(np.float64)) < 1e-5
+    assert "rank" in spmv.explain() and spmv.spec.label() in spmv.explain()
+
+
+def test_second_compile_hits_cache_without_timing_or_nvcc(monkeypatch):
+    A = FIXTURES["one_dense_row"]
+    first = tuner.compile(A)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("cache hit must not time or compile")
+
+    monkeypatch.setattr(compiler, "measure", forbidden)
+    monkeypatch.setattr(codegen, "compile_source", forbidden)
+    monkeypatch.setattr(codegen, "compile_many", forbidden)
+    again = tuner.compile(A * 3.0)  # same structure, other values: same plan
+    assert again.plan == first.plan
+    x = random_vector(A.shape[1], np.float32, seed=4)
+    assert rel_error(again(x), (A * 3.0).astype(np.float64) @ x.astype(np.float64)) < 1e-5
+
+
+def test_numpy_out_is_filled_and_returned():
+    A = FIXTURES["float64"]
+    spmv = tuner.compile(A, family="csr_vector", params={"threads_per_row": 4, "block_size": 128})
+    out = np.full(A.shape[0], np.nan)
+    x = random_vector(A.shape[1], np.float64, seed=5)
+    assert spmv(x, out=out) is out
+    assert rel_error(out, A @ x) < 1e-12
+
+
+def test_numpy_x_of_wrong_length_or_dtype_is_refused():
+    spmv = tuner.compile(FIXTURES["tiny"], family="csr_vector", params={})
+    with pytest.raises(tuner.MatrixError, match="length 3"):
+        spmv(np.ones(3, np.float32))
+    with pytest.raises(tuner.MatrixError, match="float64"):
+        spmv(np.array([1.0, 2.0]))
+    assert np.allclose(spmv(np.array([1, 2], dtype=np.int16)), [5.0, 1.5])
+
+
+def test_cupy_arrays_in_and_out_without_copy():
+    cp = pytest.importorskip("cupy")
+    A = FIXTURES["pattern"]
+    spmv = tuner.compile(A)
+    x = random_vector(A.shape[1], np.float32, seed=6)
+    xd = cp.asarray(x)
+    yd = spmv(xd)
+    assert isinstance(yd, cp.ndarray) and yd.dtype == cp.float32
+    assert rel_error(cp.asnumpy(yd), A.astype(np.float64) @ x.astype(np.float64)) < 1e-5
+    out = cp.full(A.shape[0], cp.nan, dtype=cp.float32)
+    assert spmv(xd, out=out) is out
+    assert rel_error(cp.asnumpy(out), A.astype(np.float64) @ x.astype(np.float64)) < 1e-5
+    with pytest.raises(tuner.MatrixError, match="float64"):
+        spmv(cp.asarray(x, dtype=cp.float64))
+    with pytest.raises(tuner.MatrixError, match="overlaps"):
+        square = tuner.compile(FIXTURES["power_law"], family="csr_vector", params={})
+        v = cp.asarray(random_vector(square.shape[1], np.float32))
+        square(v, out=v)
+
+
+def test_cupy_array_on_a_nonblocking_stream_is_ordered():
+    cp = pytest.importorskip("cupy")
+    A = FIXTURES["long_rows"]
+    spmv = tuner.compile(A, family="binned", params={})
+    x = random_vector(A.shape[1], np.float32, seed=8)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        xd = cp.asarray(x) * 2
+        yd = spmv(xd)
+        result = cp.asnumpy(yd * 1)
+    assert rel_error(result, A.astype(np.float64) @ (2 * x.astype(np.float64))) < 1e-5
+
+
+def test_torch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+    A = FIXTURES["rectangular_wide"]
+    spmv = tuner.compile(A)
+    x = random_vector(A.shape[1], np.float32, seed=9)
+    y = spmv(torch.from_numpy(x).cuda())
+    assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == torch.float32
+    assert rel_error(y.cpu().numpy(), A.astype(np.float64) @ x.astype(np.float64)) < 1e-5
+
+
+def test_pycuda_gpuarray_in_and_out():
+    import pycuda.gpuarray as gpuarray
+    A = FIXTURES["rectangular_tall"]
+    spmv = tuner.compile(A)
+    x = random_vector(A.shape[1], np.float32, seed=10)
+    y = spmv(gpuarray.to_gpu(x))
+    assert isinstance(y, gpuarray.GPUArray)
+    assert rel_error(y.get(), A.astype(np.float64) @ x.astype(np.float64)) < 1e-5
+
+
+def test_matrix_without_rows_or_entries_runs():
+    empty = tuner.compile(FIXTURES["all_empty"])
+    assert np.array_equal(empty(random_vector(30, np.float32)), np.zeros(40, np.float32))
+    no_rows = tuner.compile(sp.csr_matrix((0, 5), dtype=np.float32), family="csr_vector", params={})
+    assert no_rows(random_vector(5, np.float32)).shape == (0,)

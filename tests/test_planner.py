@@ -1,0 +1,99 @@
+"""Planner logic with a fake benchmarker: no GPU needed."""
+import math
+
+import numpy as np
+import pytest
+
+from tuner import families, planner
+from tuner.cache import Cache
+from tuner.families.base import Specialization
+from tuner.families.csr_vector import CsrVectorParams
+from tuner.matrix import canonicalize
+
+from .conftest import power_law
+
+
+def specs_for(widths):
+    return [Specialization("csr_vector", CsrVectorParams(t), np.dtype("float32"), np.dtype("int32"), False)
+            for t in widths]
+
+
+def test_choose_picks_the_fastest_and_ranks_all():
+    specs = specs_for([1, 2, 4, 8])
+    best, ranking = planner.choose(specs, lambda ss: [3.0, 1.5, 0.7, 2.0])
+    assert best.params.threads_per_row == 4
+    assert [t.measured_ms for t in ranking] == [0.7, 1.5, 2.0, 3.0]
+    assert [t.params["threads_per_row"] for t in ranking] == [4, 2, 8, 1]
+
+
+def test_failed_candidates_rank_last_and_are_never_chosen():
+    best, ranking = planner.choose(specs_for([1, 2, 4]), lambda ss: [math.nan, 5.0, math.inf])
+    assert best.params.threads_per_row == 2
+    assert ranking[0].measured_ms == 5.0 and ranking[1].measured_ms is None and ranking[2].measured_ms is None
+
+
+def test_all_failed_or_no_candidates_is_an_error():
+    with pytest.raises(RuntimeError, match="every candidate"):
+        planner.choose(specs_for([1]), lambda ss: [math.nan])
+    with pytest.raises(ValueError, match="no candidate"):
+        planner.choose([], lambda ss: [])
+    with pytest.raises(ValueError, match="2 timings for 1"):
+        planner.choose(specs_for([1]), lambda ss: [1.0, 2.0])
+
+
+def test_fake_benchmark_over_real_candidates_of_both_families():
+    m = canonicalize(power_law())
+    specs = families.specializations(m)
+    assert {s.family for s in specs} == {"csr_vector", "binned"}
+    target = families.get("binned").params_type(small_max=8, medium_max=32, warp_division=4, large_mode="block")
+    best, ranking = planner.choose(specs, lambda ss: [1.0 if s.params == target else 2.0 + 0.01 * i
+                                                      for i, s in enumerate(ss)])
+    assert best.family == "binned" and best.params == target
+    assert ranking[0].measured_ms == 1.0 and ranking[1].measured_ms == 2.0
+    assert len(ranking) == len(specs)
+
+
+def make_plan(**kw):
+    base = dict(family="csr_vector", params={"threads_per_row": 8, "block_size": 128}, predicted_ms=None,
+                measured_ms=0.25, fingerprint="ab" * 32, value_dtype="float32", index_dtype="int32",
+                value_free=False, arch="sm_90", binary_key="cd" * 32, tune="exhaustive",
+                ranking=(planner.Timing("csr_vector", {"threads_per_row": 8, "block_size": 128}, 0.25),
+                         planner.Timing("csr_vector", {"threads_per_row": 1, "block_size": 128}, 0.5)))
+    base.update(kw)
+    return planner.Plan(**base)
+
+
+def test_plan_round_trips_through_json_and_the_cache(tmp_path):
+    plan = make_plan()
+    assert planner.Plan.from_json(plan.to_json()) == plan
+    cache = Cache(tmp_path)
+    key = planner.plan_key(plan.fingerprint, "float32", "NVIDIA H100 80GB HBM3", (9, 0), "exhaustive")
+    assert planner.load_plan(cache, key) is None
+    planner.store_plan(cache, key, plan)
+    assert planner.load_plan(cache, key) == plan
+    spec = planner.load_plan(cache, key).specialization()
+    assert spec.params == CsrVectorParams(8, 128) and spec.value_dtype == np.float32
+
+
+def test_plan_key_covers_fingerprint_dtype_gpu_capability_and_version(monkeypatch):
+    args = ("ab", "float32", "H100", (9, 0), "exhaustive")
+    base = planner.plan_key(*args)
+    variants = [("ac", "float32", "H100", (9, 0), "exhaustive"), ("ab", "float64", "H100", (9, 0), "exhaustive"),
+                ("ab", "float32", "H200", (9, 0), "exhaustive"), ("ab", "float32", "H100", (8, 0), "exhaustive")]
+    assert all(planner.plan_key(*v) != base for v in variants)
+    monkeypatch.setattr(planner, "__version__", "9.9.9")
+    assert planner.plan_key(*args) != base
+
+
+def test_explain_lists_candidates_fastest_first_with_ratios():
+    text = planner.explain(make_plan())
+    lines = text.splitlines()
+    assert "csr_vector" in lines[0] and "tune=exhaustive" in lines[0]
+    assert "0.2500" in lines[2] and "1.00" in lines[2] and "threads_per_row=8" in lines[2]
+    assert "0.5000" in lines[3] and "2.00" in lines[3]
+
+
+def test_unknown_tune_mode_is_refused():
+    import tuner
+    with pytest.raises(ValueError, match="tune must be one of"):
+        tuner.compile(power_law(50), tune="guess")

@@ -1,0 +1,17 @@
+"""sparse-tuner: autotuned SpMV kernels for power-law sparse matrices on NVIDIA GPUs.
+
+Example (on a GPU machine):
+    >>> import scipy.sparse as sp, tuner                      # doctest: +SKIP
+    >>> spmv = tuner.compile(tuner.load("rmat:16"))           # doctest: +SKIP
+    >>> print(spmv.explain())                                 # doctest: +SKIP
+"""
+__version__ = "0.1.0"
+
+from .compiler import compile, prepare  # noqa: E402  (the version is read by the modules below)
+from .gpu import NoDeviceError  # noqa: E402
+from .loaders import load  # noqa: E402
+from .matrix import MatrixError, canonicalize, fingerprint  # noqa: E402
+from .planner import Plan  # noqa: E402
+
+__all__ = ["compile", "prepare", "load", "canonicalize", "fingerprint", "Plan", "MatrixError",
+           "NoDeviceError", "__version__"]

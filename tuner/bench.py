@@ -1,0 +1,221 @@
+"""``python -m tuner bench``: our tuned SpMV against cuSPARSE on real and generated matrices.
+
+Per matrix it records the chosen plan, our median time, cuSPARSE's (best of CSR and COO through
+``cupyx.cusparse.spmv``, when CuPy is importable), the ratio, the achieved bandwidth on the compulsory
+bytes and its fraction of the device-to-device copy bandwidth measured in the same run, the error against
+SciPy in float64, the tuning time and the cache-hit time of a second compile.
+"""
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, gpu, loaders, paths
+from .compiler import compile as compile_spmv
+from .kernel import random_vector, time_spmv
+from .matrix import CanonicalMatrix, canonicalize
+
+DEFAULT_GENERATED = ("rmat:20", "rmat:23")
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One matrix's results; times in milliseconds, bandwidths in GB/s (10^9 bytes per second)."""
+
+    name: str
+    n_rows: int
+    n_cols: int
+    nnz: int
+    value_free: bool
+    plan: str
+    ours_ms: float
+    ours_kernel_ms: float
+    cusparse_csr_ms: float | None
+    cusparse_coo_ms: float | None
+    cusparse_ms: float | None
+    speedup: float | None
+    compulsory_bytes: int
+    achieved_gbs: float
+    floor_fraction: float
+    rel_error: float
+    load_s: float
+    tune_s: float
+    cache_hit_s: float
+
+
+def default_suite(data_dir=None) -> list[str]:
+    """Real matrices of the data directory (if present) plus rmat:20 and rmat:23.
+
+    Example:
+        >>> default_suite("/nonexistent")[-2:]
+        ['rmat:20', 'rmat:23']
+    """
+    return [str(p) for p in loaders.real_matrices(data_dir)] + list(DEFAULT_GENERATED)
+
+
+def compulsory_bytes(m: CanonicalMatrix) -> int:
+    """Bytes any CSR SpMV must move at least once: indices, values, row pointers, x and y.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> compulsory_bytes(canonicalize(sp.eye(4, format="csr", dtype="float32")))
+        84
+    """
+    isz, vsz = m.index_dtype.itemsize, m.value_dtype.itemsize
+    return m.nnz * (isz + vsz) + (m.n_rows + 1) * isz + m.n_cols * vsz + m.n_rows * vsz
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second, in GB/s), median of CUDA events."""
+    src, dst = gpu.alloc(nbytes), gpu.alloc(nbytes)
+    gpu.memset_bytes(int(src), 0x5A, nbytes)
+    ms = np.median(gpu.time_launches(lambda: gpu.copy_device(int(dst), int(src), nbytes), repeats, warmup=3))
+    del src, dst
+    return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def _cupy():
+    try:
+        import cupy
+        import cupyx.cusparse  # noqa: F401
+        return cupy
+    except Exception:  # noqa: BLE001 - CuPy missing or without a usable CUDA: no cuSPARSE column
+        return None
+
+
+def _event_median(cp, fn, repeats: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def _cusparse_times(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray, repeats: int):
+    """Median ms of cupyx.cusparse.spmv on the matrix as given, CSR and COO; None where not supported."""
+    import cupyx.cusparse as cusparse
+    import cupyx.scipy.sparse as cpsp
+    if m.index_dtype != np.int32:
+        return None, None  # CuPy's sparse matrices hold int32 indices only
+    a_csr = cpsp.csr_matrix((cp.asarray(m.data), cp.asarray(m.indices), cp.asarray(m.indptr)), shape=m.shape)
+    x = cp.asarray(x_host)
+    y = cp.empty(m.n_rows, dtype=m.value_dtype)
+    a_coo = a_csr.tocoo()
+    a_coo.sum_duplicates()  # marks it canonical (sorted, no duplicates), which cuSPARSE's COO path requires
+    out = []
+    for a in (a_csr, a_coo):
+        y.fill(np.nan)
+        cusparse.spmv(a, x, y=y)
+        err = _rel_error(cp.asnumpy(y), ref)
+        if not err < 1e-4:
+            raise RuntimeError(f"cuSPARSE result disagrees with SciPy (relative error {err:.2e})")
+        out.append(_event_median(cp, lambda: cusparse.spmv(a, x, y=y), repeats))
+        del a
+    return out[0], out[1]
+
+
+def _rel_error(y: np.ndarray, ref: np.ndarray) -> float:
+    denom = np.linalg.norm(ref)
+    diff = np.linalg.norm(y.astype(np.float64) - ref)
+    return float(diff / denom) if denom else float(diff)
+
+
+def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, cache_dir=None) -> BenchRow:
+    """Tune, verify and time one matrix against cuSPARSE (see the module docstring)."""
+    t0 = time.perf_counter()
+    A = loaders.load(source)
+    m = canonicalize(A)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    spmv = compile_spmv(A, cache_dir=cache_dir)
+    tune_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    spmv = compile_spmv(A, cache_dir=cache_dir)  # second compile: served from the plan and binary caches
+    cache_hit_s = time.perf_counter() - t0
+    x = random_vector(m.n_cols, m.value_dtype, seed=1)
+    ref = m.to_scipy().astype(np.float64) @ x.astype(np.float64)
+    y = spmv(x)
+    err = _rel_error(y, ref)
+    kernel_ms = float(np.median(time_spmv(spmv, repeats, warmup=5)))
+    csr_ms = coo_ms = None
+    if cp is not None:
+        xd = cp.asarray(x)
+        yd = cp.full(m.n_rows, np.nan, dtype=m.value_dtype)
+        spmv(xd, out=yd)
+        err = max(err, _rel_error(cp.asnumpy(yd), ref))
+        ours_ms = _event_median(cp, lambda: spmv(xd, out=yd), repeats)
+        csr_ms, coo_ms = _cusparse_times(cp, m, x, ref, repeats)
+    else:
+        ours_ms = kernel_ms
+    best_cusparse = min(t for t in (csr_ms, coo_ms) if t is not None) if csr_ms or coo_ms else None
+    nbytes = compulsory_bytes(m)
+    achieved = nbytes / (ours_ms * 1e-3) / 1e9
+    return BenchRow(name=Path(source).stem if Path(source).suffix else source, n_rows=m.n_rows,
+                    n_cols=m.n_cols, nnz=m.nnz, value_free=m.value_free, plan=spmv.spec.label(),
+                    ours_ms=ours_ms, ours_kernel_ms=kernel_ms, cusparse_csr_ms=csr_ms, cusparse_coo_ms=coo_ms,
+                    cusparse_ms=best_cusparse, speedup=(best_cusparse / ours_ms) if best_cusparse else None,
+                    compulsory_bytes=nbytes, achieved_gbs=achieved,
+                    floor_fraction=achieved / copy_gbs if copy_gbs else float("nan"), rel_error=err,
+                    load_s=load_s, tune_s=tune_s, cache_hit_s=cache_hit_s)
+
+
+def format_table(rows: list[BenchRow]) -> str:
+    """The bench table as text, one line per matrix.
+
+    Example:
+        >>> format_table([]).split()
+        ['matrix', 'nnz', 'ours', 'ms', 'cuSPARSE', 'ms', 'speedup', 'GB/s', 'floor', 'plan']
+    """
+    head = f"{'matrix':<24}{'nnz':>11}{'ours ms':>10}{'cuSPARSE ms':>13}{'speedup':>9}{'GB/s':>7}{'floor':>7}  plan"
+    lines = [head]
+    for r in rows:
+        cus = f"{r.cusparse_ms:13.4f}" if r.cusparse_ms is not None else f"{'-':>13}"
+        spd = f"{r.speedup:8.2f}x" if r.speedup is not None else f"{'-':>9}"
+        lines.append(f"{r.name[:23]:<24}{r.nnz:>11,}{r.ours_ms:10.4f}{cus}{spd}{r.achieved_gbs:7.0f}"
+                     f"{r.floor_fraction:7.1%}  {r.plan}")
+    return "\n".join(lines)
+
+
+def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, progress=None) -> dict:
+    """Benchmark every matrix of ``suite`` on the GPU and write the JSON report to ``out``."""
+    cp = _cupy()
+    info = gpu.device_info()
+    copy_gbs = copy_bandwidth_gbs()
+    rows = []
+    items = progress(suite) if progress else suite
+    for source in items:
+        rows.append(bench_one(source, repeats=repeats, cp=cp, copy_gbs=copy_gbs, cache_dir=cache_dir))
+    report = {
+        "tool": f"sparse-tuner {__version__}", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(["python -m tuner"] + sys.argv[1:]) if sys.argv else "",
+        "gpu": {"name": info.name, "capability": list(info.capability), "sm_count": info.sm_count,
+                "l2_bytes": info.l2_bytes, "memory_bytes": info.memory_bytes,
+                "driver_version": info.driver_version},
+        "host": platform.node(), "python": platform.python_version(),
+        "cusparse": "cupyx.cusparse.spmv (CuPy %s)" % cp.__version__ if cp else None,
+        "copy_bandwidth_gbs": copy_gbs, "repeats": repeats,
+        "timing": "median of CUDA-event times after warm-up; ours_ms and cusparse_*_ms are whole calls from "
+                  "Python on CuPy arrays, ours_kernel_ms the launch alone",
+        "rows": [asdict(r) for r in rows],
+    }
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def default_out() -> Path:
+    """models/<gpu-slug>/bench-spmv.json for the present GPU."""
+    return paths.models_dir() / paths.gpu_slug(gpu.device_info().name) / "bench-spmv.json"

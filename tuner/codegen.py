@@ -1,0 +1,154 @@
+"""Render Jinja2 CUDA templates and compile them with nvcc into cached cubins.
+
+The binary cache key is sha256 over the rendered source, the nvcc version, the options and the target
+architecture (as Triton and PyCUDA do), so a changed template, compiler or flag never reuses a stale cubin.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from . import paths
+from .cache import Cache, atomic_write, make_key
+
+DEFAULT_ARCH = "sm_90"
+NVCC_OPTIONS = ("-O3", "-lineinfo")
+
+
+class CompileError(RuntimeError):
+    """nvcc rejected a rendered kernel; the message holds nvcc's log and where the source was written."""
+
+
+class ToolchainError(RuntimeError):
+    """nvcc is missing or unusable."""
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    """The Jinja2 environment over templates/ (StrictUndefined: a missing variable is an error)."""
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_dir())),
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                              keep_trailing_newline=True)
+
+
+def render(template: str, context: dict) -> str:
+    """Render ``templates/<template>`` with ``context``.
+
+    Example:
+        >>> src = render("csr_vector.cu.j2", dict(VAL="float", IDX="int", value_free=False,
+        ...              threads_per_row=4, block_size=128, kernel_name="k"))
+        >>> "extern \\"C\\" __global__" in src
+        True
+    """
+    return environment().get_template(template).render(**context)
+
+
+@lru_cache(maxsize=1)
+def nvcc_path() -> str:
+    """Path of nvcc: ``$NVCC``, then PATH, then ``$CUDA_HOME/bin``, then /usr/local/cuda/bin."""
+    candidates = [os.environ.get("NVCC"), shutil.which("nvcc")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates.append(str(Path(home) / "bin" / "nvcc"))
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return c
+    raise ToolchainError("nvcc not found: put the CUDA toolkit's bin/ on PATH or set NVCC or CUDA_HOME")
+
+
+@lru_cache(maxsize=1)
+def nvcc_version() -> str:
+    """nvcc's version line, e.g. 'V13.0.88' (part of every binary cache key)."""
+    out = subprocess.run([nvcc_path(), "--version"], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"V(\d+\.\d+\.\d+)", out)
+    return m.group(0) if m else out.strip().splitlines()[-1]
+
+
+def arch_from_capability(major: int, minor: int) -> str:
+    """'sm_XY' for a compute capability.
+
+    Example:
+        >>> arch_from_capability(9, 0)
+        'sm_90'
+    """
+    return f"sm_{major}{minor}"
+
+
+@dataclass(frozen=True)
+class Binary:
+    """A compiled kernel module.
+
+    Attributes:
+        key: binary cache key (sha256 of source, nvcc version, options, arch).
+        cubin: the module's bytes, loadable by the CUDA driver.
+        arch: target architecture, e.g. 'sm_90'.
+        cached: True when it came from the cache without running nvcc.
+    """
+
+    key: str
+    cubin: bytes
+    arch: str
+    cached: bool
+
+
+def binary_key(source: str, arch: str, options: tuple[str, ...] = NVCC_OPTIONS) -> str:
+    return make_key("cubin", source, nvcc_version(), " ".join(options), arch)
+
+
+def compile_source(source: str, arch: str = DEFAULT_ARCH, options: tuple[str, ...] = NVCC_OPTIONS,
+                   cache: Cache | None = None) -> Binary:
+    """Compile CUDA ``source`` to a cubin for ``arch``, through the binary cache.
+
+    Example:
+        >>> b = compile_source('extern "C" __global__ void k(float* y) { y[0] = 1.f; }')
+        >>> b.arch, len(b.cubin) > 0
+        ('sm_90', True)
+    """
+    cache = cache or Cache()
+    key = binary_key(source, arch, options)
+    body = cache.get("cubin", key)
+    if body is not None:
+        return Binary(key=key, cubin=body, arch=arch, cached=True)
+    src_path = cache.root / "src" / f"{key}.cu"
+    atomic_write(src_path, source.encode())
+    with tempfile.TemporaryDirectory(prefix="tuner-nvcc-") as tmp:
+        out = Path(tmp) / "kernel.cubin"
+        cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *options, "-o", str(out), str(src_path)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(f"nvcc failed (exit {proc.returncode}) on {src_path}\n"
+                               f"command: {' '.join(cmd)}\n{proc.stderr}{proc.stdout}")
+        cubin = out.read_bytes()
+    cache.put("cubin", key, cubin, meta={"arch": arch, "nvcc": nvcc_version(), "options": list(options)})
+    return Binary(key=key, cubin=cubin, arch=arch, cached=False)
+
+
+def load_binary(key: str, arch: str, cache: Cache | None = None) -> Binary | None:
+    """A cached binary by key, without running nvcc; None when absent or corrupt."""
+    body = (cache or Cache()).get("cubin", key)
+    return None if body is None else Binary(key=key, cubin=body, arch=arch, cached=True)
+
+
+def compile_many(sources: list[str], arch: str = DEFAULT_ARCH, cache: Cache | None = None,
+                 workers: int | None = None) -> list[Binary]:
+    """Compile several sources in parallel (nvcc runs are independent processes).
+
+    Example:
+        >>> [b.arch for b in compile_many(['extern "C" __global__ void k() {}'])]
+        ['sm_90']
+    """
+    cache = cache or Cache()
+    unique = list(dict.fromkeys(sources))  # candidates differing only in layout share one kernel
+    workers = workers or min(len(unique), os.cpu_count() or 1) or 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        built = dict(zip(unique, pool.map(lambda s: compile_source(s, arch, cache=cache), unique)))
+    return [built[s] for s in sources]

@@ -1,0 +1,139 @@
+"""The pipeline behind :func:`tuner.compile`: matrix -> fingerprint -> plan (cached or tuned) -> callable."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import codegen, families, gpu, planner
+from .cache import Cache
+from .families.base import Specialization
+from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
+from .matrix import CanonicalMatrix, canonicalize, fingerprint
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Every candidate of a matrix rendered and compiled (no GPU needed).
+
+    Attributes:
+        matrix: the canonical matrix.
+        fingerprint: its :class:`~tuner.matrix.Fingerprint`.
+        specs: candidate specialisations.
+        binaries: their compiled modules, same order.
+        seconds: wall time of each stage ('canonicalize', 'fingerprint', 'compile').
+    """
+
+    matrix: CanonicalMatrix
+    fingerprint: object
+    specs: list
+    binaries: list
+    seconds: dict = field(default_factory=dict)
+
+
+def prepare(A, dtype=None, arch: str = codegen.DEFAULT_ARCH, families_: list[str] | None = None,
+            cache: Cache | None = None) -> Prepared:
+    """Canonicalise, fingerprint, enumerate, render and compile every candidate for ``arch``.
+
+    This is the whole pipeline up to the GPU; on a machine without one it is what can be done.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> p = prepare(sp.random(100, 100, density=0.05, format="csr", random_state=0))
+        >>> len(p.specs) == len(p.binaries) > 0
+        True
+    """
+    cache = cache or Cache()
+    t0 = time.perf_counter()
+    m = canonicalize(A, dtype)
+    t1 = time.perf_counter()
+    fp = fingerprint(m)
+    t2 = time.perf_counter()
+    specs = families.specializations(m, families_)
+    binaries = codegen.compile_many([families.render(s, m) for s in specs], arch=arch, cache=cache)
+    t3 = time.perf_counter()
+    return Prepared(m, fp, specs, binaries,
+                    {"canonicalize": t1 - t0, "fingerprint": t2 - t1, "compile": t3 - t2})
+
+
+def measure(m: CanonicalMatrix, specs: list[Specialization], binaries: list, seed: int = 0) -> list[float]:
+    """Median milliseconds of every candidate on the GPU (CUDA events, warm-up, adaptive repeats).
+
+    The matrix arrays are uploaded once and shared; a candidate that fails to load or run gets NaN.
+    """
+    arrays = DeviceArrays()
+    out = []
+    for spec, binary in zip(specs, binaries):
+        k = SpMV(m, spec, binary.cubin, plan=None, arrays=arrays)
+        first = float(np.median(time_spmv(k, repeats=3, warmup=1, seed=seed)))
+        out.append(float(np.median(time_spmv(k, adaptive_repeats(first), warmup=2, seed=seed))))
+    return out
+
+
+def compile(A, *, dtype=None, index_dtype=None, tune: str = "exhaustive", family: str | None = None, params: dict | None = None,
+            cache_dir=None) -> SpMV:
+    """Plan, render, compile and load the fastest SpMV kernel for ``A`` on this GPU.
+
+    Args:
+        A: any SciPy sparse matrix (or array).
+        dtype: float32 or float64 values (default: those of ``A``; integers and booleans become float32).
+        index_dtype: force int64 indices (default: int32 when the matrix fits).
+        tune: 'exhaustive' times every candidate of every family and keeps the fastest.
+        family, params: skip tuning and build exactly this family with these parameters.
+        cache_dir: plan and binary cache (default ``$TUNER_CACHE_DIR``, ``cache/`` of a checkout, or
+            ``~/.cache/sparse-tuner``). A second compile of the same structure times nothing and runs no nvcc.
+
+    Returns:
+        an :class:`~tuner.kernel.SpMV`; ``spmv(x)`` computes ``A @ x``, ``spmv.plan`` holds the decision.
+
+    Raises:
+        MatrixError: for input the tuner cannot accept (the message names the problem).
+        NoDeviceError: when no CUDA GPU is present (use :func:`prepare` to plan and compile without one).
+
+    Example (on a GPU machine):
+        >>> import numpy as np, scipy.sparse as sp, tuner  # doctest: +SKIP
+        >>> spmv = tuner.compile(sp.random(500, 500, density=0.02, format="csr", dtype=np.float32))  # doctest: +SKIP
+        >>> spmv.plan.family in ("csr_vector", "binned")  # doctest: +SKIP
+        True
+    """
+    if tune not in planner.TUNE_MODES:
+        raise ValueError(f"tune must be one of {planner.TUNE_MODES}, got {tune!r}")
+    if params is not None and family is None:
+        raise ValueError("params= needs family=")
+    cache = Cache(cache_dir)
+    m = canonicalize(A, dtype, index_dtype)
+    info = gpu.device_info()  # raises NoDeviceError before any work that needs the GPU
+    fp = fingerprint(m)
+    if family is not None:
+        return _fixed(m, fp, info, family, params or {}, cache)
+    key = planner.plan_key(fp.digest, m.value_dtype, info.name, info.capability, tune)
+    plan = planner.load_plan(cache, key)
+    if plan is not None:
+        binary = codegen.load_binary(plan.binary_key, plan.arch, cache)
+        spec = plan.specialization()
+        if binary is None:  # binary evicted or corrupt: rebuild it, keep the plan
+            binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
+        return SpMV(m, spec, binary.cubin, plan)
+    specs = families.specializations(m)
+    binaries = codegen.compile_many([families.render(s, m) for s in specs], arch=info.arch, cache=cache)
+    by_spec = dict(zip(map(id, specs), binaries))
+    best, ranking = planner.choose(specs, lambda ss: measure(m, list(ss), [by_spec[id(s)] for s in ss]))
+    plan = planner.Plan(family=best.family, params=families.params_dict(best.params), predicted_ms=None,
+                        measured_ms=ranking[0].measured_ms, fingerprint=fp.digest,
+                        value_dtype=m.value_dtype.name, index_dtype=m.index_dtype.name,
+                        value_free=m.value_free, arch=info.arch, binary_key=by_spec[id(best)].key, tune=tune,
+                        ranking=ranking)
+    planner.store_plan(cache, key, plan)
+    return SpMV(m, best, by_spec[id(best)].cubin, plan)
+
+
+def _fixed(m, fp, info, family: str, params: dict, cache: Cache) -> SpMV:
+    fam = families.get(family)
+    spec = Specialization(family, fam.params_from_dict(params), m.value_dtype, m.index_dtype, m.value_free)
+    binary = codegen.compile_source(families.render(spec, m), info.arch, cache=cache)
+    plan = planner.Plan(family=family, params=families.params_dict(spec.params), predicted_ms=None,
+                        measured_ms=None, fingerprint=fp.digest, value_dtype=m.value_dtype.name,
+                        index_dtype=m.index_dtype.name, value_free=m.value_free, arch=info.arch,
+                        binary_key=binary.key, tune="fixed")
+    return SpMV(m, spec, binary.cubin, plan)

@@ -1,0 +1,112 @@
+"""What every SpMV kernel family provides, and the launch description its format builder produces."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..matrix import CanonicalMatrix
+
+CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
+          np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A built layout ready to launch: device arrays in kernel-argument order, integer scalars, geometry.
+
+    Every template's signature is ``(arrays..., const VAL* x, VAL* y, long long scalars..., VAL
+    pattern_value)``; ``pattern_value`` is the common value of a pattern matrix (value-free kernels
+    multiply by it once per row) and 1 otherwise.
+
+    Attributes:
+        arrays: (name, host array) pairs uploaded to the device, in argument order.
+        scalars: (name, value) pairs passed as 64-bit integers after x and y.
+        grid: number of blocks (0: nothing to launch, e.g. a matrix without rows).
+        block: threads per block.
+    """
+
+    arrays: tuple[tuple[str, np.ndarray], ...]
+    scalars: tuple[tuple[str, int], ...]
+    grid: int
+    block: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for _, a in self.arrays)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel family: its parameter space, format builder, template and NumPy reference.
+
+    Attributes:
+        name: registry name, e.g. 'csr_vector'.
+        template: file under templates/.
+        params_type: frozen dataclass of the family's tunable parameters.
+        space: matrix -> every valid parameter set for it (constraints applied).
+        launch: (matrix, params) -> :class:`Launch` (vectorised host-side format build).
+        context: (matrix, params) -> template variables beyond the common ones (VAL, IDX, value_free,
+            kernel_name).
+        evaluate: (matrix, launch, x) -> y computed in NumPy from the built arrays exactly as the kernel
+            reads them; the CPU tests check it against SciPy.
+        layout_key: params -> the part of the parameters the built arrays depend on, so candidates that
+            differ only in launch constants share one build and one upload.
+    """
+
+    name: str
+    template: str
+    params_type: type
+    space: Callable[[CanonicalMatrix], list]
+    launch: Callable[[CanonicalMatrix, object], Launch]
+    context: Callable[[CanonicalMatrix, object], dict]
+    evaluate: Callable[[CanonicalMatrix, Launch, np.ndarray], np.ndarray]
+    layout_key: Callable[[object], tuple] = field(default=lambda params: ())
+
+    def params_from_dict(self, values: dict):
+        return self.params_type(**values)
+
+
+def params_dict(params) -> dict:
+    """Parameters as a plain dict (for plans, JSON and explain())."""
+    return asdict(params)
+
+
+def csr_arrays(m: CanonicalMatrix) -> tuple[tuple[str, np.ndarray], ...]:
+    """The CSR arrays a kernel reads; value-free kernels never read ``data``."""
+    arrays = [("indptr", m.indptr), ("indices", m.indices)]
+    if not m.value_free:
+        arrays.append(("data", m.data))
+    return tuple(arrays)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Specialization:
+    """The compile-time identity of a kernel: family, parameters and the matrix's type traits.
+
+    Attributes:
+        family: registry name.
+        params: the family's parameter dataclass instance.
+        value_dtype: float32 or float64.
+        index_dtype: int32 or int64.
+        value_free: True for the pattern-matrix kernel that never reads values.
+    """
+
+    family: str
+    params: object
+    value_dtype: np.dtype
+    index_dtype: np.dtype
+    value_free: bool
+
+    @property
+    def kernel_name(self) -> str:
+        return f"spmv_{self.family}"
+
+    def label(self) -> str:
+        parts = ",".join(f"{k}={v}" for k, v in params_dict(self.params).items())
+        return f"{self.family}({parts})"

@@ -1,0 +1,61 @@
+"""csr_vector: a group of ``threads_per_row`` lanes per row with a shuffle reduction (Bell and Garland).
+
+The general-purpose baseline: one CSR, every row handled alike. One lane per row is CSR-scalar.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats.csr import row_sums
+from ..matrix import CanonicalMatrix
+from .base import Family, Launch, ceil_div, csr_arrays
+
+THREADS_PER_ROW = (1, 2, 4, 8, 16, 32)
+BLOCK_SIZES = (128, 256)
+
+
+@dataclass(frozen=True)
+class CsrVectorParams:
+    """Parameters of csr_vector.
+
+    Attributes:
+        threads_per_row: lanes cooperating on one row (a power of two dividing the warp).
+        block_size: threads per block (a multiple of 32).
+    """
+
+    threads_per_row: int = 32
+    block_size: int = 256
+
+    def __post_init__(self):
+        if self.threads_per_row not in THREADS_PER_ROW:
+            raise ValueError(f"threads_per_row must be one of {THREADS_PER_ROW}, got {self.threads_per_row}")
+        if self.block_size % 32 or not 32 <= self.block_size <= 1024:
+            raise ValueError(f"block_size must be a multiple of 32 in [32, 1024], got {self.block_size}")
+
+
+def space(m: CanonicalMatrix) -> list[CsrVectorParams]:
+    """Every lane count and block size (wider groups than the longest row only waste lanes: dropped)."""
+    longest = int(m.row_lengths.max()) if m.n_rows else 0
+    widths = [t for t in THREADS_PER_ROW if t == 1 or t // 2 < longest]
+    return [CsrVectorParams(t, b) for t in widths for b in BLOCK_SIZES]
+
+
+def launch(m: CanonicalMatrix, p: CsrVectorParams) -> Launch:
+    return Launch(arrays=csr_arrays(m), scalars=(("n_rows", m.n_rows),),
+                  grid=ceil_div(m.n_rows * p.threads_per_row, p.block_size), block=p.block_size)
+
+
+def context(m: CanonicalMatrix, p: CsrVectorParams) -> dict:
+    return {"threads_per_row": p.threads_per_row, "block_size": p.block_size}
+
+
+def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
+    arrays = dict(built.arrays)
+    return row_sums(arrays["indptr"], arrays["indices"], arrays.get("data"), x, np.arange(m.n_rows),
+                    m.pattern_value if m.value_free else 1.0)
+
+
+FAMILY = Family(name="csr_vector", template="csr_vector.cu.j2", params_type=CsrVectorParams, space=space,
+                launch=launch, context=context, evaluate=evaluate)

@@ -1,0 +1,1 @@
+"""Host-side layout builders, one module per layout: vectorised NumPy, no GPU."""

@@ -1,0 +1,375 @@
+"""Synthetic power-law graphs: Graph500 R-MAT and Kronecker scaling of a given graph.
+
+They are the embedded default data: every command can run on ``rmat:23`` or ``kron:FILE:4`` with no
+file at hand. Both return canonical CSR pattern matrices (sorted column indices, no duplicates, all
+stored values float32 1.0) with int32 indices when the shape and nnz fit in int32, else int64.
+
+>>> A = rmat(10, edge_factor=8)
+>>> A.shape, A.dtype, A.indices.dtype
+((1024, 1024), dtype('float32'), dtype('int32'))
+>>> kronecker(A, k=2).shape
+(4096, 4096)
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from numbers import Integral, Real
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["rmat", "kronecker"]
+
+# Edges per random stream. Fixed (not derived from the thread count) so that a seed always gives the
+# same graph; 2**20 edges is large enough to amortise per-block Python overhead.
+_BLOCK_EDGES = 1 << 20
+# Edges per vectorised step inside a block: the per-level temporaries (4 B and 1 B per edge) stay in L2.
+_STEP_EDGES = 1 << 15
+# Target edges per row partition of the final sort: partitions sort in parallel and stay cache-sized.
+_PART_EDGES = 1 << 20
+# Partition ids are sorted with NumPy's radix sort, which it uses for integer types of 16 bits or less.
+_MAX_PART_BITS = 16
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+# 2x2 initiator with 3 non-zeros: nnz grows 3x per Kronecker step and the degrees stay power-law.
+_DEFAULT_KRON_SEED = np.array([[1, 1], [1, 0]], dtype=np.float32)
+
+
+def rmat(
+    scale: int,
+    edge_factor: int = 16,
+    a: float = 0.57,
+    b: float = 0.19,
+    c: float = 0.19,
+    seed: int = 0,
+    threads: int | None = None,
+) -> sp.csr_matrix:
+    """Graph500 R-MAT graph with ``2**scale`` nodes as a canonical CSR pattern matrix.
+
+    ``edge_factor * 2**scale`` edges are drawn; for each of the ``scale`` bit levels every edge draws
+    one uniform number and descends into the top-left, top-right, bottom-left or bottom-right quadrant
+    with probabilities ``a``, ``b``, ``c`` and ``d = 1 - a - b - c``. Node ids are then relabelled by
+    one seeded random permutation (rows and columns alike), so that high-degree nodes are not all at
+    small ids. Duplicate edges are dropped; self-loops are kept. The graph depends only on the
+    arguments other than ``threads``: edges come in fixed-size blocks, each with its own random stream
+    spawned from ``numpy.random.SeedSequence(seed)``, and ``threads`` only sets how many blocks run at
+    once (NumPy releases the GIL in the random generator, ufuncs and sorts).
+
+    Args:
+        scale: log2 of the number of nodes, 1..40 (memory bounds it far lower in practice: about
+            ``12 * edge_factor * 2**scale`` bytes are needed while building).
+        edge_factor: edges drawn per node, >= 1 (Graph500 uses 16).
+        a, b, c: quadrant probabilities, each in (0, 1), with ``a + b + c < 1``.
+        seed: non-negative integer seed.
+        threads: worker threads; default: the CPUs this process may run on.
+
+    Returns:
+        ``scipy.sparse.csr_matrix`` of shape ``(2**scale, 2**scale)``, float32 values all 1.0.
+
+    Example:
+        >>> A = rmat(14)                      # 16,384 nodes, 262,144 edges drawn
+        >>> A.shape, A.dtype
+        ((16384, 16384), dtype('float32'))
+        >>> 0.85 < A.nnz / (16 * 2**14) <= 1.0    # a few percent are duplicates
+        True
+        >>> bool((A.data == 1).all()) and A.has_sorted_indices
+        True
+    """
+    _check_rmat_args(scale, edge_factor, a, b, c, seed)
+    workers = _thread_count(threads)
+    n = 1 << scale
+    m = edge_factor * n
+    thresholds = _quadrant_thresholds(a, b, c)
+
+    n_blocks = -(-m // _BLOCK_EDGES)
+    perm_seq, *block_seqs = np.random.SeedSequence(seed).spawn(1 + n_blocks)
+    node_dtype = np.uint32 if scale <= 32 else np.uint64
+    perm = np.random.default_rng(perm_seq).permutation(n).astype(node_dtype)
+
+    part_bits = _partition_bits(scale, m)
+    layout = _PartitionLayout(scale, part_bits)
+
+    def block(i: int):
+        count = min(_BLOCK_EDGES, m - i * _BLOCK_EDGES)
+        return _rmat_block(block_seqs[i], count, scale, thresholds, perm, layout)
+
+    def partition(p: int):
+        return _dedupe_partition(p, blocks, layout)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        blocks = list(pool.map(block, range(n_blocks)))
+        del perm
+        parts = list(pool.map(partition, range(layout.count)))
+        del blocks
+        return _assemble(parts, n, pool)
+
+
+def kronecker(
+    graph,
+    seed=None,
+    k: int = 1,
+    *,
+    permute: bool = True,
+    rng_seed: int = 0,
+) -> sp.csr_matrix:
+    """Kronecker scaling of ``graph``: the pattern of ``S (x) S (x) ... (x) S (x) G`` (``k`` factors S).
+
+    Every edge of G is replicated once per non-zero of the k-th Kronecker power of the seed S: the
+    result has shape ``(s_rows**k * g_rows, s_cols**k * g_cols)`` and ``nnz(S)**k * nnz(G)`` non-zeros.
+    With the default seed ``[[1, 1], [1, 0]]`` nnz grows 3x per step for 2x the nodes, and G's
+    power-law degree distribution is kept. Only the patterns of ``graph`` and ``seed`` count (stored
+    non-zero entries); the result holds float32 1.0 values.
+
+    Args:
+        graph: SciPy sparse matrix or 2-D array (G).
+        seed: SciPy sparse matrix or 2-D 0/1 array (S); default ``[[1, 1], [1, 0]]``.
+        k: number of seed factors, >= 0; ``k = 0`` gives G's pattern.
+        permute: relabel node ids by a random permutation so that the blocks of the product are not
+            laid out in order; a square result uses one permutation for rows and columns, so it stays
+            the same graph up to relabelling.
+        rng_seed: seed of that permutation.
+
+    Returns:
+        Canonical ``scipy.sparse.csr_matrix``, float32 values, int32 indices if they fit else int64.
+
+    Example:
+        >>> import numpy as np
+        >>> G = np.array([[0, 1, 1], [0, 0, 1], [1, 0, 0]])
+        >>> K = kronecker(G, k=2, permute=False)
+        >>> K.shape, K.nnz                    # (2**2 * 3) nodes, 3**2 * 4 edges
+        ((12, 12), 36)
+        >>> kronecker(G, k=2).nnz             # relabelled, same size
+        36
+    """
+    if isinstance(k, bool) or not isinstance(k, Integral) or k < 0:
+        raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    _check_int("rng_seed", rng_seed, low=0)
+    g_rows, g_cols, g_shape = _pattern_coords(graph, "graph")
+    s_rows, s_cols, s_shape = _pattern_coords(_DEFAULT_KRON_SEED if seed is None else seed, "seed")
+
+    rows, cols = g_rows, g_cols
+    shape = g_shape
+    for _ in range(int(k)):
+        # One step left-multiplies by S: block (i, j) of the new matrix is S[i, j] * (previous result).
+        grown = (shape[0] * s_shape[0], shape[1] * s_shape[1])
+        if max(grown) > _INT64_MAX:
+            raise ValueError(f"k={k} makes the result larger than int64 indices can address")
+        rows = (s_rows[:, None] * shape[0] + rows[None, :]).ravel()
+        cols = (s_cols[:, None] * shape[1] + cols[None, :]).ravel()
+        shape = grown
+
+    if permute:
+        rng = np.random.default_rng(rng_seed)
+        row_perm = rng.permutation(shape[0])
+        col_perm = row_perm if shape[0] == shape[1] else rng.permutation(shape[1])
+        rows, cols = row_perm[rows], col_perm[cols]
+    return _pattern_csr(rows, cols, shape)
+
+
+# --- R-MAT internals -------------------------------------------------------------------------------
+
+
+class _PartitionLayout:
+    """Split of the node ids into ``2**bits`` row ranges, and the key of an edge inside its range.
+
+    An edge (row, col) lives in partition ``row >> low_bits`` under the key
+    ``(row & low_mask) << scale | col``: keys sort in CSR order and fit in 64 bits for scale <= 40.
+    """
+
+    def __init__(self, scale: int, bits: int):
+        self.scale = scale
+        self.count = 1 << bits
+        self.low_bits = scale - bits
+        self.rows_per_part = 1 << self.low_bits
+        self.part_dtype = np.uint8 if bits <= 8 else np.uint16
+
+    def keys(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        low = (rows & np.asarray(self.rows_per_part - 1, dtype=rows.dtype)).astype(np.uint64)
+        keys = np.left_shift(low, np.uint64(self.scale), out=low)
+        np.bitwise_or(keys, cols, out=keys)
+        parts = (rows >> self.low_bits).astype(self.part_dtype)
+        return keys, parts
+
+
+def _rmat_block(seq, count, scale, thresholds, perm, layout):
+    """Draw ``count`` edges from the stream ``seq``; return their keys grouped by partition and the
+    partition offsets into them."""
+    bitgen = np.random.SFC64(seq)
+    keys = np.empty(count, dtype=np.uint64)
+    parts = np.empty(count, dtype=layout.part_dtype)
+    for start in range(0, count, _STEP_EDGES):
+        stop = min(start + _STEP_EDGES, count)
+        rows, cols = _rmat_edges(bitgen, stop - start, scale, thresholds)
+        keys[start:stop], parts[start:stop] = layout.keys(perm[rows], perm[cols])
+    if layout.count > 1:
+        keys = keys[np.argsort(parts, kind="stable")]
+    offsets = np.zeros(layout.count + 1, dtype=np.int64)
+    np.cumsum(np.bincount(parts, minlength=layout.count), out=offsets[1:])
+    return keys, offsets
+
+
+def _rmat_edges(bitgen, count, scale, thresholds):
+    """Recursive quadrant descent for ``count`` edges, one 32-bit uniform per edge and level."""
+    node_dtype = np.uint32 if scale <= 32 else np.uint64
+    rows = np.zeros(count, dtype=node_dtype)
+    cols = np.zeros(count, dtype=node_dtype)
+    ge_a = np.empty(count, dtype=bool)
+    ge_ab = np.empty(count, dtype=bool)
+    ge_abc = np.empty(count, dtype=bool)
+    t_a, t_ab, t_abc = thresholds
+    for _ in range(scale):
+        # Raw 64-bit output split into two 32-bit uniforms: half the generator calls of random().
+        u = bitgen.random_raw((count + 1) // 2).view(np.uint32)[:count]
+        np.greater_equal(u, t_a, out=ge_a)
+        np.greater_equal(u, t_ab, out=ge_ab)
+        np.greater_equal(u, t_abc, out=ge_abc)
+        # Quadrants in order a, b, c, d are (0,0), (0,1), (1,0), (1,1): the row bit is u >= a+b and
+        # the column bit is set in exactly the b and d intervals, i.e. the parity of the three tests.
+        np.left_shift(rows, 1, out=rows)
+        np.bitwise_or(rows, ge_ab, out=rows)
+        np.bitwise_xor(ge_a, ge_ab, out=ge_a)
+        np.bitwise_xor(ge_a, ge_abc, out=ge_a)
+        np.left_shift(cols, 1, out=cols)
+        np.bitwise_or(cols, ge_a, out=cols)
+    return rows, cols
+
+
+def _dedupe_partition(p, blocks, layout):
+    """Sort and deduplicate the keys of partition ``p``; return its row lengths and column indices."""
+    merged = np.concatenate([keys[offsets[p] : offsets[p + 1]] for keys, offsets in blocks])
+    merged.sort()
+    keep = np.empty(merged.size, dtype=bool)
+    keep[:1] = True
+    np.not_equal(merged[1:], merged[:-1], out=keep[1:])
+    unique = merged[keep]
+    del merged, keep
+    local_rows = (unique >> np.uint64(layout.scale)).astype(np.intp)
+    row_counts = np.bincount(local_rows, minlength=layout.rows_per_part)
+    cols = unique & np.uint64((1 << layout.scale) - 1)
+    return row_counts, cols.astype(np.uint32 if layout.scale <= 32 else np.uint64)
+
+
+def _assemble(parts, n, pool) -> sp.csr_matrix:
+    """Concatenate the partitions into one CSR matrix; the copies run in parallel because first-touch
+    page faults of the large output arrays cost as much as the copies themselves."""
+    offsets = np.cumsum([0] + [cols.size for _, cols in parts])
+    nnz = int(offsets[-1])
+    idx_dtype = _index_dtype((n, n), nnz)
+    indptr = np.empty(n + 1, dtype=idx_dtype)
+    indptr[0] = 0
+    np.cumsum(np.concatenate([row_counts for row_counts, _ in parts]), out=indptr[1:])
+    indices = np.empty(nnz, dtype=idx_dtype)
+    data = np.empty(nnz, dtype=np.float32)
+
+    def fill(p: int) -> None:
+        start, stop = offsets[p], offsets[p + 1]
+        indices[start:stop] = parts[p][1]
+        data[start:stop] = 1.0
+
+    list(pool.map(fill, range(len(parts))))
+    return _csr_from_canonical(data, indices, indptr, (n, n))
+
+
+def _partition_bits(scale: int, m: int) -> int:
+    # Local keys take (scale - bits) + scale bits, so bits >= 2 * scale - 64 keeps them in a uint64.
+    wanted = max(0, (m // _PART_EDGES).bit_length() - 1)
+    return min(scale, _MAX_PART_BITS, max(wanted, 2 * scale - 64))
+
+
+def _quadrant_thresholds(a: float, b: float, c: float) -> tuple[np.uint32, np.uint32, np.uint32]:
+    """Cumulative probabilities a, a+b, a+b+c as thresholds on uniform 32-bit integers."""
+    cumulative = np.cumsum([a, b, c]) * 2.0**32
+    t = np.minimum(np.rint(cumulative), 2**32 - 1).astype(np.uint32)
+    return t[0], t[1], t[2]
+
+
+def _check_rmat_args(scale, edge_factor, a, b, c, seed) -> None:
+    _check_int("scale", scale, low=1, high=40)
+    _check_int("edge_factor", edge_factor, low=1)
+    for name, value in (("a", a), ("b", b), ("c", c)):
+        if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 < float(value) < 1.0:
+            raise ValueError(f"{name} must be a probability in (0, 1), got {value!r}")
+    if a + b + c >= 1.0:
+        raise ValueError(f"a + b + c must be < 1 (d = 1 - a - b - c > 0), got {a + b + c!r}")
+    _check_int("seed", seed, low=0)
+
+
+def _check_int(name: str, value, *, low: int, high: int | None = None) -> None:
+    ok = isinstance(value, Integral) and not isinstance(value, bool)
+    ok = ok and value >= low and (high is None or value <= high)
+    if not ok:
+        bounds = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
+
+
+def _thread_count(threads: int | None) -> int:
+    if threads is None:
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:  # not on Linux
+            return os.cpu_count() or 1
+    _check_int("threads", threads, low=1)
+    return int(threads)
+
+
+# --- shared CSR helpers (also used by tuner.loaders) -------------------------------------------------
+
+
+def _index_dtype(shape: tuple[int, int], nnz: int) -> type[np.signedinteger]:
+    """int32 when every index, row pointer and dimension fits in int32, else int64."""
+    return np.int32 if max(shape[0], shape[1], nnz) <= _INT32_MAX else np.int64
+
+
+def _csr_from_canonical(data, indices, indptr, shape) -> sp.csr_matrix:
+    """Wrap arrays already in canonical CSR order without SciPy re-checking or copying them."""
+    matrix = sp.csr_matrix((data, indices, indptr), shape=shape, copy=False)
+    matrix.has_canonical_format = True
+    return matrix
+
+
+def _pattern_csr(rows, cols, shape) -> sp.csr_matrix:
+    """Canonical float32 pattern CSR of the (row, col) pairs; duplicate pairs are stored once."""
+    shape = (int(shape[0]), int(shape[1]))
+    rows = np.asarray(rows, dtype=np.int64)
+    cols = np.asarray(cols, dtype=np.int64)
+    if shape[0] * shape[1] <= _INT64_MAX:
+        keys = rows * shape[1] + cols
+        keys.sort()
+        keep = np.empty(keys.size, dtype=bool)
+        keep[:1] = True
+        np.not_equal(keys[1:], keys[:-1], out=keep[1:])
+        keys = keys[keep]
+        rows, cols = np.divmod(keys, shape[1])
+    else:
+        order = np.lexsort((cols, rows))
+        rows, cols = rows[order], cols[order]
+        keep = np.ones(rows.size, dtype=bool)
+        keep[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])
+        rows, cols = rows[keep], cols[keep]
+    idx_dtype = _index_dtype(shape, cols.size)
+    indptr = np.zeros(shape[0] + 1, dtype=idx_dtype)
+    np.cumsum(np.bincount(rows, minlength=shape[0]), out=indptr[1:])
+    indices = cols.astype(idx_dtype)
+    return _csr_from_canonical(np.ones(cols.size, dtype=np.float32), indices, indptr, shape)
+
+
+def _pattern_coords(matrix, name: str) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+    """Row and column indices (int64, no duplicates) of the stored non-zeros of a 2-D matrix."""
+    if sp.issparse(matrix):
+        coo = sp.coo_matrix(matrix)
+        coo.sum_duplicates()
+        nonzero = coo.data != 0
+        rows, cols, shape = coo.row[nonzero], coo.col[nonzero], coo.shape
+    else:
+        dense = np.asarray(matrix)
+        if dense.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {dense.shape}")
+        rows, cols = np.nonzero(dense)
+        shape = dense.shape
+    if shape[0] < 1 or shape[1] < 1:
+        raise ValueError(f"{name} must have at least one row and one column, got shape {shape}")
+    return rows.astype(np.int64), cols.astype(np.int64), (int(shape[0]), int(shape[1]))

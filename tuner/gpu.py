@@ -1,0 +1,275 @@
+"""The GPU backend: the only module that imports PyCUDA.
+
+It works in the device's primary context (the one the CUDA runtime, and so CuPy and PyTorch, use), loads
+cubins, launches prepared kernels on the legacy default stream, owns device memory, times with CUDA events
+and reads other libraries' arrays through ``__cuda_array_interface__``.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+try:  # PyCUDA is the optional 'gpu' extra: without it (or without a driver) nothing here runs.
+    import pycuda.driver as drv
+    _IMPORT_ERROR = None
+except Exception as exc:  # noqa: BLE001 - any failure to import means 'no GPU backend'
+    drv = None
+    _IMPORT_ERROR = exc
+
+
+class NoDeviceError(RuntimeError):
+    """No usable CUDA GPU: PyCUDA is missing, no driver, or no device."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the tuner needs to know about the GPU.
+
+    Attributes:
+        name: e.g. 'NVIDIA H100 80GB HBM3'.
+        capability: compute capability (major, minor).
+        sm_count: streaming multiprocessors.
+        l2_bytes: L2 cache size.
+        memory_bytes: global memory size.
+        driver_version: CUDA driver API version as an int, e.g. 13000.
+    """
+
+    name: str
+    capability: tuple[int, int]
+    sm_count: int
+    l2_bytes: int
+    memory_bytes: int
+    driver_version: int
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+
+_lock = threading.Lock()
+_local = threading.local()
+_state: dict = {}
+
+
+def _probe() -> str | None:
+    """None when a device can be used, else why not."""
+    if drv is None:
+        return f"PyCUDA is not importable ({_IMPORT_ERROR}); install the 'gpu' extra on a machine with CUDA"
+    try:
+        drv.init()
+        if drv.Device.count() == 0:
+            return "the CUDA driver reports no device"
+    except Exception as exc:  # noqa: BLE001
+        return f"the CUDA driver could not start ({exc})"
+    return None
+
+
+@lru_cache(maxsize=1)
+def unavailable_reason() -> str | None:
+    """None when a CUDA GPU is usable, else a sentence saying why not (cached)."""
+    return _probe()
+
+
+def available() -> bool:
+    """True when a CUDA GPU can run kernels.
+
+    Example:
+        >>> isinstance(available(), bool)
+        True
+    """
+    return unavailable_reason() is None
+
+
+def _context():
+    """The primary context of device 0, made current in the calling thread."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise NoDeviceError(f"no CUDA GPU present: {reason}")
+    with _lock:
+        if "ctx" not in _state:
+            dev = drv.Device(0)
+            ctx = dev.retain_primary_context()
+            _state.update(dev=dev, ctx=ctx)
+            atexit.register(_release)
+    if not getattr(_local, "pushed", False):
+        _state["ctx"].push()
+        _local.pushed = True
+    return _state["ctx"]
+
+
+def _release() -> None:
+    if getattr(_local, "pushed", False):
+        try:
+            drv.Context.pop()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to do
+            pass
+        _local.pushed = False
+
+
+def ensure_context() -> None:
+    """Make the primary context current in this thread (idempotent)."""
+    _context()
+
+
+@lru_cache(maxsize=1)
+def device_info() -> DeviceInfo:
+    """Properties of device 0.
+
+    Example (on a GPU machine):
+        >>> device_info().arch  # doctest: +SKIP
+        'sm_90'
+    """
+    _context()
+    dev = _state["dev"]
+    a = drv.device_attribute
+    return DeviceInfo(name=dev.name(), capability=dev.compute_capability(),
+                      sm_count=dev.get_attribute(a.MULTIPROCESSOR_COUNT),
+                      l2_bytes=dev.get_attribute(a.L2_CACHE_SIZE), memory_bytes=dev.total_memory(),
+                      driver_version=drv.get_driver_version())
+
+
+class Kernel:
+    """A loaded kernel with its prepared argument signature."""
+
+    def __init__(self, cubin: bytes, name: str, signature: str):
+        _context()
+        self.module = drv.module_from_buffer(cubin)
+        self.function = self.module.get_function(name)
+        self.function.prepare(signature)
+        self.name = name
+
+    def launch(self, grid: int, block: int, *args) -> None:
+        if grid:
+            self.function.prepared_call((grid, 1, 1), (block, 1, 1), *args)
+
+
+def alloc(nbytes: int):
+    """Device memory of at least one byte (a zero-size allocation is an error in CUDA)."""
+    _context()
+    return drv.mem_alloc(max(int(nbytes), 1))
+
+
+def upload(array: np.ndarray):
+    """Copy a host array to new device memory."""
+    buf = alloc(array.nbytes)
+    if array.nbytes:
+        drv.memcpy_htod(buf, np.ascontiguousarray(array))
+    return buf
+
+
+def copy_to_device(ptr: int, array: np.ndarray) -> None:
+    if array.nbytes:
+        drv.memcpy_htod(ptr, np.ascontiguousarray(array))
+
+
+def copy_to_host(array: np.ndarray, ptr: int) -> None:
+    if array.nbytes:
+        drv.memcpy_dtoh(array, ptr)
+
+
+def copy_device(dst: int, src: int, nbytes: int) -> None:
+    if nbytes:
+        drv.memcpy_dtod(dst, src, nbytes)
+
+
+def memset_bytes(ptr: int, byte: int, nbytes: int) -> None:
+    if nbytes:
+        drv.memset_d8(ptr, byte, nbytes)
+
+
+def synchronize() -> None:
+    _context()
+    drv.Context.synchronize()
+
+
+def time_launches(run, repeats: int, warmup: int = 3) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls of ``run()`` measured with CUDA events after ``warmup``."""
+    _context()
+    for _ in range(warmup):
+        run()
+    starts = [drv.Event() for _ in range(repeats)]
+    ends = [drv.Event() for _ in range(repeats)]
+    for s, e in zip(starts, ends):
+        s.record()
+        run()
+        e.record()
+    ends[-1].synchronize()
+    return [e.time_since(s) for s, e in zip(starts, ends)]
+
+
+# --- arrays of other libraries -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceView:
+    """A contiguous 1-D device vector read through ``__cuda_array_interface__``."""
+
+    ptr: int
+    shape: tuple
+    dtype: np.dtype
+    readonly: bool
+    stream: int | None
+
+
+def is_device_array(obj) -> bool:
+    return hasattr(obj, "__cuda_array_interface__")
+
+
+def view(obj) -> DeviceView:
+    """Pointer, shape and dtype of a CuPy / PyTorch / PyCUDA array (no copy); non-contiguous is refused."""
+    cai = obj.__cuda_array_interface__
+    shape = tuple(cai["shape"])
+    dtype = np.dtype(cai["typestr"])
+    strides = cai.get("strides")
+    if strides is not None and len(shape) >= 1:
+        expected = np.empty(0, dtype).itemsize
+        contiguous = tuple(strides) == tuple(int(np.prod(shape[i + 1:])) * expected for i in range(len(shape)))
+        if not contiguous:
+            raise ValueError(f"device array with strides {tuple(strides)} is not contiguous: pass a "
+                             "contiguous copy")
+    ptr, readonly = cai["data"]
+    return DeviceView(ptr=int(ptr or 0), shape=shape, dtype=dtype, readonly=bool(readonly),
+                      stream=cai.get("stream"))
+
+
+_LEGACY_STREAMS = (None, 1, 2)
+
+
+@lru_cache(maxsize=1)
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def wait_for_stream(stream: int | None) -> bool:
+    """Synchronise with a producer's stream unless it is a default stream (which our launches order with).
+
+    Returns True when it had to synchronise, so the caller also synchronises its own work before handing
+    the result back to that stream.
+    """
+    if stream in _LEGACY_STREAMS:
+        return False
+    err = _libcuda().cuStreamSynchronize(ctypes.c_void_p(stream))
+    if err:
+        raise RuntimeError(f"cuStreamSynchronize failed with CUDA error {err}")
+    return True
+
+
+def empty_like_kind(like, n: int, dtype: np.dtype):
+    """A new device vector of ``n`` entries of the same library (CuPy, PyTorch, PyCUDA) as ``like``."""
+    lib = type(like).__module__.split(".")[0]
+    if lib == "cupy":
+        import cupy
+        return cupy.empty(n, dtype=dtype)
+    if lib == "torch":
+        import torch
+        tdtype = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}[np.dtype(dtype)]
+        return torch.empty(n, dtype=tdtype, device=like.device)
+    if lib == "pycuda":
+        import pycuda.gpuarray as gpuarray
+        return gpuarray.empty(n, dtype=dtype)
+    raise TypeError(f"cannot allocate an output like {type(like).__name__}: pass out= (any contiguous "
+                    "device array with __cuda_array_interface__)")

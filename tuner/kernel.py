@@ -1,0 +1,149 @@
+"""The callables :func:`tuner.compile` returns: a loaded kernel bound to the matrix's device arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import families, gpu
+from .families.base import Launch, Specialization
+from .matrix import CanonicalMatrix, MatrixError, check_vector_dtype, check_vector_shape
+
+SIGNATURE_CODES = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
+
+
+class DeviceArrays:
+    """Device copies of host arrays, uploaded once each and shared by every kernel that reads them."""
+
+    def __init__(self):
+        self._buffers: dict[int, tuple[np.ndarray, object]] = {}
+
+    def pointer(self, array: np.ndarray) -> int:
+        hit = self._buffers.get(id(array))
+        if hit is None or hit[0] is not array:
+            hit = (array, gpu.upload(array))  # keeping the array alive keeps its id unique
+            self._buffers[id(array)] = hit
+        return int(hit[1])
+
+
+class SpMV:
+    """y = A @ x on the GPU with one tuned kernel.
+
+    Call it with a NumPy vector (copied in and out) or a contiguous device vector of CuPy, PyTorch or
+    PyCUDA (used in place, no copy); the result is of the same kind. ``out=`` takes a preallocated result
+    of the same kind.
+
+    Attributes:
+        plan: the :class:`~tuner.planner.Plan` this kernel was built from.
+        shape, dtype: of the matrix the kernel multiplies by.
+
+    Example (on a GPU machine):
+        >>> import numpy as np, scipy.sparse as sp, tuner  # doctest: +SKIP
+        >>> A = sp.random(1000, 1000, density=0.01, format="csr", dtype=np.float32)  # doctest: +SKIP
+        >>> spmv = tuner.compile(A); y = spmv(np.ones(1000, np.float32))  # doctest: +SKIP
+    """
+
+    def __init__(self, matrix: CanonicalMatrix, spec: Specialization, cubin: bytes, plan,
+                 arrays: DeviceArrays | None = None):
+        self.plan = plan
+        self.shape = matrix.shape
+        self.dtype = matrix.value_dtype
+        self.spec = spec
+        self._launch: Launch = families.get(spec.family).launch(matrix, spec.params)
+        # Held for the kernel's lifetime: the raw pointers below are only valid while the buffers live.
+        self._device_arrays = arrays = arrays or DeviceArrays()
+        self._array_ptrs = tuple(arrays.pointer(a) for _, a in self._launch.arrays)
+        self._scalars = tuple(np.int64(v) for _, v in self._launch.scalars)
+        self._pattern = self.dtype.type(matrix.pattern_value if matrix.value_free else 1.0)
+        signature = "P" * (len(self._array_ptrs) + 2) + "q" * len(self._scalars) + SIGNATURE_CODES[self.dtype]
+        self._kernel = gpu.Kernel(cubin, spec.kernel_name, signature)
+        self._x_buf = gpu.alloc(self.shape[1] * self.dtype.itemsize)
+        self._y_buf = gpu.alloc(self.shape[0] * self.dtype.itemsize)
+
+    def launch(self, x_ptr: int, y_ptr: int) -> None:
+        """Run the kernel on device pointers (no checks: for timing loops and iterative solvers)."""
+        self._kernel.launch(self._launch.grid, self._launch.block, *self._array_ptrs, x_ptr, y_ptr,
+                            *self._scalars, self._pattern)
+
+    @property
+    def buffers(self) -> tuple[int, int]:
+        """Device pointers of the callable's own x and y buffers (used by the NumPy path and timings)."""
+        return int(self._x_buf), int(self._y_buf)
+
+    def __call__(self, x, out=None):
+        if gpu.is_device_array(x):
+            return self._call_device(x, out)
+        if isinstance(out, np.ndarray) is False and out is not None:
+            raise MatrixError(f"out must be a NumPy array when x is one, got {type(out).__name__}")
+        x = np.asarray(x)
+        check_vector_shape(x.shape, self.shape[1], "x")
+        check_vector_dtype(x.dtype, self.dtype, "x", allow_safe_cast=True)
+        if out is None:
+            out = np.empty(self.shape[0], self.dtype)
+        else:
+            check_vector_shape(out.shape, self.shape[0], "out")
+            check_vector_dtype(out.dtype, self.dtype, "out")
+            if not (out.flags.c_contiguous and out.flags.writeable):
+                raise MatrixError("out must be a contiguous, writeable array")
+        gpu.ensure_context()
+        gpu.copy_to_device(int(self._x_buf), np.ascontiguousarray(x, dtype=self.dtype))
+        self.launch(int(self._x_buf), int(self._y_buf))
+        gpu.copy_to_host(out, int(self._y_buf))
+        return out
+
+    def _call_device(self, x, out):
+        xv = gpu.view(x)
+        check_vector_shape(xv.shape, self.shape[1], "x")
+        check_vector_dtype(xv.dtype, self.dtype, "x")
+        if out is None:
+            out = gpu.empty_like_kind(x, self.shape[0], self.dtype)
+        elif not gpu.is_device_array(out):
+            raise MatrixError(f"out must be a device array when x is one, got {type(out).__name__}")
+        ov = gpu.view(out)
+        check_vector_shape(ov.shape, self.shape[0], "out")
+        check_vector_dtype(ov.dtype, self.dtype, "out")
+        if ov.readonly:
+            raise MatrixError("out is read-only")
+        x_end, o_end = xv.ptr + xv.shape[0] * self.dtype.itemsize, ov.ptr + ov.shape[0] * self.dtype.itemsize
+        if ov.shape[0] and xv.shape[0] and xv.ptr < o_end and ov.ptr < x_end:
+            raise MatrixError("out overlaps x: the kernel reads x while it writes out")
+        gpu.ensure_context()
+        synced = gpu.wait_for_stream(xv.stream)
+        self.launch(xv.ptr, ov.ptr)
+        if synced:
+            gpu.synchronize()
+        return out
+
+    def explain(self) -> str:
+        """Why this plan: every candidate's timing, fastest first."""
+        from .planner import explain
+        return explain(self.plan)
+
+    def time(self, repeats: int = 50, warmup: int = 5, seed: int = 0) -> float:
+        """Median milliseconds of one launch (CUDA events, after warm-up) on a random x."""
+        return float(np.median(time_spmv(self, repeats, warmup, seed)))
+
+    def __repr__(self) -> str:
+        return (f"<SpMV {self.shape[0]}x{self.shape[1]} {self.dtype.name} {self.spec.label()} "
+                f"measured={self.plan.measured_ms}>")
+
+
+def random_vector(n: int, dtype, seed: int = 0) -> np.ndarray:
+    """A random, non-constant test vector (never zeros or all-equal: those hide indexing errors)."""
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, n).astype(dtype)
+
+
+def time_spmv(kernel: SpMV, repeats: int, warmup: int = 3, seed: int = 0) -> list[float]:
+    """Per-launch milliseconds of ``kernel`` on its own buffers, x random, y poisoned beforehand."""
+    x_ptr, y_ptr = kernel.buffers
+    gpu.copy_to_device(x_ptr, random_vector(kernel.shape[1], kernel.dtype, seed))
+    gpu.memset_bytes(y_ptr, 0xFF, kernel.shape[0] * kernel.dtype.itemsize)  # NaN poison
+    return gpu.time_launches(lambda: kernel.launch(x_ptr, y_ptr), repeats, warmup)
+
+
+def adaptive_repeats(first_ms: float, budget_ms: float = 40.0, lo: int = 10, hi: int = 200) -> int:
+    """How many timed runs fit a time budget, within [lo, hi].
+
+    Example:
+        >>> adaptive_repeats(1.0), adaptive_repeats(0.01), adaptive_repeats(100.0)
+        (40, 200, 10)
+    """
+    return int(min(hi, max(lo, budget_ms // max(first_ms, 1e-6))))

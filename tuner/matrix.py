@@ -1,0 +1,249 @@
+"""Validation, canonical CSR and fingerprints: the first stage of the data flow.
+
+Everything later (families, planner, kernels) sees only a :class:`CanonicalMatrix`: sorted column indices,
+duplicates summed, int32 indices when they fit and int64 otherwise, float32 or float64 values.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import scipy.sparse as sp
+
+INT32_MAX = np.iinfo(np.int32).max
+FINGERPRINT_VERSION = b"sparse-tuner-fingerprint-v1"
+
+
+class MatrixError(ValueError):
+    """A matrix or vector the tuner cannot accept; the message names the problem."""
+
+
+@dataclass(frozen=True, eq=False)
+class CanonicalMatrix:
+    """A sparse matrix in the tuner's canonical CSR form.
+
+    Attributes:
+        indptr, indices, data: CSR arrays; indices sorted within each row, no duplicates; ``indptr`` and
+            ``indices`` share one integer dtype (int32 when every index and nnz fit, else int64).
+        shape: (rows, columns).
+        pattern_value: the common value of every stored entry when they are all equal (a pattern matrix,
+            served by value-free kernels that never read ``data``), else None. None for an empty matrix.
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+    shape: tuple[int, int]
+    pattern_value: float | None = field(default=None)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.size)
+
+    @property
+    def n_rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def n_cols(self) -> int:
+        return self.shape[1]
+
+    @property
+    def index_dtype(self) -> np.dtype:
+        return self.indices.dtype
+
+    @property
+    def value_dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def value_free(self) -> bool:
+        return self.pattern_value is not None
+
+    @cached_property
+    def row_lengths(self) -> np.ndarray:
+        """Stored entries per row (int64)."""
+        return np.diff(self.indptr).astype(np.int64, copy=False)
+
+    def to_scipy(self) -> sp.csr_matrix:
+        """The same matrix as a SciPy CSR matrix (shares the arrays)."""
+        return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape, copy=False)
+
+
+def _value_dtype(dtype: np.dtype, requested) -> np.dtype:
+    if requested is not None:
+        req = np.dtype(requested)
+        if req not in (np.float32, np.float64):
+            raise MatrixError(f"dtype must be float32 or float64, got {req}")
+        if np.issubdtype(dtype, np.complexfloating):
+            raise MatrixError(f"complex matrices are not supported (got {dtype})")
+        return req
+    if np.issubdtype(dtype, np.complexfloating):
+        raise MatrixError(f"complex matrices are not supported (got {dtype})")
+    if dtype == np.float64:
+        return np.dtype(np.float64)
+    if dtype == np.float32 or np.issubdtype(dtype, np.integer) or dtype == np.bool_ or dtype == np.float16:
+        # Integers and booleans are adjacency counts or flags: float32 holds them for SpMV purposes.
+        return np.dtype(np.float32)
+    raise MatrixError(f"unsupported value dtype {dtype}: use a real floating, integer or boolean matrix")
+
+
+def canonicalize(A, dtype=None, index_dtype=None) -> CanonicalMatrix:
+    """Validate ``A`` and return it as a :class:`CanonicalMatrix`; ``A`` itself is never modified.
+
+    Args:
+        A: any SciPy sparse matrix or array (CSR, CSC, COO, ...), 2-D.
+        dtype: force float32 or float64 values; default keeps float32/float64 and casts integer or boolean
+            values to float32.
+        index_dtype: force int64 (or int32, when everything fits) indices; default int32 when it fits.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> m = canonicalize(sp.coo_matrix(([1, 2, 3], ([0, 0, 1], [2, 2, 0])), shape=(2, 3)))
+        >>> m.indices.tolist(), m.data.tolist(), m.index_dtype
+        ([2, 0], [3.0, 3.0], dtype('int32'))
+    """
+    if isinstance(A, CanonicalMatrix):
+        same = (dtype is None or np.dtype(dtype) == A.value_dtype) and \
+            (index_dtype is None or np.dtype(index_dtype) == A.index_dtype)
+        return A if same else canonicalize(A.to_scipy(), dtype, index_dtype)
+    if not sp.issparse(A):
+        kind = type(A).__name__
+        if isinstance(A, np.ndarray) or hasattr(A, "__array__"):
+            raise MatrixError(
+                f"expected a SciPy sparse matrix, got dense {kind}: convert with scipy.sparse.csr_matrix(A)")
+        raise MatrixError(f"expected a SciPy sparse matrix, got {kind}")
+    if A.ndim != 2:
+        raise MatrixError(f"expected a 2-D sparse matrix, got {A.ndim}-D with shape {A.shape}")
+    vdtype = _value_dtype(A.dtype, dtype)
+    csr = A.tocsr()
+    if not csr.has_canonical_format:
+        # Copy first: sum_duplicates sorts in place and the caller's matrix must stay as it was.
+        csr = csr.copy()
+        csr.sum_duplicates()
+    n_rows, n_cols = (int(s) for s in csr.shape)
+    data = np.asarray(csr.data)
+    if data.size and not np.isfinite(data).all():
+        bad = "NaN" if np.isnan(data).any() else "infinite"
+        raise MatrixError(f"matrix values contain {bad} entries")
+    with np.errstate(over="ignore"):  # overflow is reported just below, with the culprit's size
+        data = data.astype(vdtype, copy=False)
+    if data.size and not np.isfinite(data).all():
+        raise MatrixError(f"matrix values overflow {vdtype} (largest magnitude {np.abs(csr.data).max():g})")
+    nnz = int(csr.indptr[-1]) if csr.indptr.size else 0
+    fits32 = max(n_rows, n_cols, nnz) <= INT32_MAX
+    idx_dtype = np.dtype(np.int32 if fits32 else np.int64)
+    if index_dtype is not None:
+        idx_dtype = np.dtype(index_dtype)
+        if idx_dtype not in (np.int32, np.int64):
+            raise MatrixError(f"index_dtype must be int32 or int64, got {idx_dtype}")
+        if idx_dtype == np.int32 and not fits32:
+            raise MatrixError(f"int32 indices overflow: shape {A.shape} with {nnz} non-zeros needs int64")
+    indptr = csr.indptr.astype(idx_dtype, copy=False)
+    indices = csr.indices.astype(idx_dtype, copy=False)
+    pattern = None
+    if data.size:
+        lo, hi = data.min(), data.max()
+        if lo == hi:
+            pattern = float(lo)
+    return CanonicalMatrix(indptr=indptr, indices=indices, data=data, shape=(n_rows, n_cols),
+                           pattern_value=pattern)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Identity of a matrix structure for plan caching.
+
+    Attributes:
+        digest: sha256 hex digest over shape, index dtype, value-free flag and the CSR structure arrays.
+        features: small summary (sizes, row/column length quantiles) kept beside it for reports and
+            nearest-neighbour reuse; not part of the digest.
+    """
+
+    digest: str
+    features: dict
+
+    @property
+    def short(self) -> str:
+        return self.digest[:12]
+
+
+def _hash_array(h, arr: np.ndarray) -> None:
+    # Hash in 64 MiB slices: no copy of the whole array, and memoryview keeps it zero-copy.
+    view = memoryview(np.ascontiguousarray(arr)).cast("B")
+    step = 64 << 20
+    for start in range(0, len(view), step):
+        h.update(view[start:start + step])
+
+
+def structure_features(m: CanonicalMatrix) -> dict:
+    """Summary statistics of the structure: sizes and row/column length quantiles.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> structure_features(canonicalize(sp.eye(4, format="csr")))["row_max"]
+        1
+    """
+    rows = m.row_lengths
+    cols = np.bincount(m.indices, minlength=m.n_cols) if m.n_cols else np.zeros(0, np.int64)
+
+    def quantiles(v):
+        if v.size == 0:
+            return [0, 0, 0, 0]
+        return [int(q) for q in np.quantile(v, [0.5, 0.9, 0.99, 1.0], method="higher")]
+
+    rq, cq = quantiles(rows), quantiles(cols)
+    return {
+        "n_rows": m.n_rows, "n_cols": m.n_cols, "nnz": m.nnz,
+        "index_dtype": str(m.index_dtype), "value_dtype": str(m.value_dtype), "value_free": m.value_free,
+        "row_mean": float(m.nnz / m.n_rows) if m.n_rows else 0.0,
+        "row_p50": rq[0], "row_p90": rq[1], "row_p99": rq[2], "row_max": rq[3],
+        "empty_rows": int(np.count_nonzero(rows == 0)),
+        "col_p50": cq[0], "col_p90": cq[1], "col_p99": cq[2], "col_max": cq[3],
+    }
+
+
+def fingerprint(m: CanonicalMatrix) -> Fingerprint:
+    """sha256 over shape, index dtype, value-free flag and structure (values excluded).
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> a = canonicalize(sp.random(50, 50, density=0.1, format="csr", random_state=1))
+        >>> fingerprint(a).digest == fingerprint(canonicalize(a.to_scipy() * 2.0)).digest
+        True
+    """
+    h = hashlib.sha256(FINGERPRINT_VERSION)
+    h.update(f"{m.n_rows}x{m.n_cols}:{m.index_dtype.str}:{int(m.value_free)}:".encode())
+    _hash_array(h, m.indptr)
+    _hash_array(h, m.indices)
+    return Fingerprint(digest=h.hexdigest(), features=structure_features(m))
+
+
+def check_vector_shape(shape: tuple, length: int, what: str = "x") -> None:
+    """Raise :class:`MatrixError` unless ``shape`` is that of a 1-D vector of ``length`` entries.
+
+    Example:
+        >>> check_vector_shape((3,), 3)
+    """
+    if len(shape) != 1:
+        raise MatrixError(f"{what} must be a 1-D vector of length {length}, got shape {tuple(shape)}")
+    if shape[0] != length:
+        raise MatrixError(f"{what} has length {shape[0]}, but the matrix needs {length}")
+
+
+def check_vector_dtype(dtype, expected: np.dtype, what: str = "x", allow_safe_cast: bool = False) -> None:
+    """Raise :class:`MatrixError` unless ``dtype`` matches ``expected`` (or casts safely when allowed).
+
+    Example:
+        >>> check_vector_dtype(np.float32, np.dtype(np.float32))
+    """
+    dtype = np.dtype(dtype)
+    if dtype == expected:
+        return
+    if allow_safe_cast and np.can_cast(dtype, expected, "safe"):
+        return
+    hint = f"convert with .astype({expected.name})" if not allow_safe_cast else \
+        f"it does not convert to {expected.name} without loss; convert explicitly or compile with dtype={dtype.name}"
+    raise MatrixError(f"{what} has dtype {dtype.name}, but the kernel computes in {expected.name}: {hint}")
