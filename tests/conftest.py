@@ -34,11 +34,11 @@ def real_paths():
     return REAL
 
 
-def power_law(n_rows=3000, n_cols=None, seed=0, dtype=np.float32, max_row=None):
+def power_law(n_rows=3000, n_cols=None, seed=0, dtype=np.float32):
     """A random matrix with Zipf-distributed row lengths, some empty rows and one long row."""
     rng = np.random.default_rng(seed)
     n_cols = n_cols or n_rows
-    lengths = np.minimum(rng.zipf(1.8, n_rows) - 1, max_row or n_cols)
+    lengths = np.minimum(rng.zipf(1.8, n_rows) - 1, n_cols)
     lengths[rng.choice(n_rows, n_rows // 10, replace=False)] = 0
     rows = np.repeat(np.arange(n_rows), lengths)
     cols = rng.integers(0, n_cols, rows.size)
@@ -61,5 +61,14 @@ def fixture_matrices():
         "float64": power_law(1500, seed=5, dtype=np.float64),
         "all_empty": sp.csr_matrix((40, 30), dtype=np.float32),
         "tiny": sp.csr_matrix(np.array([[0, 2.5], [1.5, 0]], dtype=np.float32)),
-        "long_rows": power_law(200, 20000, seed=6, max_row=20000),
+        "long_rows": long_rows(),
     }
+
+
+def long_rows():
+    """200 x 20000 with power-law rows plus one full row and one of 5000 entries (the huge class)."""
+    base = power_law(200, 20000, seed=6).tolil()
+    rng = np.random.default_rng(8)
+    base[5, :] = rng.uniform(-1, 1, 20000)
+    base[50, rng.choice(20000, 5000, replace=False)] = rng.uniform(-1, 1, 5000)
+    return base.tocsr()

@@ -14,8 +14,8 @@ TRAITS = list(itertools.product(["float32", "float64"], ["int32", "int64"], [Fal
 PARAMS = {
     "csr_vector": [csr_vector.CsrVectorParams(t, b) for t in csr_vector.THREADS_PER_ROW
                    for b in csr_vector.BLOCK_SIZES],
-    "binned": [binned.BinnedParams(s, md, w, mode) for s in binned.SMALL_MAX for md in binned.MEDIUM_MAX
-               for w in binned.WARP_DIVISION for mode in binned.LARGE_MODES],
+    "binned": [binned.BinnedParams(s, md, w, h) for s in binned.SMALL_MAX for md in binned.MEDIUM_MAX
+               for w in binned.WARP_DIVISION for h in (md, *binned.HUGE_MIN)],
 }
 
 
@@ -30,7 +30,7 @@ def test_every_template_specialisation_compiles_for_sm_90(tmp_path):
     # Parameters that only shape the layout (binned's thresholds) share a kernel; everything else differs.
     kernel_identity = {(s.family, tuple(sorted(families.get(s.family).context(None, s.params).items())),
                         s.value_dtype, s.index_dtype, s.value_free) for s in specs}
-    assert len(set(sources)) == len(kernel_identity) == 128
+    assert len(set(sources)) == len(kernel_identity) == 12 * 8 + 2 * 8
     binaries = codegen.compile_many(sources, arch="sm_90", cache=Cache(tmp_path))
     for spec, b in zip(specs, binaries):
         assert b.cubin[:4] == b"\x7fELF", spec.label()
@@ -38,7 +38,7 @@ def test_every_template_specialisation_compiles_for_sm_90(tmp_path):
 
 
 def test_rendered_source_carries_the_specialisation():
-    spec = Specialization("binned", binned.BinnedParams(4, 32, 8, "block"), np.dtype("float64"),
+    spec = Specialization("binned", binned.BinnedParams(4, 32, 8, 1024), np.dtype("float64"),
                           np.dtype("int64"), True)
     src = families.render(spec)
     assert "typedef double val_t;" in src and "typedef long long idx_t;" in src

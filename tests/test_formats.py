@@ -49,15 +49,18 @@ def test_row_sums_handles_selected_and_empty_rows():
 def test_binned_classes_follow_thresholds_and_keep_order_inside_a_class():
     lengths = np.array([0, 7, 8, 15, 16, 100, 3, 9])
     f = build_binned(lengths, small_max=8, medium_max=16)
-    assert f.counts == (3, 3, 2)
+    assert f.counts == (3, 3, 2, 0)
     assert f.row_ids.tolist() == [0, 1, 6, 2, 3, 7, 4, 5]
     assert f.row_ids.dtype == np.int32
-    assert build_binned(lengths, 8, 16, dtype=np.int64).row_ids.dtype == np.int64
+    h = build_binned(lengths, 8, 16, huge_min=100, dtype=np.int64)
+    assert h.counts == (3, 3, 1, 1) and h.row_ids.tolist()[-2:] == [4, 5] and h.row_ids.dtype == np.int64
 
 
 def test_binned_rejects_inverted_thresholds():
     with pytest.raises(ValueError, match="small_max"):
         build_binned(np.array([1, 2]), small_max=16, medium_max=8)
+    with pytest.raises(ValueError, match="huge_min"):
+        build_binned(np.array([1, 2]), small_max=4, medium_max=8, huge_min=6)
 
 
 def test_binned_evaluation_writes_each_row_exactly_through_its_class():
@@ -72,14 +75,35 @@ def test_binned_evaluation_writes_each_row_exactly_through_its_class():
 def test_binned_launch_geometry_covers_every_class():
     m = canonicalize(FIXTURES["one_dense_row"])
     fam = families.get("binned")
-    p = fam.params_type(small_max=4, medium_max=16, warp_division=4, large_mode="block", block_size=256)
+    p = fam.params_type(small_max=4, medium_max=16, warp_division=4, huge_min=300, block_size=256)
     built = fam.launch(m, p)
     s = dict(built.scalars)
-    n_small, n_medium, n_large = s["n_small"], s["n_medium"], s["n_large"]
-    assert n_small + n_medium + n_large == m.n_rows
+    n_small, n_medium, n_large, n_huge = s["n_small"], s["n_medium"], s["n_large"], s["n_huge"]
+    assert n_small + n_medium + n_large + n_huge == m.n_rows and n_huge == 1  # the dense row
     assert s["medium_block0"] == -(-n_small // 256)
     assert s["large_block0"] == s["medium_block0"] + -(-n_medium * 8 // 256)
-    assert built.grid == s["large_block0"] + n_large
+    assert s["huge_block0"] == s["large_block0"] + -(-n_large * 32 // 256)
+    assert built.grid == s["huge_block0"] + n_huge
+
+
+def test_binned_space_offers_huge_class_only_where_rows_reach_it():
+    m = canonicalize(FIXTURES["one_dense_row"])  # longest row 400
+    huge = {s.params.huge_min for s in families.specializations(m, ["binned"])}
+    assert huge == {None, 16, 32, 96}
+    longest = canonicalize(FIXTURES["long_rows"]).row_lengths.max()
+    assert longest >= 1024
+    assert 1024 in {s.params.huge_min for s in families.specializations(canonicalize(FIXTURES["long_rows"]),
+                                                                         ["binned"])}
+
+
+def test_shared_layout_is_built_once_per_matrix_and_key():
+    m = canonicalize(FIXTURES["power_law"])
+    fam = families.get("binned")
+    a = fam.launch(m, fam.params_type(small_max=4, medium_max=16, warp_division=4))
+    b = fam.launch(m, fam.params_type(small_max=4, medium_max=16, warp_division=8))
+    c = fam.launch(m, fam.params_type(small_max=8, medium_max=16, warp_division=8))
+    assert dict(a.arrays)["row_ids"] is dict(b.arrays)["row_ids"]
+    assert dict(a.arrays)["row_ids"] is not dict(c.arrays)["row_ids"]
 
 
 def test_csr_vector_space_drops_groups_wider_than_the_longest_row():
@@ -103,7 +127,7 @@ def test_csr_vector_parameters_are_validated(bad):
 
 
 @pytest.mark.parametrize("bad", [dict(small_max=16, medium_max=8), dict(warp_division=3),
-                                 dict(large_mode="grid")])
+                                 dict(medium_max=32, huge_min=16)])
 def test_binned_parameters_are_validated(bad):
     with pytest.raises(ValueError):
         families.get("binned").params_type(**bad)

@@ -45,7 +45,7 @@ def test_fake_benchmark_over_real_candidates_of_both_families():
     m = canonicalize(power_law())
     specs = families.specializations(m)
     assert {s.family for s in specs} == {"csr_vector", "binned"}
-    target = families.get("binned").params_type(small_max=8, medium_max=32, warp_division=4, large_mode="block")
+    target = families.get("binned").params_type(small_max=8, medium_max=32, warp_division=4, huge_min=32)
     best, ranking = planner.choose(specs, lambda ss: [1.0 if s.params == target else 2.0 + 0.01 * i
                                                       for i, s in enumerate(ss)])
     assert best.family == "binned" and best.params == target

@@ -1,7 +1,8 @@
 """What every SpMV kernel family provides, and the launch description its format builder produces."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import weakref
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import numpy as np
@@ -51,8 +52,6 @@ class Family:
             kernel_name).
         evaluate: (matrix, launch, x) -> y computed in NumPy from the built arrays exactly as the kernel
             reads them; the CPU tests check it against SciPy.
-        layout_key: params -> the part of the parameters the built arrays depend on, so candidates that
-            differ only in launch constants share one build and one upload.
     """
 
     name: str
@@ -62,7 +61,6 @@ class Family:
     launch: Callable[[CanonicalMatrix, object], Launch]
     context: Callable[[CanonicalMatrix, object], dict]
     evaluate: Callable[[CanonicalMatrix, Launch, np.ndarray], np.ndarray]
-    layout_key: Callable[[object], tuple] = field(default=lambda params: ())
 
     def params_from_dict(self, values: dict):
         return self.params_type(**values)
@@ -83,6 +81,19 @@ def csr_arrays(m: CanonicalMatrix) -> tuple[tuple[str, np.ndarray], ...]:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+_layouts: "weakref.WeakKeyDictionary[CanonicalMatrix, dict]" = weakref.WeakKeyDictionary()
+
+
+def shared_layout(m: CanonicalMatrix, key: tuple, build: Callable[[], object]):
+    """``build()`` once per matrix and key: candidates that differ only in launch constants share one
+    host layout (and so, through :class:`~tuner.kernel.DeviceArrays`, one upload). Freed with the matrix.
+    """
+    per_matrix = _layouts.setdefault(m, {})
+    if key not in per_matrix:
+        per_matrix[key] = build()
+    return per_matrix[key]
 
 
 @dataclass(frozen=True)

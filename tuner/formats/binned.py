@@ -1,7 +1,10 @@
-"""Node classes of paper 002 (section V-B3): rows split by length into small, medium and large classes.
+"""Node classes of paper 002 (section V-B3): rows split by length into classes with their own kernels.
 
-The layout is a permutation of the row ids grouped by class (original order kept inside a class) plus the
-class sizes; the CSR arrays themselves are unchanged, so the kernels read rows through ``row_ids``.
+Paper 002 uses three classes (small: a thread, medium: a warp fraction, large: a warp). Power-law graphs
+also have rows of many thousands of entries that one warp serialises, so a fourth class, huge, gives each
+such row a whole block. The layout is a permutation of the row ids grouped by class (original order kept
+inside a class, so neighbouring threads keep reading neighbouring CSR rows) plus the class sizes; the CSR
+arrays themselves are unchanged and the kernels read rows through ``row_ids``.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import numpy as np
 
 from .csr import row_sums
 
-CLASSES = ("small", "medium", "large")
+CLASSES = ("small", "medium", "large", "huge")
 
 
 @dataclass(frozen=True)
@@ -19,33 +22,33 @@ class BinnedFormat:
     """Rows grouped by length class.
 
     Attributes:
-        row_ids: every row id once, small rows first, then medium, then large (index dtype of the matrix).
+        row_ids: every row id once, grouped in the order of :data:`CLASSES` (index dtype of the matrix).
         counts: number of rows in each class, in the order of :data:`CLASSES`.
-        small_max: rows with fewer entries than this are small.
-        medium_max: rows with at least ``small_max`` and fewer than this are medium; the rest are large.
     """
 
     row_ids: np.ndarray
-    counts: tuple[int, int, int]
-    small_max: int
-    medium_max: int
+    counts: tuple[int, int, int, int]
 
 
-def build_binned(row_lengths: np.ndarray, small_max: int, medium_max: int, dtype=np.int32) -> BinnedFormat:
-    """Group rows into the three node classes by their lengths.
+def build_binned(row_lengths: np.ndarray, small_max: int, medium_max: int, huge_min: int | None = None,
+                 dtype=np.int32) -> BinnedFormat:
+    """Group rows by length: < small_max small, < medium_max medium, < huge_min large, the rest huge.
+
+    ``huge_min`` None means no huge class (every long row is large).
 
     Example:
-        >>> f = build_binned(np.array([1, 40, 3, 9]), small_max=8, medium_max=16)
+        >>> f = build_binned(np.array([1, 40, 3, 9, 5000]), small_max=8, medium_max=16, huge_min=1000)
         >>> f.row_ids.tolist(), f.counts
-        ([0, 2, 3, 1], (2, 1, 1))
+        ([0, 2, 3, 1, 4], (2, 1, 1, 1))
     """
-    if not 0 < small_max <= medium_max:
-        raise ValueError(f"need 0 < small_max <= medium_max, got {small_max}, {medium_max}")
-    cls = np.searchsorted(np.array([small_max, medium_max]), row_lengths, side="right").astype(np.int8)
+    huge = np.iinfo(np.int64).max if huge_min is None else huge_min
+    if not 0 < small_max <= medium_max <= huge:
+        raise ValueError(f"need 0 < small_max <= medium_max <= huge_min, got {small_max}, {medium_max}, {huge_min}")
+    bounds = np.array([small_max, medium_max, huge], dtype=np.int64)
+    cls = np.searchsorted(bounds, row_lengths, side="right").astype(np.int8)
     order = np.argsort(cls, kind="stable").astype(dtype, copy=False)
-    counts = np.bincount(cls, minlength=3)
-    return BinnedFormat(row_ids=order, counts=tuple(int(c) for c in counts), small_max=small_max,
-                        medium_max=medium_max)
+    counts = np.bincount(cls, minlength=len(CLASSES))
+    return BinnedFormat(row_ids=order, counts=tuple(int(c) for c in counts))
 
 
 def evaluate_binned(fmt: BinnedFormat, indptr, indices, data, x, n_rows: int, pattern_value: float = 1.0):
