@@ -46,6 +46,20 @@ def test_rmat_degree_distribution_is_skewed(rmat14):
     assert np.count_nonzero(out_degree == 0) > 0.1 * 2**14
 
 
+# 11 levels: the second byte of packed bits is only partly used; 36 levels: 64-bit node ids.
+@pytest.mark.parametrize(("scale", "node_dtype"), [(11, np.uint32), (36, np.uint64)])
+def test_rmat_levels_pick_quadrants_with_the_given_probabilities(scale, node_dtype):
+    from tuner.generators import _quadrant_thresholds, _rmat_edges
+
+    rows, cols = _rmat_edges(np.random.SFC64(0), 1 << 16, scale, _quadrant_thresholds(0.5, 0.2, 0.1))
+    assert rows.dtype == cols.dtype == node_dtype
+    assert rows.max() < 2**scale and cols.max() < 2**scale
+    for level in range(scale):
+        row_bit, col_bit = (rows >> level) & 1, (cols >> level) & 1
+        freq = [np.mean((row_bit == i) & (col_bit == j)) for i in (0, 1) for j in (0, 1)]
+        assert np.allclose(freq, [0.5, 0.2, 0.1, 0.2], atol=0.01), (level, freq)
+
+
 def test_rmat_with_equal_quadrant_probabilities_is_uniform_random():
     # a = b = c = d: every (row, col) pair is equally likely, so degrees are Poisson around 16.
     uniform = rmat(12, a=0.25, b=0.25, c=0.25)

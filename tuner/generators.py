@@ -25,8 +25,9 @@ __all__ = ["rmat", "kronecker"]
 # Edges per random stream. Fixed (not derived from the thread count) so that a seed always gives the
 # same graph; 2**20 edges is large enough to amortise per-block Python overhead.
 _BLOCK_EDGES = 1 << 20
-# Edges per vectorised step inside a block: the per-level temporaries (4 B and 1 B per edge) stay in L2.
-_STEP_EDGES = 1 << 15
+# Edges per vectorised step inside a block: large enough that the NumPy calls, each of which takes the
+# GIL, are few; small enough that the temporaries (about 7 B per edge and level) stay in cache.
+_STEP_EDGES = 1 << 16
 # Target edges per row partition of the final sort: partitions sort in parallel and stay cache-sized.
 _PART_EDGES = 1 << 20
 # Partition ids are sorted with NumPy's radix sort, which it uses for integer types of 16 bits or less.
@@ -60,8 +61,8 @@ def rmat(
     once (NumPy releases the GIL in the random generator, ufuncs and sorts).
 
     Args:
-        scale: log2 of the number of nodes, 1..40 (memory bounds it far lower in practice: about
-            ``12 * edge_factor * 2**scale`` bytes are needed while building).
+        scale: log2 of the number of nodes, 1..40 (memory bounds it far lower in practice: building
+            takes about 22 bytes per drawn edge, 3 GB at scale 23).
         edge_factor: edges drawn per node, >= 1 (Graph500 uses 16).
         a, b, c: quadrant probabilities, each in (0, 1), with ``a + b + c < 1``.
         seed: non-negative integer seed.
@@ -213,29 +214,39 @@ def _rmat_block(seq, count, scale, thresholds, perm, layout):
 
 
 def _rmat_edges(bitgen, count, scale, thresholds):
-    """Recursive quadrant descent for ``count`` edges, one 32-bit uniform per edge and level."""
-    node_dtype = np.uint32 if scale <= 32 else np.uint64
-    rows = np.zeros(count, dtype=node_dtype)
-    cols = np.zeros(count, dtype=node_dtype)
-    ge_a = np.empty(count, dtype=bool)
-    ge_ab = np.empty(count, dtype=bool)
-    ge_abc = np.empty(count, dtype=bool)
+    """Recursive quadrant descent for ``count`` edges, one 32-bit uniform per edge and level.
+
+    Every level of every edge is decided in one pass over a ``(count, levels)`` array, and the
+    per-level bits are packed into node ids 8 levels at a time: a handful of NumPy calls per step
+    rather than several per level, which keeps the GIL free enough for many threads to scale.
+    """
+    levels = -(-scale // 8) * 8  # padded to whole bytes; the extra levels are masked off below
+    u = bitgen.random_raw(count * levels // 2).view(np.uint32).reshape(count, levels)
     t_a, t_ab, t_abc = thresholds
-    for _ in range(scale):
-        # Raw 64-bit output split into two 32-bit uniforms: half the generator calls of random().
-        u = bitgen.random_raw((count + 1) // 2).view(np.uint32)[:count]
-        np.greater_equal(u, t_a, out=ge_a)
-        np.greater_equal(u, t_ab, out=ge_ab)
-        np.greater_equal(u, t_abc, out=ge_abc)
-        # Quadrants in order a, b, c, d are (0,0), (0,1), (1,0), (1,1): the row bit is u >= a+b and
-        # the column bit is set in exactly the b and d intervals, i.e. the parity of the three tests.
-        np.left_shift(rows, 1, out=rows)
-        np.bitwise_or(rows, ge_ab, out=rows)
-        np.bitwise_xor(ge_a, ge_ab, out=ge_a)
-        np.bitwise_xor(ge_a, ge_abc, out=ge_a)
-        np.left_shift(cols, 1, out=cols)
-        np.bitwise_or(cols, ge_a, out=cols)
-    return rows, cols
+    # Quadrants in order a, b, c, d are (0,0), (0,1), (1,0), (1,1): the row bit is u >= a+b and
+    # the column bit is set in exactly the b and d intervals, i.e. the parity of the three tests.
+    row_bits = u >= t_ab
+    col_bits = u >= t_a
+    np.bitwise_xor(col_bits, row_bits, out=col_bits)
+    np.bitwise_xor(col_bits, u >= t_abc, out=col_bits)
+    node_dtype = np.dtype("<u4" if scale <= 32 else "<u8")
+    mask = node_dtype.type((1 << scale) - 1)
+    return _pack_levels(row_bits, node_dtype) & mask, _pack_levels(col_bits, node_dtype) & mask
+
+
+# Multiplying 8 bytes that are each 0 or 1 by this constant gathers byte i into bit 56 + i, without
+# carries (every partial product lands on a distinct bit).
+_GATHER_BYTES = np.uint64(0x0102040810204080)
+
+
+def _pack_levels(bits: np.ndarray, node_dtype: np.dtype) -> np.ndarray:
+    """Node ids from a ``(count, 8 * k)`` boolean array: level ``l`` becomes bit ``l``."""
+    count = bits.shape[0]
+    packed = bits.view("<u8") * _GATHER_BYTES
+    packed >>= np.uint64(56)
+    ids = np.zeros((count, node_dtype.itemsize), dtype=np.uint8)
+    ids[:, : packed.shape[1]] = packed
+    return ids.view(node_dtype).reshape(count)
 
 
 def _dedupe_partition(p, blocks, layout):
