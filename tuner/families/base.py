@@ -9,6 +9,9 @@ import numpy as np
 
 from ..matrix import CanonicalMatrix
 
+# Index loads issued ahead of their gathers in each lane's loop (templates' row_dot).
+UNROLL = 4
+
 CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
           np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
 

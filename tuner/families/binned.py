@@ -14,7 +14,7 @@ import numpy as np
 
 from ..formats.binned import BinnedFormat, build_binned, evaluate_binned
 from ..matrix import CanonicalMatrix
-from .base import Family, Launch, ceil_div, csr_arrays, shared_layout
+from .base import UNROLL, Family, Launch, ceil_div, csr_arrays, shared_layout
 
 SMALL_MAX = (4, 8)
 MEDIUM_MAX = (16, 32, 96)
@@ -83,7 +83,7 @@ def launch(m: CanonicalMatrix, p: BinnedParams) -> Launch:
 
 
 def context(m: CanonicalMatrix, p: BinnedParams) -> dict:
-    return {"block_size": p.block_size, "medium_lanes": p.medium_lanes}
+    return {"block_size": p.block_size, "medium_lanes": p.medium_lanes, "unroll": UNROLL}
 
 
 def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..formats.csr import row_sums
 from ..matrix import CanonicalMatrix
-from .base import Family, Launch, ceil_div, csr_arrays
+from .base import UNROLL, Family, Launch, ceil_div, csr_arrays
 
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32)
 BLOCK_SIZES = (128, 256)
@@ -48,7 +48,7 @@ def launch(m: CanonicalMatrix, p: CsrVectorParams) -> Launch:
 
 
 def context(m: CanonicalMatrix, p: CsrVectorParams) -> dict:
-    return {"threads_per_row": p.threads_per_row, "block_size": p.block_size}
+    return {"threads_per_row": p.threads_per_row, "block_size": p.block_size, "unroll": UNROLL}
 
 
 def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
