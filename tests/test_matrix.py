@@ -132,3 +132,19 @@ def test_vector_checks_name_the_problem():
     check_vector_dtype(np.int16, np.dtype(np.float32), allow_safe_cast=True)
     with pytest.raises(MatrixError, match="int64"):
         check_vector_dtype(np.int64, np.dtype(np.float32), allow_safe_cast=True)
+
+
+def test_digest_sees_a_change_in_any_slice_of_the_structure(monkeypatch):
+    import tuner.matrix as matrix
+    monkeypatch.setattr(matrix, "HASH_CHUNK", 64)  # many slices even for a small matrix
+    A = sp.random(200, 200, density=0.05, format="csr", random_state=4, dtype=np.float32)
+    m = canonicalize(A)
+    base = matrix.structure_digest(m)
+    assert matrix.structure_digest(canonicalize(A.copy())) == base
+    for pos in (0, m.nnz // 2, m.nnz - 1):
+        B = A.copy()
+        row = np.searchsorted(B.indptr, pos, side="right") - 1
+        free = np.setdiff1d(np.arange(200), B.indices[B.indptr[row]:B.indptr[row + 1]])[0]
+        B.indices[pos] = free
+        B.has_sorted_indices = False
+        assert matrix.structure_digest(canonicalize(B)) != base

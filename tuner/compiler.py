@@ -10,7 +10,7 @@ from . import codegen, families, gpu, planner
 from .cache import Cache
 from .families.base import Specialization
 from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
-from .matrix import CanonicalMatrix, canonicalize, fingerprint
+from .matrix import CanonicalMatrix, canonicalize, fingerprint, structure_digest, structure_features
 
 
 @dataclass(frozen=True)
@@ -104,10 +104,10 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "exhaustive", family
     cache = Cache(cache_dir)
     m = canonicalize(A, dtype, index_dtype)
     info = gpu.device_info()  # raises NoDeviceError before any work that needs the GPU
-    fp = fingerprint(m)
+    digest = structure_digest(m)
     if family is not None:
-        return _fixed(m, fp, info, family, params or {}, cache)
-    key = planner.plan_key(fp.digest, m.value_dtype, info.name, info.capability, tune)
+        return _fixed(m, digest, info, family, params or {}, cache)
+    key = planner.plan_key(digest, m.value_dtype, info.name, info.capability, tune)
     plan = planner.load_plan(cache, key)
     if plan is not None:
         binary = codegen.load_binary(plan.binary_key, plan.arch, cache)
@@ -120,20 +120,20 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "exhaustive", family
     by_spec = dict(zip(map(id, specs), binaries))
     best, ranking = planner.choose(specs, lambda ss: measure(m, list(ss), [by_spec[id(s)] for s in ss]))
     plan = planner.Plan(family=best.family, params=families.params_dict(best.params), predicted_ms=None,
-                        measured_ms=ranking[0].measured_ms, fingerprint=fp.digest,
+                        measured_ms=ranking[0].measured_ms, fingerprint=digest,
                         value_dtype=m.value_dtype.name, index_dtype=m.index_dtype.name,
                         value_free=m.value_free, arch=info.arch, binary_key=by_spec[id(best)].key, tune=tune,
-                        ranking=ranking)
+                        ranking=ranking, features=structure_features(m))
     planner.store_plan(cache, key, plan)
     return SpMV(m, best, by_spec[id(best)].cubin, plan)
 
 
-def _fixed(m, fp, info, family: str, params: dict, cache: Cache) -> SpMV:
+def _fixed(m, digest: str, info, family: str, params: dict, cache: Cache) -> SpMV:
     fam = families.get(family)
     spec = Specialization(family, fam.params_from_dict(params), m.value_dtype, m.index_dtype, m.value_free)
     binary = codegen.compile_source(families.render(spec, m), info.arch, cache=cache)
     plan = planner.Plan(family=family, params=families.params_dict(spec.params), predicted_ms=None,
-                        measured_ms=None, fingerprint=fp.digest, value_dtype=m.value_dtype.name,
+                        measured_ms=None, fingerprint=digest, value_dtype=m.value_dtype.name,
                         index_dtype=m.index_dtype.name, value_free=m.value_free, arch=info.arch,
                         binary_key=binary.key, tune="fixed")
     return SpMV(m, spec, binary.cubin, plan)

@@ -48,6 +48,7 @@ class Plan:
         binary_key: cache key of the compiled kernel.
         tune: how it was chosen ('exhaustive', or 'fixed' for a family and parameters given by the caller).
         ranking: every candidate's timing, fastest first.
+        features: the matrix's structure summary when the plan was made (for reports and plan reuse).
     """
 
     family: str
@@ -62,6 +63,7 @@ class Plan:
     binary_key: str
     tune: str
     ranking: tuple[Timing, ...] = field(default=())
+    features: dict = field(default_factory=dict)
 
     def specialization(self) -> Specialization:
         fam = families.get(self.family)
