@@ -1,14 +1,12 @@
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from tuner import gpu
+from tuner.loaders import default_data_dir, real_matrices
 
-DATA_DIR = Path(os.environ.get("TUNER_DATA_DIR", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
-REAL = sorted(DATA_DIR.glob("*.npz")) if DATA_DIR.is_dir() else []
+DATA_DIR = default_data_dir()
+REAL = real_matrices()
 
 
 def pytest_collection_modifyitems(config, items):

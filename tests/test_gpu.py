@@ -186,3 +186,20 @@ def test_matrix_without_rows_or_entries_runs():
     assert np.array_equal(empty(random_vector(30, np.float32)), np.zeros(40, np.float32))
     no_rows = tuner.compile(sp.csr_matrix((0, 5), dtype=np.float32), family="csr_vector", params={})
     assert no_rows(random_vector(5, np.float32)).shape == (0,)
+
+
+def test_candidate_failing_on_the_gpu_is_ranked_last_and_tuning_goes_on(monkeypatch, caplog):
+    real = compiler.SpMV
+
+    def refuse_binned(m, spec, cubin, plan=None, arrays=None):
+        if spec.family == "binned":
+            raise gpu.GpuError("launch refused (test)")
+        return real(m, spec, cubin, plan, arrays)
+
+    monkeypatch.setattr(compiler, "SpMV", refuse_binned)
+    spmv = tuner.compile(FIXTURES["power_law"])
+    assert spmv.plan.family == "csr_vector"
+    failed = [t for t in spmv.plan.ranking if t.measured_ms is None]
+    assert failed and all(t.family == "binned" for t in failed)
+    assert spmv.plan.ranking[-1].measured_ms is None
+    assert "launch refused (test)" in caplog.text

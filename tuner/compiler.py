@@ -1,6 +1,7 @@
 """The pipeline behind :func:`tuner.compile`: matrix -> fingerprint -> plan (cached or tuned) -> callable."""
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -11,6 +12,8 @@ from .cache import Cache
 from .families.base import Specialization
 from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
 from .matrix import CanonicalMatrix, canonicalize, fingerprint, structure_digest, structure_features
+
+log = logging.getLogger("tuner.compiler")
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,13 @@ def measure(m: CanonicalMatrix, specs: list[Specialization], binaries: list, see
     arrays = DeviceArrays()
     out = []
     for spec, binary in zip(specs, binaries):
-        k = SpMV(m, spec, binary.cubin, plan=None, arrays=arrays)
-        first = float(np.median(time_spmv(k, repeats=3, warmup=1, seed=seed)))
-        out.append(float(np.median(time_spmv(k, adaptive_repeats(first), warmup=2, seed=seed))))
+        try:
+            k = SpMV(m, spec, binary.cubin, plan=None, arrays=arrays)
+            first = float(np.median(time_spmv(k, repeats=3, warmup=1, seed=seed)))
+            out.append(float(np.median(time_spmv(k, adaptive_repeats(first), warmup=2, seed=seed))))
+        except gpu.GpuError as exc:  # e.g. a launch the device refuses: rank it last, keep tuning
+            log.warning("candidate %s failed on the GPU: %s", spec.label(), exc)
+            out.append(float("nan"))
     return out
 
 

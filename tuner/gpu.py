@@ -26,6 +26,11 @@ class NoDeviceError(RuntimeError):
     """No usable CUDA GPU: PyCUDA is missing, no driver, or no device."""
 
 
+# What a failed driver call raises (a kernel that does not load or launch), for callers that must not
+# import PyCUDA themselves.
+GpuError = drv.Error if drv is not None else RuntimeError
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     """What the tuner needs to know about the GPU.

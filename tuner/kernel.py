@@ -71,7 +71,7 @@ class SpMV:
     def __call__(self, x, out=None):
         if gpu.is_device_array(x):
             return self._call_device(x, out)
-        if isinstance(out, np.ndarray) is False and out is not None:
+        if out is not None and not isinstance(out, np.ndarray):
             raise MatrixError(f"out must be a NumPy array when x is one, got {type(out).__name__}")
         x = np.asarray(x)
         check_vector_shape(x.shape, self.shape[1], "x")
