@@ -131,7 +131,6 @@ def _cusparse_times(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray,
         if not err < 1e-4:
             raise RuntimeError(f"cuSPARSE result disagrees with SciPy (relative error {err:.2e})")
         out.append(_event_median(cp, lambda: cusparse.spmv(a, x, y=y), repeats))
-        del a
     return out[0], out[1]
 
 
