@@ -7,7 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 import tuner
-from tuner import codegen, compiler, families, gpu
+from tuner import codegen, compiler, families, gpu, profile, report
 from tuner.kernel import DeviceArrays, SpMV, random_vector
 from tuner.matrix import canonicalize
 
@@ -81,9 +81,9 @@ def test_every_candidate_matches_scipy_on_rmat():
     check_every_candidate(m, 1e-5)
 
 
-def test_compile_returns_fastest_candidate_and_numpy_result():
+def test_exhaustive_compile_returns_fastest_candidate_and_numpy_result():
     A = FIXTURES["power_law"]
-    spmv = tuner.compile(A)
+    spmv = tuner.compile(A, tune="exhaustive")
     timed = [t.measured_ms for t in spmv.plan.ranking if t.measured_ms is not None]
     assert spmv.plan.measured_ms == min(timed)
     assert len(spmv.plan.ranking) == len(families.specializations(canonicalize(A)))
@@ -197,9 +197,59 @@ def test_candidate_failing_on_the_gpu_is_ranked_last_and_tuning_goes_on(monkeypa
         return real(m, spec, cubin, plan, arrays)
 
     monkeypatch.setattr(compiler, "SpMV", refuse_binned)
-    spmv = tuner.compile(FIXTURES["power_law"])
+    spmv = tuner.compile(FIXTURES["power_law"], tune="exhaustive")
     assert spmv.plan.family == "csr_vector"
     failed = [t for t in spmv.plan.ranking if t.measured_ms is None]
     assert failed and all(t.family == "binned" for t in failed)
     assert spmv.plan.ranking[-1].measured_ms is None
     assert "launch refused (test)" in caplog.text
+
+
+@pytest.fixture(scope="session")
+def reduced_profile(tmp_path_factory):
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    profile.run(path, profile.REDUCED)
+    return tuner.model.load_profile(path=path)
+
+
+def test_model_mode_times_nothing_and_is_correct(reduced_profile, monkeypatch):
+    monkeypatch.setattr(compiler, "measure", lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed")))
+    A = FIXTURES["power_law"]
+    spmv = tuner.compile(A, tune="model", profile=reduced_profile)
+    assert spmv.plan.tune == "model" and spmv.plan.measured_ms is None and spmv.plan.predicted_ms > 0
+    assert spmv.plan.predicted_ms == min(t.predicted_ms for t in spmv.plan.ranking)
+    x = random_vector(A.shape[1], np.float32, seed=12)
+    assert rel_error(spmv(x), A.astype(np.float64) @ x.astype(np.float64)) < 1e-5
+    assert "predicted ms" in spmv.explain()
+
+
+def test_measure_mode_times_the_model_top_k(reduced_profile):
+    spmv = tuner.compile(FIXTURES["long_rows"], tune="measure", top_k=4, profile=reduced_profile)
+    timed = [t for t in spmv.plan.ranking if t.measured_ms is not None]
+    assert len(timed) == 4 and spmv.plan.measured_ms == min(t.measured_ms for t in timed)
+    top4 = sorted(spmv.plan.ranking, key=lambda t: t.predicted_ms)[:4]
+    assert {t.label() for t in timed} == {t.label() for t in top4}
+
+
+def test_optuna_mode_stores_a_resumable_study(reduced_profile, isolated_cache):
+    A = FIXTURES["pattern"]
+    spmv = tuner.compile(A, tune="optuna", trials=6, profile=reduced_profile)
+    assert spmv.plan.tune == "optuna" and spmv.plan.measured_ms is not None
+    assert (isolated_cache / "optuna.sqlite3").is_file()
+    x = random_vector(A.shape[1], np.float32, seed=13)
+    assert rel_error(spmv(x), A.astype(np.float64) @ x.astype(np.float64)) < 1e-5
+
+
+def test_report_metrics_come_from_real_timings(reduced_profile, tmp_path):
+    sources = []
+    for name in ("power_law", "one_dense_row"):
+        sp.save_npz(tmp_path / f"{name}.npz", FIXTURES[name])
+        sources.append(str(tmp_path / f"{name}.npz"))
+    rows, meta = report.collect(sources, reduced_profile)
+    assert {r.matrix for r in rows} == {"power_law", "one_dense_row"}
+    assert all(np.isfinite(r.measured_ms) and r.measured_ms > 0 and r.predicted_ms > 0 for r in rows)
+    summary = report.write_all(rows, meta, tmp_path / "out")
+    for model in ("lookup", "baseline"):
+        o = summary["overall"][model]
+        assert 0 <= o["top1"] <= 1 and o["regret_geomean"] >= 1 and np.isfinite(o["mdape"])
+    assert meta["matrices"]["power_law"]["plan_seconds"] < 5

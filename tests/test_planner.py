@@ -18,27 +18,58 @@ def specs_for(widths):
             for t in widths]
 
 
-def test_choose_picks_the_fastest_and_ranks_all():
+def test_exhaustive_picks_the_fastest_and_ranks_all():
     specs = specs_for([1, 2, 4, 8])
-    best, ranking = planner.choose(specs, lambda ss: [3.0, 1.5, 0.7, 2.0])
+    best, ranking = planner.select("exhaustive", specs, [None] * 4, lambda ss: [3.0, 1.5, 0.7, 2.0])
     assert best.params.threads_per_row == 4
     assert [t.measured_ms for t in ranking] == [0.7, 1.5, 2.0, 3.0]
     assert [t.params["threads_per_row"] for t in ranking] == [4, 2, 8, 1]
 
 
+def test_model_mode_times_nothing_and_follows_the_prediction():
+    def no_timing(ss):
+        raise AssertionError("model mode must not time")
+
+    best, ranking = planner.select("model", specs_for([1, 2, 4, 8]), [3.0, 1.0, 2.0, 4.0], no_timing)
+    assert best.params.threads_per_row == 2
+    assert [t.predicted_ms for t in ranking] == [1.0, 2.0, 3.0, 4.0]
+    assert all(t.measured_ms is None for t in ranking)
+
+
+def test_measure_mode_times_only_the_model_top_k():
+    timed = []
+
+    def bench(ss):
+        timed.extend(s.params.threads_per_row for s in ss)
+        return [{1: 9.0, 2: 5.0, 4: 4.0, 8: 1.0}[s.params.threads_per_row] for s in ss]
+
+    best, ranking = planner.select("measure", specs_for([1, 2, 4, 8]), [3.0, 1.0, 2.0, 4.0], bench, top_k=2)
+    assert sorted(timed) == [2, 4]  # not 8, although it would have been fastest
+    assert best.params.threads_per_row == 4
+    assert [(t.params["threads_per_row"], t.measured_ms) for t in ranking[:2]] == [(4, 4.0), (2, 5.0)]
+    assert [t.params["threads_per_row"] for t in ranking[2:]] == [1, 8]
+
+
+def test_optuna_mode_takes_the_best_the_search_measured():
+    best, ranking = planner.select("optuna", specs_for([1, 2, 4]), [1.0, 2.0, 3.0], None,
+                                   search=lambda: {0: 2.0, 2: 0.5})
+    assert best.params.threads_per_row == 4 and ranking[0].measured_ms == 0.5 and ranking[2].measured_ms is None
+
+
 def test_failed_candidates_rank_last_and_are_never_chosen():
-    best, ranking = planner.choose(specs_for([1, 2, 4]), lambda ss: [math.nan, 5.0, math.inf])
+    best, ranking = planner.select("exhaustive", specs_for([1, 2, 4]), [None] * 3,
+                                   lambda ss: [math.nan, 5.0, math.inf])
     assert best.params.threads_per_row == 2
     assert ranking[0].measured_ms == 5.0 and ranking[1].measured_ms is None and ranking[2].measured_ms is None
 
 
-def test_all_failed_or_no_candidates_is_an_error():
+def test_all_failed_no_candidates_or_missing_predictions_are_errors():
     with pytest.raises(RuntimeError, match="every candidate"):
-        planner.choose(specs_for([1]), lambda ss: [math.nan])
+        planner.select("exhaustive", specs_for([1]), [None], lambda ss: [math.nan])
     with pytest.raises(ValueError, match="no candidate"):
-        planner.choose([], lambda ss: [])
-    with pytest.raises(ValueError, match="2 timings for 1"):
-        planner.choose(specs_for([1]), lambda ss: [1.0, 2.0])
+        planner.select("exhaustive", [], [], lambda ss: [])
+    with pytest.raises(ValueError, match="needs predictions"):
+        planner.select("model", specs_for([1]), [None], None)
 
 
 def test_fake_benchmark_over_real_candidates_of_both_families():
@@ -46,8 +77,9 @@ def test_fake_benchmark_over_real_candidates_of_both_families():
     specs = families.specializations(m)
     assert {s.family for s in specs} == {"csr_vector", "binned"}
     target = families.get("binned").params_type(small_max=8, medium_max=32, warp_division=4, huge_min=32)
-    best, ranking = planner.choose(specs, lambda ss: [1.0 if s.params == target else 2.0 + 0.01 * i
-                                                      for i, s in enumerate(ss)])
+    best, ranking = planner.select("exhaustive", specs, [None] * len(specs),
+                                   lambda ss: [1.0 if s.params == target else 2.0 + 0.01 * i
+                                               for i, s in enumerate(ss)])
     assert best.family == "binned" and best.params == target
     assert ranking[0].measured_ms == 1.0 and ranking[1].measured_ms == 2.0
     assert len(ranking) == len(specs)
@@ -75,11 +107,12 @@ def test_plan_round_trips_through_json_and_the_cache(tmp_path):
     assert spec.params == CsrVectorParams(8, 128) and spec.value_dtype == np.float32
 
 
-def test_plan_key_covers_fingerprint_dtype_gpu_capability_and_version(monkeypatch):
+def test_plan_key_covers_fingerprint_dtype_gpu_capability_mode_profile_and_version(monkeypatch):
     args = ("ab", "float32", "H100", (9, 0), "exhaustive")
     base = planner.plan_key(*args)
     variants = [("ac", "float32", "H100", (9, 0), "exhaustive"), ("ab", "float64", "H100", (9, 0), "exhaustive"),
-                ("ab", "float32", "H200", (9, 0), "exhaustive"), ("ab", "float32", "H100", (8, 0), "exhaustive")]
+                ("ab", "float32", "H200", (9, 0), "exhaustive"), ("ab", "float32", "H100", (8, 0), "exhaustive"),
+                ("ab", "float32", "H100", (9, 0), "model"), ("ab", "float32", "H100", (9, 0), "exhaustive", "p")]
     assert all(planner.plan_key(*v) != base for v in variants)
     monkeypatch.setattr(planner, "__version__", "9.9.9")
     assert planner.plan_key(*args) != base
@@ -89,6 +122,7 @@ def test_explain_lists_candidates_fastest_first_with_ratios():
     text = planner.explain(make_plan())
     lines = text.splitlines()
     assert "csr_vector" in lines[0] and "tune=exhaustive" in lines[0]
+    assert "predicted ms" in lines[1]
     assert "0.2500" in lines[2] and "1.00" in lines[2] and "threads_per_row=8" in lines[2]
     assert "0.5000" in lines[3] and "2.00" in lines[3]
 

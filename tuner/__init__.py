@@ -7,7 +7,8 @@ Example (on a GPU machine):
 """
 __version__ = "0.1.0"
 
-from .compiler import compile, prepare  # noqa: E402  (the version is read by the modules below)
+from . import model  # noqa: E402  (the version is read by the modules below)
+from .compiler import compile, prepare  # noqa: E402
 from .gpu import NoDeviceError  # noqa: E402
 from .loaders import load  # noqa: E402
 from .matrix import MatrixError, canonicalize, fingerprint  # noqa: E402

@@ -18,10 +18,13 @@ import numpy as np
 
 from . import __version__, gpu, loaders, paths
 from .compiler import compile as compile_spmv
-from .kernel import random_vector, time_spmv
+from .kernel import copy_bandwidth_gbs, random_vector, time_spmv
 from .matrix import CanonicalMatrix, canonicalize
 
 DEFAULT_GENERATED = ("rmat:20", "rmat:23")
+REPORT_GENERATED = ("rmat:20", "rmat:23", "rmat:25")
+# Kronecker-scaled real graphs of 50M+ non-zeros (the default seed triples nnz per step).
+KRONECKER_SCALED = (("cnr-2000.npz", 3), ("ego-Twitter-undirected.npz", 3), ("soc-Slashdot0902.npz", 4))
 
 
 @dataclass(frozen=True)
@@ -49,14 +52,20 @@ class BenchRow:
     cache_hit_s: float
 
 
-def default_suite(data_dir=None) -> list[str]:
-    """Real matrices of the data directory (if present) plus rmat:20 and rmat:23.
+def default_suite(data_dir=None, report: bool = False) -> list[str]:
+    """Real matrices of the data directory (if present) plus rmat:20 and rmat:23; for reports also rmat:25
+    and Kronecker-scaled real graphs of 50M+ non-zeros.
 
     Example:
         >>> default_suite("/nonexistent")[-2:]
         ['rmat:20', 'rmat:23']
     """
-    return [str(p) for p in loaders.real_matrices(data_dir)] + list(DEFAULT_GENERATED)
+    real = loaders.real_matrices(data_dir)
+    if not report:
+        return [str(p) for p in real] + list(DEFAULT_GENERATED)
+    by_name = {p.name: p for p in real}
+    kron = [f"kron:{by_name[n]}:{k}" for n, k in KRONECKER_SCALED if n in by_name]
+    return [str(p) for p in real] + list(REPORT_GENERATED) + kron
 
 
 def compulsory_bytes(m: CanonicalMatrix) -> int:
@@ -69,15 +78,6 @@ def compulsory_bytes(m: CanonicalMatrix) -> int:
     """
     isz, vsz = m.index_dtype.itemsize, m.value_dtype.itemsize
     return m.nnz * (isz + vsz) + (m.n_rows + 1) * isz + m.n_cols * vsz + m.n_rows * vsz
-
-
-def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 20) -> float:
-    """Device-to-device copy bandwidth (bytes read + written per second, in GB/s), median of CUDA events."""
-    src, dst = gpu.alloc(nbytes), gpu.alloc(nbytes)
-    gpu.memset_bytes(int(src), 0x5A, nbytes)
-    ms = np.median(gpu.time_launches(lambda: gpu.copy_device(int(dst), int(src), nbytes), repeats, warmup=3))
-    del src, dst
-    return 2 * nbytes / (ms * 1e-3) / 1e9
 
 
 def _cupy():
@@ -140,17 +140,18 @@ def _rel_error(y: np.ndarray, ref: np.ndarray) -> float:
     return float(diff / denom) if denom else float(diff)
 
 
-def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, cache_dir=None) -> BenchRow:
+def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, cache_dir=None,
+              tune: str = "model") -> BenchRow:
     """Tune, verify and time one matrix against cuSPARSE (see the module docstring)."""
     t0 = time.perf_counter()
     A = loaders.load(source)
     m = canonicalize(A)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    spmv = compile_spmv(A, cache_dir=cache_dir)
+    spmv = compile_spmv(A, cache_dir=cache_dir, tune=tune)
     tune_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    spmv = compile_spmv(A, cache_dir=cache_dir)  # second compile: served from the plan and binary caches
+    spmv = compile_spmv(A, cache_dir=cache_dir, tune=tune)  # second compile: served from the plan and binary caches
     cache_hit_s = time.perf_counter() - t0
     x = random_vector(m.n_cols, m.value_dtype, seed=1)
     ref = m.to_scipy().astype(np.float64) @ x.astype(np.float64)
@@ -196,7 +197,8 @@ def format_table(rows: list[BenchRow]) -> str:
     return "\n".join(lines)
 
 
-def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, progress=None) -> dict:
+def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, progress=None,
+        tune: str = "model") -> dict:
     """Benchmark every matrix of ``suite`` on the GPU and write the JSON report to ``out``."""
     cp = _cupy()
     info = gpu.device_info()
@@ -204,7 +206,7 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
     rows = []
     items = progress(suite) if progress else suite
     for source in items:
-        rows.append(bench_one(source, repeats=repeats, cp=cp, copy_gbs=copy_gbs, cache_dir=cache_dir))
+        rows.append(bench_one(source, repeats=repeats, cp=cp, copy_gbs=copy_gbs, cache_dir=cache_dir, tune=tune))
     report = {
         "tool": f"sparse-tuner {__version__}", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["python -m tuner"] + sys.argv[1:]) if sys.argv else "",
@@ -213,7 +215,7 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
                 "driver_version": info.driver_version},
         "host": platform.node(), "python": platform.python_version(),
         "cusparse": "cupyx.cusparse.spmv (CuPy %s)" % cp.__version__ if cp else None,
-        "copy_bandwidth_gbs": copy_gbs, "repeats": repeats,
+        "copy_bandwidth_gbs": copy_gbs, "repeats": repeats, "tune": tune,
         "timing": f"medians of CUDA-event times after warm-up; ours_ms and cusparse_*_ms: whole calls from "
                   f"Python on CuPy arrays, {CALLS_PER_SAMPLE} back to back per sample, {repeats} samples; "
                   "ours_kernel_ms: the kernel launch alone, one per sample",

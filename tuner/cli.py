@@ -44,7 +44,8 @@ def cmd_tune(args) -> int:
     if not gpu.available():
         return _dry_run([args.matrix], args.arch, args.cache_dir)
     t0 = time.perf_counter()
-    spmv = compile_spmv(load(args.matrix), dtype=args.dtype, cache_dir=args.cache_dir)
+    spmv = compile_spmv(load(args.matrix), dtype=args.dtype, tune=args.tune, top_k=args.top_k, trials=args.trials,
+                        cache_dir=args.cache_dir, profile=args.profile)
     print(spmv.explain())
     print(f"\nchosen: {spmv.spec.label()}  measured {spmv.plan.measured_ms} ms  "
           f"(compile took {time.perf_counter() - t0:.2f} s)")
@@ -59,7 +60,7 @@ def cmd_bench(args) -> int:
     if not gpu.available():
         return _dry_run(suite, args.arch, args.cache_dir)
     out = Path(args.out) if args.out else bench.default_out()
-    report = bench.run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir,
+    report = bench.run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir, tune=args.tune,
                        progress=lambda s: tqdm(s, desc="bench", unit="matrix", file=sys.stderr))
     rows = [bench.BenchRow(**r) for r in report["rows"]]
     print(f"\n{report['gpu']['name']}: copy bandwidth {report['copy_bandwidth_gbs']:.0f} GB/s; "
@@ -67,6 +68,55 @@ def cmd_bench(args) -> int:
     print(bench.format_table(rows))
     print(f"\nwrote {out}")
     return 0
+
+
+def cmd_profile(args) -> int:
+    from tqdm import tqdm
+
+    from . import profile
+    if not gpu.available():
+        print(_no_gpu_banner().splitlines()[0] + "\nProfiling measures this GPU: there is nothing to do without one.")
+        return NO_GPU_EXIT
+    grid = profile.REDUCED if args.reduced else profile.Grid()
+    prof = profile.run(Path(args.out) if args.out else None, grid, cache_dir=args.cache_dir,
+                       progress=lambda total: tqdm(total=total, desc="profile", unit="shape", file=sys.stderr))
+    c = prof["constants"]
+    print(f"{prof['gpu']['name']}: {c['sm_count']} SMs, {c['max_warps_per_sm']} warps/SM, L2 {c['l2_bytes'] >> 20} MB, "
+          f"copy {c['copy_bandwidth_gbs']:.0f} GB/s, launch {1000 * c['launch_overhead_ms']:.1f} us; "
+          f"{len(prof['tables'])} kernel shapes in {prof.get('seconds', 0):.0f} s")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from tqdm import tqdm
+
+    from . import bench, report
+    from .model import load_profile
+    if args.from_csv:
+        rows = report.read_csv(Path(args.from_csv))
+        meta = {"command": "python -m tuner " + " ".join(sys.argv[1:])}
+    else:
+        suite = args.suite or bench.default_suite(args.data_dir, report=True)
+        if not gpu.available():
+            return _dry_run(suite, args.arch, args.cache_dir)
+        prof = load_profile(gpu.device_info().name, args.profile)
+        rows, meta = report.collect(suite, prof, cache_dir=args.cache_dir,
+                                    progress=lambda s: tqdm(s, desc="report", unit="matrix", file=sys.stderr))
+        meta.update(created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), profile_digest=prof.digest,
+                    command="python -m tuner " + " ".join(sys.argv[1:]))
+    outdir = Path(args.out) if args.out else report_dir()
+    summary = report.write_all(rows, meta, outdir)
+    print(f"{'model':<10}{'MdAPE':>8}{'Spearman':>10}{'top-1':>8}{'within 5%':>11}{'regret gm':>11}{'worst':>8}")
+    for model, o in summary["overall"].items():
+        print(f"{model:<10}{o['mdape']:8.1%}{o['spearman_mean']:10.3f}{o['top1']:8.1%}{o['within_5pct']:11.1%}"
+              f"{o['regret_geomean']:11.3f}{o['regret_max']:8.3f}")
+    print(f"\nwrote {outdir}/report.{{csv,png,html,json}}")
+    return 0
+
+
+def report_dir() -> Path:
+    from . import paths
+    return paths.models_dir() / paths.gpu_slug(gpu.device_info().name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("matrix", help=MATRIX_HELP)
     p.add_argument("--dtype", choices=["float32", "float64"], default=None,
                    help="value type of the kernel (default: the matrix's; integers become float32)")
+    tuning(p)
+    p.add_argument("--top-k", type=int, default=3, help="candidates timed by --tune measure (default %(default)s)")
+    p.add_argument("--trials", type=int, default=24, help="trial budget of --tune optuna (default %(default)s)")
     common(p)
     p.set_defaults(func=cmd_tune)
 
@@ -105,9 +158,44 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of real .npz matrices (default: $TUNER_DATA_DIR or ../shared/data)")
     p.add_argument("--out", default=None, help="JSON report (default: models/<gpu-slug>/bench-spmv.json)")
     p.add_argument("--repeats", type=int, default=100, help="timed runs per measurement (default %(default)s)")
+    tuning(p)
     common(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("profile", help="measure this GPU's lookup table and constants -> models/<gpu-slug>/profile.json",
+                       description="Offline profiling of this GPU: micro-benchmarks on synthetic matrices whose rows "
+                                   "all have one length measure each kernel shape's throughput (paper 003's "
+                                   "Performance(w, h)) with x in L1, in L2 and in memory, plus SM count, warps per "
+                                   "SM, cache sizes, copy bandwidth and launch overhead. Resumable: a rerun keeps "
+                                   "what the file already holds.")
+    p.add_argument("--out", default=None, help="profile file (default: models/<gpu-slug>/profile.json)")
+    p.add_argument("--reduced", action="store_true", help="a small grid (seconds; for tests)")
+    common(p)
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("report", help="predicted vs measured for every candidate: CSV, PNG, HTML",
+                       description="For every matrix and every candidate plan, the lookup model's and the "
+                                   "bytes-over-bandwidth baseline's predictions beside the measured time; writes "
+                                   "report.csv, report.png (log-log scatter, y = x, +-20 %% band), report.html and "
+                                   "report.json with MdAPE, Spearman correlation, top-1 rate and regret.")
+    p.add_argument("suite", nargs="*", help=f"matrices ({MATRIX_HELP}); default: the data directory's .npz, "
+                                            "rmat:20, rmat:23, rmat:25 and Kronecker-scaled real graphs of 50M+ "
+                                            "non-zeros")
+    p.add_argument("--data-dir", default=None, help="folder of real .npz matrices")
+    p.add_argument("--out", default=None, help="output folder (default: models/<gpu-slug>/)")
+    p.add_argument("--profile", default=None, help="profile file (default: the one of this GPU under models/)")
+    p.add_argument("--from-csv", default=None, help="re-summarise and re-plot an existing report.csv (no GPU)")
+    common(p)
+    p.set_defaults(func=cmd_report)
     return parser
+
+
+def tuning(p) -> None:
+    from .planner import TUNE_MODES
+    p.add_argument("--tune", choices=TUNE_MODES, default="model",
+                   help="model: the model's choice, nothing timed (default); measure: time the model's top k; "
+                        "exhaustive: time every candidate; optuna: an Optuna study seeded by the model")
+    p.add_argument("--profile", default=None, help="GPU profile (default: models/<gpu-slug>/profile.json)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,7 @@ def render(template: str, context: dict) -> str:
 
     Example:
         >>> src = render("csr_vector.cu.j2", dict(VAL="float", IDX="int", value_free=False,
-        ...              threads_per_row=4, block_size=128, kernel_name="k"))
+        ...              threads_per_row=4, block_size=128, kernel_name="k", unroll=4))
         >>> "extern \\"C\\" __global__" in src
         True
     """

@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import codegen, families, gpu, planner
+from . import codegen, families, gpu, paths, planner
 from .cache import Cache
 from .families.base import Specialization
 from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
+from .model import Profile, load_profile, predict_lookup
+from .search import optuna_search
 from .matrix import CanonicalMatrix, canonicalize, fingerprint, structure_digest, structure_features
 
 log = logging.getLogger("tuner.compiler")
@@ -78,18 +80,22 @@ def measure(m: CanonicalMatrix, specs: list[Specialization], binaries: list, see
     return out
 
 
-def compile(A, *, dtype=None, index_dtype=None, tune: str = "exhaustive", family: str | None = None, params: dict | None = None,
-            cache_dir=None) -> SpMV:
-    """Plan, render, compile and load the fastest SpMV kernel for ``A`` on this GPU.
+def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int = 3, trials: int = 24,
+            family: str | None = None, params: dict | None = None, cache_dir=None, profile=None) -> SpMV:
+    """Plan, render, compile and load an SpMV kernel for ``A`` on this GPU.
 
     Args:
         A: any SciPy sparse matrix (or array).
         dtype: float32 or float64 values (default: those of ``A``; integers and booleans become float32).
         index_dtype: force int64 indices (default: int32 when the matrix fits).
-        tune: 'exhaustive' times every candidate of every family and keeps the fastest.
+        tune: 'model' (default) takes the model's first choice and times nothing; 'measure' times the
+            model's ``top_k``; 'exhaustive' times every candidate; 'optuna' runs an Optuna study of
+            ``trials`` trials per fingerprint, seeded with the model's ``top_k`` and resumable.
         family, params: skip tuning and build exactly this family with these parameters.
-        cache_dir: plan and binary cache (default ``$TUNER_CACHE_DIR``, ``cache/`` of a checkout, or
-            ``~/.cache/sparse-tuner``). A second compile of the same structure times nothing and runs no nvcc.
+        cache_dir: plan, binary and study cache (default ``$TUNER_CACHE_DIR``, ``cache/`` of a checkout, or
+            ``~/.cache/sparse-tuner``). A second compile of the same structure times nothing, runs no nvcc.
+        profile: a :class:`~tuner.model.Profile` or a path to one (default: the shipped profile of this GPU).
+            Without any, the model modes fall back to 'exhaustive' with a warning.
 
     Returns:
         an :class:`~tuner.kernel.SpMV`; ``spmv(x)`` computes ``A @ x``, ``spmv.plan`` holds the decision.
@@ -114,7 +120,12 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "exhaustive", family
     digest = structure_digest(m)
     if family is not None:
         return _fixed(m, digest, info, family, params or {}, cache)
-    key = planner.plan_key(digest, m.value_dtype, info.name, info.capability, tune)
+    prof = _profile(info, profile)
+    if prof is None and tune != "exhaustive":
+        log.warning("no GPU profile for %s (run `python -m tuner profile`): tune=%r falls back to 'exhaustive'",
+                    info.name, tune)
+        tune = "exhaustive"
+    key = planner.plan_key(digest, m.value_dtype, info.name, info.capability, tune, prof.digest if prof else "")
     plan = planner.load_plan(cache, key)
     if plan is not None:
         binary = codegen.load_binary(plan.binary_key, plan.arch, cache)
@@ -123,16 +134,44 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "exhaustive", family
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
         return SpMV(m, spec, binary.cubin, plan)
     specs = families.specializations(m)
-    binaries = codegen.compile_many([families.render(s, m) for s in specs], arch=info.arch, cache=cache)
-    by_spec = dict(zip(map(id, specs), binaries))
-    best, ranking = planner.choose(specs, lambda ss: measure(m, list(ss), [by_spec[id(s)] for s in ss]))
-    plan = planner.Plan(family=best.family, params=families.params_dict(best.params), predicted_ms=None,
-                        measured_ms=ranking[0].measured_ms, fingerprint=digest,
+    predicted = [predict_lookup(m, s, prof) for s in specs] if prof else [None] * len(specs)
+    binaries: dict[int, codegen.Binary] = {}
+
+    def build(subset):  # compile only what is timed (all of it in parallel) or finally chosen
+        missing = [s for s in subset if id(s) not in binaries]
+        for s, b in zip(missing, codegen.compile_many([families.render(s, m) for s in missing], info.arch,
+                                                      cache=cache)):
+            binaries[id(s)] = b
+        return [binaries[id(s)] for s in subset]
+
+    def timer(subset):
+        return measure(m, list(subset), build(subset))
+
+    def search():
+        return optuna_search([s.label() for s in specs], predicted, lambda i: timer([specs[i]])[0],
+                             study_name=f"{digest}-{m.value_dtype.name}-{paths.gpu_slug(info.name)}",
+                             storage_dir=cache.root, trials=trials, seed_top=top_k)
+
+    best, ranking = planner.select(tune, specs, predicted, timer, top_k=top_k, search=search)
+    chosen = next(t for t in ranking if t.family == best.family and t.params == families.params_dict(best.params))
+    plan = planner.Plan(family=best.family, params=families.params_dict(best.params),
+                        predicted_ms=chosen.predicted_ms, measured_ms=chosen.measured_ms, fingerprint=digest,
                         value_dtype=m.value_dtype.name, index_dtype=m.index_dtype.name,
-                        value_free=m.value_free, arch=info.arch, binary_key=by_spec[id(best)].key, tune=tune,
+                        value_free=m.value_free, arch=info.arch, binary_key=build([best])[0].key, tune=tune,
                         ranking=ranking, features=structure_features(m))
     planner.store_plan(cache, key, plan)
-    return SpMV(m, best, by_spec[id(best)].cubin, plan)
+    return SpMV(m, best, binaries[id(best)].cubin, plan)
+
+
+def _profile(info, profile) -> Profile | None:
+    if isinstance(profile, Profile):
+        return profile
+    try:
+        return load_profile(info.name, profile)
+    except FileNotFoundError:
+        if profile is not None:
+            raise
+        return None
 
 
 def _fixed(m, digest: str, info, family: str, params: dict, cache: Cache) -> SpMV:

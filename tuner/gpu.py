@@ -42,6 +42,7 @@ class DeviceInfo:
         l2_bytes: L2 cache size.
         memory_bytes: global memory size.
         driver_version: CUDA driver API version as an int, e.g. 13000.
+        threads_per_sm, registers_per_sm, shared_bytes_per_sm, blocks_per_sm: residency limits of one SM.
     """
 
     name: str
@@ -50,6 +51,10 @@ class DeviceInfo:
     l2_bytes: int
     memory_bytes: int
     driver_version: int
+    threads_per_sm: int = 2048
+    registers_per_sm: int = 65536
+    shared_bytes_per_sm: int = 0
+    blocks_per_sm: int = 32
 
     @property
     def arch(self) -> str:
@@ -135,7 +140,11 @@ def device_info() -> DeviceInfo:
     return DeviceInfo(name=dev.name(), capability=dev.compute_capability(),
                       sm_count=dev.get_attribute(a.MULTIPROCESSOR_COUNT),
                       l2_bytes=dev.get_attribute(a.L2_CACHE_SIZE), memory_bytes=dev.total_memory(),
-                      driver_version=drv.get_driver_version())
+                      driver_version=drv.get_driver_version(),
+                      threads_per_sm=dev.get_attribute(a.MAX_THREADS_PER_MULTIPROCESSOR),
+                      registers_per_sm=dev.get_attribute(a.MAX_REGISTERS_PER_MULTIPROCESSOR),
+                      shared_bytes_per_sm=dev.get_attribute(a.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+                      blocks_per_sm=dev.get_attribute(a.MAX_BLOCKS_PER_MULTIPROCESSOR))
 
 
 class Kernel:
@@ -147,6 +156,8 @@ class Kernel:
         self.function = self.module.get_function(name)
         self.function.prepare(signature)
         self.name = name
+        self.registers = self.function.get_attribute(drv.function_attribute.NUM_REGS)
+        self.shared_bytes = self.function.get_attribute(drv.function_attribute.SHARED_SIZE_BYTES)
 
     def launch(self, grid: int, block: int, *args) -> None:
         if grid:

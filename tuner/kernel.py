@@ -64,6 +64,16 @@ class SpMV:
                             *self._scalars, self._pattern)
 
     @property
+    def registers(self) -> int:
+        """Registers per thread of the compiled kernel (for occupancy)."""
+        return self._kernel.registers
+
+    @property
+    def shared_bytes(self) -> int:
+        """Static shared memory per block of the compiled kernel."""
+        return self._kernel.shared_bytes
+
+    @property
     def buffers(self) -> tuple[int, int]:
         """Device pointers of the callable's own x and y buffers (used by the NumPy path and timings)."""
         return int(self._x_buf), int(self._y_buf)
@@ -147,3 +157,12 @@ def adaptive_repeats(first_ms: float, budget_ms: float = 40.0, lo: int = 10, hi:
         (40, 200, 10)
     """
     return int(min(hi, max(lo, budget_ms // max(first_ms, 1e-6))))
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 20) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second, in GB/s), median of CUDA events."""
+    src, dst = gpu.alloc(nbytes), gpu.alloc(nbytes)
+    gpu.memset_bytes(int(src), 0x5A, nbytes)
+    ms = np.median(gpu.time_launches(lambda: gpu.copy_device(int(dst), int(src), nbytes), repeats, warmup=3))
+    del src, dst
+    return 2 * nbytes / (ms * 1e-3) / 1e9

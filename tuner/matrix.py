@@ -69,6 +69,11 @@ class CanonicalMatrix:
         """Stored entries per row (int64)."""
         return np.diff(self.indptr).astype(np.int64, copy=False)
 
+    @cached_property
+    def col_lengths(self) -> np.ndarray:
+        """Stored entries per column (int64)."""
+        return np.bincount(self.indices, minlength=self.n_cols).astype(np.int64, copy=False)
+
     def to_scipy(self) -> sp.csr_matrix:
         """The same matrix as a SciPy CSR matrix (shares the arrays)."""
         return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape, copy=False)
@@ -195,7 +200,7 @@ def structure_features(m: CanonicalMatrix) -> dict:
         1
     """
     rows = m.row_lengths
-    cols = np.bincount(m.indices, minlength=m.n_cols) if m.n_cols else np.zeros(0, np.int64)
+    cols = m.col_lengths
 
     def quantiles(v):
         if v.size == 0:

@@ -1,8 +1,11 @@
-"""Candidates -> timings -> Plan (v0: every candidate is timed and the fastest kept).
+"""Candidates -> predictions (model) -> timings (optional) -> Plan.
 
-The selection logic is pure: it takes a benchmark function, so it is tested with a fake one on a CPU.
-Plans persist in the cache under a key of fingerprint, value dtype, GPU, compute capability and package
-version, so compiling the same matrix again times nothing and runs no nvcc.
+Tuning modes: ``model`` takes the model's first choice and times nothing (the papers' mode); ``measure``
+times the model's top k; ``exhaustive`` times every candidate; ``optuna`` runs an Optuna study seeded with
+the model's best (see :mod:`tuner.search`). The selection logic is pure: it takes prediction lists and a
+benchmark function, so it is tested with a fake one on a CPU. Plans persist in the cache under a key of
+fingerprint, value dtype, GPU, compute capability, package version, mode and profile, so compiling the
+same matrix again times nothing and runs no nvcc.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from . import __version__, families
 from .cache import Cache, make_key
 from .families.base import Specialization, params_dict
 
-TUNE_MODES = ("exhaustive",)
+TUNE_MODES = ("model", "measure", "exhaustive", "optuna")
 
 
 @dataclass(frozen=True)
@@ -80,44 +83,66 @@ class Plan:
         return cls(**raw)
 
 
-def choose(specs: Sequence[Specialization], benchmark: Callable[[Sequence[Specialization]], Sequence[float]]
-           ) -> tuple[Specialization, tuple[Timing, ...]]:
-    """Time every candidate with ``benchmark`` and return the fastest with the ranking, fastest first.
+def plan_key(fingerprint: str, value_dtype, device_name: str, capability: tuple[int, int], tune: str,
+             profile_digest: str = "") -> str:
+    """Cache key of a plan: structure, value type, GPU, compute capability, package version, tuning mode and
+    the profile the model read.
 
-    A candidate the benchmark reports as NaN or infinite (it failed) is ranked last and never chosen.
+    Example:
+        >>> plan_key("ab", "float32", "H100", (9, 0), "model") != plan_key("ab", "float32", "H200", (9, 0), "model")
+        True
+    """
+    return make_key("plan", fingerprint, np.dtype(value_dtype).name, device_name, f"{capability[0]}.{capability[1]}",
+                    __version__, tune, profile_digest)
+
+
+def select(mode: str, specs: Sequence[Specialization], predicted: Sequence[float | None],
+           benchmark: Callable[[Sequence[Specialization]], Sequence[float]], top_k: int = 3,
+           search: Callable[[], dict] | None = None) -> tuple[Specialization, tuple[Timing, ...]]:
+    """Choose a candidate by ``mode``; the ranking lists timed candidates by measured time, then the rest by
+    prediction.
+
+    ``search`` (optuna mode) returns {candidate index: measured ms} for the candidates it tried.
 
     Example:
         >>> from tuner.families.csr_vector import CsrVectorParams
         >>> s = [Specialization("csr_vector", CsrVectorParams(t), np.dtype("float32"), np.dtype("int32"), True)
-        ...      for t in (1, 2)]
-        >>> best, ranking = choose(s, lambda specs: [2.0, 1.0])
-        >>> best.params.threads_per_row, [t.measured_ms for t in ranking]
-        (2, [1.0, 2.0])
+        ...      for t in (1, 2, 4)]
+        >>> best, _ = select("model", s, [3.0, 1.0, 2.0], benchmark=None)
+        >>> best.params.threads_per_row
+        2
+        >>> best, _ = select("measure", s, [3.0, 1.0, 2.0], lambda ss: [5.0 if x.params.threads_per_row == 2
+        ...                  else 4.0 for x in ss], top_k=2)
+        >>> best.params.threads_per_row
+        4
     """
     if not specs:
         raise ValueError("no candidate kernels to choose from")
-    times = list(benchmark(specs))
-    if len(times) != len(specs):
-        raise ValueError(f"benchmark returned {len(times)} timings for {len(specs)} candidates")
-    ok = [math.isfinite(t) for t in times]
-    if not any(ok):
+    if mode not in TUNE_MODES:
+        raise ValueError(f"tune must be one of {TUNE_MODES}, got {mode!r}")
+    n = len(specs)
+    if mode != "exhaustive" and any(p is None for p in predicted):
+        raise ValueError(f"tune={mode!r} needs predictions for every candidate")
+    by_prediction = sorted(range(n), key=lambda i: predicted[i] if predicted[i] is not None else 0.0)
+    measured: dict[int, float] = {}
+    if mode == "measure":
+        chosen = by_prediction[:max(1, top_k)]
+        measured = dict(zip(chosen, benchmark([specs[i] for i in chosen])))
+    elif mode == "exhaustive":
+        measured = dict(enumerate(benchmark(list(specs))))
+    elif mode == "optuna":
+        measured = dict(search())
+    ok = {i: t for i, t in measured.items() if math.isfinite(t)}
+    if mode != "model" and not ok:
         raise RuntimeError("every candidate kernel failed to run")
-    order = sorted(range(len(specs)), key=lambda i: (not ok[i], times[i] if ok[i] else 0.0))
-    ranking = tuple(Timing(specs[i].family, params_dict(specs[i].params), float(times[i]) if ok[i] else None)
-                    for i in order)
-    return specs[order[0]], ranking
-
-
-def plan_key(fingerprint: str, value_dtype, device_name: str, capability: tuple[int, int], tune: str) -> str:
-    """Cache key of a plan: structure, value type, GPU, compute capability, package version, tuning mode.
-
-    Example:
-        >>> plan_key("ab", "float32", "H100", (9, 0), "exhaustive") != plan_key("ab", "float32", "H200", (9, 0),
-        ...                                                                     "exhaustive")
-        True
-    """
-    return make_key("plan", fingerprint, np.dtype(value_dtype).name, device_name, f"{capability[0]}.{capability[1]}",
-                    __version__, tune)
+    best = min(ok, key=ok.get) if mode != "model" else by_prediction[0]
+    timed = sorted(ok, key=ok.get)
+    failed = [i for i in measured if i not in ok]
+    rest = [i for i in by_prediction if i not in measured]
+    ranking = tuple(Timing(specs[i].family, params_dict(specs[i].params), ok.get(i),
+                           None if predicted[i] is None else float(predicted[i]))
+                    for i in timed + rest + failed)
+    return specs[best], ranking
 
 
 def load_plan(cache: Cache, key: str) -> Plan | None:
@@ -135,24 +160,26 @@ def store_plan(cache: Cache, key: str, plan: Plan) -> None:
 
 
 def explain(plan: Plan) -> str:
-    """The ranking behind a plan as a table, fastest first.
+    """The ranking behind a plan as a table: timed candidates by measured time, then the rest by prediction.
 
     Example:
-        >>> p = Plan("csr_vector", {"threads_per_row": 4, "block_size": 128}, None, 0.5, "f" * 64, "float32",
-        ...          "int32", True, "sm_90", "k", "exhaustive",
-        ...          (Timing("csr_vector", {"threads_per_row": 4, "block_size": 128}, 0.5),))
-        >>> "0.5000" in explain(p)
+        >>> p = Plan("csr_vector", {"threads_per_row": 4, "block_size": 128}, 0.45, 0.5, "f" * 64, "float32",
+        ...          "int32", True, "sm_90", "k", "measure",
+        ...          (Timing("csr_vector", {"threads_per_row": 4, "block_size": 128}, 0.5, 0.45),))
+        >>> "0.5000" in explain(p) and "0.4500" in explain(p)
         True
     """
     head = (f"plan for {plan.fingerprint[:12]} ({plan.value_dtype}, {plan.index_dtype} indices"
             f"{', value-free' if plan.value_free else ''}) on {plan.arch}, tune={plan.tune}: "
             f"{plan.family} {plan.params}")
     if not plan.ranking:
-        return head + "\n(no candidates were timed)"
-    best = plan.ranking[0].measured_ms
-    lines = [head, f"{'rank':>4}  {'measured ms':>11}  {'vs best':>7}  candidate"]
+        return head + "\n(no candidates were ranked)"
+    timed = [t.measured_ms for t in plan.ranking if t.measured_ms is not None]
+    best = min(timed) if timed else None
+    lines = [head, f"{'rank':>4}  {'predicted ms':>12}  {'measured ms':>11}  {'vs best':>7}  candidate"]
     for i, t in enumerate(plan.ranking, 1):
-        ms = f"{t.measured_ms:11.4f}" if t.measured_ms is not None else f"{'failed':>11}"
+        pred = f"{t.predicted_ms:12.4f}" if t.predicted_ms is not None else f"{'-':>12}"
+        ms = f"{t.measured_ms:11.4f}" if t.measured_ms is not None else f"{'-':>11}"
         rel = f"{t.measured_ms / best:7.2f}" if t.measured_ms is not None and best else f"{'':>7}"
-        lines.append(f"{i:>4}  {ms}  {rel}  {t.label()}")
+        lines.append(f"{i:>4}  {pred}  {ms}  {rel}  {t.label()}")
     return "\n".join(lines)

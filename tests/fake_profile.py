@@ -1,0 +1,15 @@
+"""A profile of an imaginary GPU with known performance curves, for model tests on a CPU."""
+import json
+from tuner.model.profile_data import REGIMES, kernel_key
+from tuner.profile import variants
+
+def fake_profile_json(l1=1.0e6, l2=5.0e5, dram=1.0e5, max_active=1000):
+    """Every table: performance grows with w up to 64 then flat; regimes scale it."""
+    scale = {"l1": l1, "l2": l2, "dram": dram}
+    tables = {}
+    for v in variants((True, False)):
+        pts = {r: {str(w): scale[r] * min(w, 64) / 64 for w in (1, 2, 4, 8, 16, 32, 64, 128, 4096)} for r in REGIMES}
+        tables[v.key] = {"max_active_warps": max_active, "points": pts}
+    return json.dumps({"format": 1, "gpu": {"name": "Fake GPU"}, "constants": {
+        "sm_count": 10, "max_warps_per_sm": 100, "l1_bytes": 1 << 18, "l2_bytes": 50 << 20,
+        "copy_bandwidth_gbs": 3000.0, "launch_overhead_ms": 0.004}, "tables": tables})

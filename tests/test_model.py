@@ -1,0 +1,166 @@
+"""Model equations against hand-worked examples (paper 003 eq. 1-5, paper 004 Algorithms 1 and 3)."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tuner import families
+from tuner.families.base import Specialization
+from tuner.families.binned import BinnedParams
+from tuner.families.csr_vector import CsrVectorParams
+from tuner.formats.binned import build_binned
+from tuner.matrix import canonicalize
+from tuner.model import Profile, load_profile, predict_baseline, predict_lookup
+from tuner.model.aligned_coo import choose_hybrid, cost_aligned_coo_seg, cost_coo_flat, segment_size
+from tuner.model.locality import regime_fractions
+from tuner.model.occupancy import active_warps_per_sm
+from tuner.model.warps import binned_warps, csr_vector_warps
+from tuner.model.waves import wave_time
+
+from .conftest import power_law
+from .fake_profile import fake_profile_json
+
+
+@pytest.fixture
+def profile():
+    return Profile.from_json(fake_profile_json())
+
+
+def test_waves_follow_equations_1_to_5():
+    sizes = np.array([4.0, 4.0, 8.0, 8.0, 2.0])
+    perf = np.array([2.0, 2.0, 4.0, 2.0, 1.0])
+    # I = ceil(5 / 2) = 3 waves; t_0 = 8 / 2, t_1 = 16 / 3, t_2 = 2 / 1.
+    assert wave_time(sizes, perf, 2, single_warp_bound=False) == pytest.approx(4 + 16 / 3 + 2)
+    # A wave lasts at least as long as its slowest warp alone (size x 2 / perf): 4, 8 and 4.
+    assert wave_time(sizes, perf, 2) == pytest.approx(4 + 8 + 4)
+    assert wave_time(np.array([]), np.array([]), 4) == 0.0
+
+
+def test_one_full_wave_of_equal_warps_takes_total_over_performance():
+    assert wave_time(np.full(100, 10.0), np.full(100, 50.0), 100) == pytest.approx(1000 / 50)
+
+
+def test_csr_vector_warps_are_as_wide_as_their_longest_row():
+    m = canonicalize(sp.csr_matrix((np.ones(10, np.float32), ([0, 0, 0, 1, 2, 2, 3, 4, 4, 4],
+                                                                 [0, 1, 2, 0, 0, 1, 3, 0, 1, 2])), shape=(5, 5)))
+    seg, = csr_vector_warps(m, CsrVectorParams(threads_per_row=16))  # 2 rows per warp
+    assert seg.w.tolist() == [3.0, 2.0, 3.0] and seg.size.tolist() == [6.0, 4.0, 6.0]
+    assert seg.key == "csr_vector:16:256:vf"
+
+
+def test_binned_warps_follow_the_layout_classes():
+    m = canonicalize(power_law(2000, seed=3))
+    p = BinnedParams(small_max=4, medium_max=32, warp_division=8, huge_min=64)
+    segs = binned_warps(m, p)
+    counts = build_binned(m.row_lengths, 4, 32, 64).counts
+    assert [s.key.split(":")[1] for s in segs] == ["1", "4", "32", "block"]
+    assert segs[0].w.size == -(-counts[0] // 32)
+    assert segs[1].w.size == -(-counts[1] // 8)
+    assert segs[2].w.size == counts[2]
+    assert segs[3].w.size == counts[3] * 256 // 32
+    assert segs[3].size.sum() >= m.row_lengths[m.row_lengths >= 64].sum()
+
+
+def test_gather_regimes_follow_the_hottest_columns():
+    assert regime_fractions(np.array([6, 2, 1, 1]), 4, l1_bytes=8, l2_bytes=24).tolist() == pytest.approx(
+        [0.6, 0.3, 0.1])
+    # x that fits in half of L1 is served there entirely.
+    assert regime_fractions(np.arange(100), 4, l1_bytes=1 << 20, l2_bytes=1 << 22).tolist() == [1.0, 0.0, 0.0]
+    assert regime_fractions(np.zeros(5, np.int64), 4, 8, 8).tolist() == [1.0, 0.0, 0.0]
+
+
+def test_lookup_prediction_equals_hand_computation(profile):
+    # 64 rows of 4 entries in 16 columns (x in L1); csr_vector with 4 lanes: 8 warps of 8 rows, each 4 x 8.
+    rows = np.repeat(np.arange(64), 4)
+    cols = np.tile(np.arange(4), 64)
+    m = canonicalize(sp.csr_matrix((np.ones(256, np.float32), (rows, cols)), shape=(64, 16)))
+    spec = Specialization("csr_vector", CsrVectorParams(4, 128), m.value_dtype, m.index_dtype, True)
+    perf = 1.0e6 * 4 / 64  # the fake table at w = 4, L1 regime
+    one_wave = 8 * 32 / perf
+    alone = 32 * 1000 / perf  # slowest warp at its 1/1000 share
+    assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + max(one_wave, alone))
+
+
+def test_lookup_prefers_binned_for_skewed_rows_and_sees_locality(profile):
+    m = canonicalize(power_law(20000, seed=9))
+    specs = families.specializations(m)
+    pred = {s.label(): predict_lookup(m, s, profile) for s in specs}
+    assert all(np.isfinite(v) and v > 0 for v in pred.values())
+    best = min(pred, key=pred.get)
+    assert pred["csr_vector(threads_per_row=1,block_size=256)"] > pred[best]
+    # The same rows gathering from ~370,000 distinct columns (x beyond half of L1) are predicted slower.
+    cols = np.random.default_rng(1).choice(10**8, m.nnz, replace=False).astype(np.int64)
+    wide = canonicalize(sp.csr_matrix((m.data, cols, m.indptr), shape=(m.n_rows, 10**8)))
+    assert wide.col_lengths.max() == 1
+    spec = specs[0]
+    assert predict_lookup(wide, spec, profile) > predict_lookup(m, spec, profile)
+
+
+def test_float64_and_valued_matrices_are_predicted_slower(profile):
+    A = power_law(5000, seed=2)
+    spec = lambda m: Specialization("csr_vector", CsrVectorParams(8, 256), m.value_dtype, m.index_dtype,  # noqa
+                                    m.value_free)
+    m32, m64 = canonicalize(A), canonicalize(A, dtype=np.float64)
+    assert predict_lookup(m64, spec(m64), profile) > predict_lookup(m32, spec(m32), profile)
+
+
+def test_baseline_is_bytes_over_bandwidth(profile):
+    m = canonicalize(power_law(3000, seed=1))
+    spec = Specialization("csr_vector", CsrVectorParams(8, 256), m.value_dtype, m.index_dtype, m.value_free)
+    nbytes = m.indptr.nbytes + m.indices.nbytes + m.data.nbytes + (m.n_rows + m.n_cols) * 4
+    assert predict_baseline(m, spec, profile) == pytest.approx(0.004 + nbytes / 3000e9 * 1e3)
+
+
+def test_profile_interpolates_log_log_and_clamps(profile):
+    key = "csr_vector:1:128:vf"
+    assert profile.performance(key, "l1", np.array([16.0]))[0] == pytest.approx(1e6 * 16 / 64)
+    # Between 16 and 32 the curve is linear in log-log: at w = sqrt(16 * 32) perf is sqrt of the product.
+    mid = profile.performance(key, "l1", np.array([np.sqrt(16 * 32)]))[0]
+    assert mid == pytest.approx(np.sqrt(1e6 * 16 / 64 * 1e6 * 32 / 64))
+    assert profile.performance(key, "dram", np.array([1e6]))[0] == pytest.approx(1e5)
+    assert profile.performance(key, "dram", np.array([0.0]))[0] == pytest.approx(1e5 / 64)
+
+
+def test_profile_file_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="python -m tuner profile"):
+        load_profile(path=tmp_path / "missing.json")
+    bad = tmp_path / "p.json"
+    bad.write_text('{"format": 99}')
+    with pytest.raises(ValueError, match="format 99"):
+        load_profile(path=bad)
+
+
+def test_segment_size_of_paper_004_fig_2():
+    # Matrix A of Fig. 2: rows hold 3, 1, 2, 2, 1, 1 entries; Algorithm 1 gives size 4 and 3 segments.
+    A = np.array([[0, 2, 0, 4, 5], [1, 0, 0, 0, 0], [0, 3, 6, 0, 0], [0, 7, 0, 8, 0], [0, 0, 0, 9, 0],
+                  [10, 0, 0, 0, 0]])
+    s = segment_size(np.count_nonzero(A, axis=1))
+    assert (s.seg_size, s.num_segs) == (4, 3)
+    assert s.seg_size * s.num_segs >= np.count_nonzero(A)
+
+
+def test_segment_size_edge_cases():
+    assert segment_size(np.array([], np.int64)).num_segs == 0
+    s = segment_size(np.array([5]))
+    assert (s.seg_size, s.num_segs) == (1, 5)
+
+
+def test_aligned_coo_cost_equations():
+    # flat: 64 threads, 32 active: 2 iterations x log2 32 + 0 + 2 blocks x log2 32 + 2 warps.
+    assert cost_coo_flat(64, max_threads=32, blocksize=32) == 22.0
+    assert cost_coo_flat(33, max_threads=1024, blocksize=256) == 1 * 5 + 1 + 1 * 8 + 2
+    # seg: 4 rows per segment, 3 segments, 32 threads: 1 iteration x 3 segments + 1 warp.
+    assert cost_aligned_coo_seg(4, 3, max_threads=32) == 4.0
+
+
+def test_hybrid_choice_moves_warp_multiples_to_flat():
+    short = choose_hybrid(np.array([3, 1, 2, 2, 1, 1]), max_threads=32)
+    assert short.layout == "hybrid" and short.hybrid_cost == short.seg_cost  # nothing is flat
+    long_rows = choose_hybrid(np.array([4096] * 8 + [3] * 100), max_threads=4096)
+    assert long_rows.layout in ("hybrid", "flat")
+    assert long_rows.seg_cost > min(long_rows.hybrid_cost, long_rows.flat_cost)
+
+
+def test_occupancy_limits():
+    assert active_warps_per_sm(registers=32, shared_bytes=0, block=256) == 64
+    assert active_warps_per_sm(registers=64, shared_bytes=0, block=256) == 32
+    assert active_warps_per_sm(registers=32, shared_bytes=100_000, block=128) == 8

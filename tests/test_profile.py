@@ -1,0 +1,78 @@
+"""Offline profiling: synthetic matrices and kernel shapes (CPU), and a reduced profile on the GPU."""
+import json
+
+import numpy as np
+import pytest
+
+from tuner import families, profile
+from tuner.formats.binned import build_binned
+from tuner.model import load_profile
+from tuner.model.profile_data import REGIMES
+
+
+@pytest.mark.parametrize("w", [1, 3, 64, 700])
+def test_synthetic_rows_have_exactly_w_distinct_sorted_columns(w):
+    m = profile.synthetic(w, n_rows=50, n_cols=1000, value_free=False, seed=1)
+    assert m.row_lengths.tolist() == [w] * 50
+    rows = m.indices.reshape(50, w)
+    assert (np.diff(rows, axis=1) > 0).all() and rows.max() < 1000 and rows.min() >= 0
+    assert not m.value_free and 0.5 <= m.data.min() and m.data.max() <= 1.5
+    assert profile.synthetic(w, 4, 1000, True, 1).pattern_value == 1.0
+
+
+@pytest.mark.parametrize("w", [2, 5, 40, 3000])
+def test_every_binned_shape_puts_all_rows_in_its_class(w):
+    classes = {1: 0, 4: 1, 8: 1, 32: 2, "block": 3}
+    for v in profile.variants((True,)):
+        params = v.params(w)
+        if v.family != "binned":
+            assert params.threads_per_row == v.group and params.block_size == v.block
+            continue
+        counts = build_binned(np.full(10, w), params.small_max, params.medium_max, params.huge_min).counts
+        assert counts[classes[v.group]] == 10, (v, params)
+        if v.group in (4, 8):
+            assert params.medium_lanes == v.group
+
+
+def test_shapes_cover_every_kernel_the_families_generate():
+    keys = {v.key for v in profile.variants((True, False))}
+    assert len(keys) == 2 * (12 + 5)
+    from tuner.matrix import canonicalize
+    from tuner.model.warps import WARP_MODELS
+    from .conftest import fixture_matrices
+    for A in fixture_matrices().values():
+        m = canonicalize(A)
+        for s in families.specializations(m):
+            for seg in WARP_MODELS[s.family](m, s.params):
+                assert seg.key in keys
+
+
+def test_rows_fill_the_gpu_twice_within_the_cap():
+    info = type("Info", (), {"sm_count": 132, "threads_per_sm": 2048})()
+    grid = profile.Grid()
+    assert profile.rows_for(1, grid, info) == grid.target_nnz
+    assert profile.rows_for(4096, grid, info) == grid.max_nnz // 4096
+    assert profile.rows_for(64, grid, info) * 64 >= grid.target_nnz
+
+
+@pytest.mark.gpu
+def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
+    out = tmp_path / "profile.json"
+    prof = profile.run(out, profile.REDUCED)
+    loaded = load_profile(path=out)
+    c = loaded.constants
+    assert c["sm_count"] > 0 and c["copy_bandwidth_gbs"] > 100 and 0 < c["launch_overhead_ms"] < 0.1
+    assert loaded.gpu["name"] and loaded.gpu["nvcc"].startswith("V")
+    for key, table in loaded.tables.items():
+        assert table["max_active_warps"] >= c["sm_count"]
+        for r in REGIMES:
+            widths = [w for w in profile.REDUCED.widths if w >= 2 or ("binned:32" not in key and "block" not in key)]
+            assert sorted(map(int, table["points"][r])) == sorted(widths), (key, r)
+            assert all(v > 0 for v in table["points"][r].values())
+    # Gathers from x in L1 beat gathers from memory for short rows of a warp-per-row kernel.
+    t = loaded.tables["csr_vector:32:256:vf"]["points"]
+    assert t["l1"]["32"] > t["dram"]["32"]
+    before = out.read_text()
+    again = profile.run(out, profile.REDUCED)  # resumed: nothing left to measure
+    assert json.loads(before)["tables"] == again["tables"]
+    assert prof["constants"] == again["constants"]

@@ -1,0 +1,14 @@
+"""Performance models: pure functions from a matrix structure and a GPU profile to predicted milliseconds.
+
+No GPU import here. ``lookup`` is the model of paper 003 (a per-warp performance table measured offline by
+``python -m tuner profile``, combined online by the wave equations 1-5); ``baseline`` is bytes over
+bandwidth, kept beside it so that reports show what the table adds; ``aligned_coo`` holds paper 004's
+segment-size heuristic and runtime-cost equations.
+"""
+from .baseline import predict_baseline
+from .lookup import predict_lookup
+from .profile_data import Profile, load_profile
+
+MODELS = {"lookup": predict_lookup, "baseline": predict_baseline}
+
+__all__ = ["MODELS", "Profile", "load_profile", "predict_baseline", "predict_lookup"]

@@ -1,0 +1,94 @@
+"""The offline lookup table and hardware constants of one GPU (``models/<gpu-slug>/profile.json``)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from .. import paths
+
+FORMAT = 1
+REGIMES = ("l1", "l2", "dram")  # where the gathered x mostly hits: L1/tex, L2, or device memory
+
+
+def kernel_key(family: str, group, block: int, value_free: bool) -> str:
+    """Table key of one kernel shape: family, lanes per row (or 'block'), block size, value-free or not.
+
+    Example:
+        >>> kernel_key("csr_vector", 8, 128, True)
+        'csr_vector:8:128:vf'
+    """
+    return f"{family}:{group}:{block}:{'vf' if value_free else 'v'}"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A GPU's measured constants and per-warp performance tables.
+
+    Attributes:
+        gpu: name, capability, driver and CUDA versions of the GPU it was measured on.
+        constants: sm_count, max_warps_per_sm, l1_bytes, l2_bytes, copy_bandwidth_gbs, launch_overhead_ms.
+        tables: kernel key -> {"max_active_warps": int, "points": {regime: {w: entries per ms}}}: the
+            throughput of a full GPU of warps whose rows all have w entries (paper 003's
+            Performance(w, h), h fixed by the kernel's lanes per row).
+        digest: sha256 of the file, part of plan cache keys.
+    """
+
+    gpu: dict
+    constants: dict
+    tables: dict
+    digest: str
+
+    @classmethod
+    def from_json(cls, text: str) -> "Profile":
+        raw = json.loads(text)
+        if raw.get("format") != FORMAT:
+            raise ValueError(f"profile format {raw.get('format')!r} is not {FORMAT}")
+        return cls(gpu=raw["gpu"], constants=raw["constants"], tables=raw["tables"],
+                   digest=hashlib.sha256(text.encode()).hexdigest())
+
+    def max_active_warps(self, key: str) -> int:
+        """Warps resident on the whole GPU at once for that kernel (eq. 1's MAX_ACT_WARP/SM x NUM_SM)."""
+        return int(self.tables[key]["max_active_warps"])
+
+    def has(self, key: str) -> bool:
+        return key in self.tables and all(self.tables[key]["points"].get(r) for r in REGIMES)
+
+    def performance(self, key: str, regime: str, w: np.ndarray) -> np.ndarray:
+        """Table performance at row lengths ``w``: log-log interpolation, clamped to the measured range."""
+        xs, ys = _curve(self, key, regime)
+        lw = np.log2(np.maximum(np.asarray(w, dtype=np.float64), 1.0))
+        return np.exp2(np.interp(lw, xs, ys))
+
+
+@lru_cache(maxsize=256)
+def _curve_cached(digest: str, key: str, regime: str, items: tuple) -> tuple[np.ndarray, np.ndarray]:
+    w = np.array([k for k, _ in items], dtype=np.float64)
+    p = np.array([v for _, v in items], dtype=np.float64)
+    order = np.argsort(w)
+    return np.log2(w[order]), np.log2(p[order])
+
+
+def _curve(profile: Profile, key: str, regime: str):
+    points = profile.tables[key]["points"][regime]
+    return _curve_cached(profile.digest, key, regime, tuple(sorted((float(k), float(v)) for k, v in points.items())))
+
+
+def profile_path(gpu_name: str) -> Path:
+    """Where the profile of a GPU lives: ``models/<gpu-slug>/profile.json``."""
+    return paths.models_dir() / paths.gpu_slug(gpu_name) / "profile.json"
+
+
+def load_profile(gpu_name: str | None = None, path: str | Path | None = None) -> Profile:
+    """The profile of a GPU by name, or from a file.
+
+    Raises FileNotFoundError naming the expected path and the command that makes it.
+    """
+    p = Path(path) if path is not None else profile_path(gpu_name)
+    if not p.is_file():
+        raise FileNotFoundError(f"no GPU profile at {p}: run `python -m tuner profile` on that GPU")
+    return Profile.from_json(p.read_text())

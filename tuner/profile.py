@@ -1,0 +1,207 @@
+"""``python -m tuner profile``: offline profiling of this GPU into ``models/<gpu-slug>/profile.json``.
+
+Micro-benchmarks on synthetic matrices whose rows all have the same length w (so every warp's workload has
+one shape) measure, for each kernel shape the families realise (lanes per row x block size x value-free),
+the throughput of a full GPU of such warps - the lookup table Performance(w, h) of paper 003 - in three
+regimes of where the gathered x lives (L1, L2, device memory). Beside it: the constants the online model
+needs. The file is rewritten after every synthetic matrix, and a rerun skips what it already holds.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, codegen, families, gpu
+from .cache import Cache, atomic_write
+from .families.base import Specialization
+from .families.binned import BinnedParams
+from .families.csr_vector import BLOCK_SIZES, THREADS_PER_ROW, CsrVectorParams
+from .kernel import DeviceArrays, SpMV, copy_bandwidth_gbs, time_spmv
+from .matrix import CanonicalMatrix
+from .model.occupancy import active_warps_per_sm
+from .model.profile_data import FORMAT, REGIMES, kernel_key, profile_path
+
+HOPPER_L1_BYTES = 256 * 1024  # unified L1/texture/shared per SM on sm_90 (not exposed as an attribute)
+WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """What a profiling run measures.
+
+    Attributes:
+        widths: row lengths w of the synthetic matrices.
+        target_nnz: entries per synthetic matrix (at least enough rows to fill the GPU twice).
+        max_nnz: cap on entries per synthetic matrix.
+        value_free: which value-free variants to measure (True: pattern kernels, False: with values).
+        repeats: timed launches per point.
+    """
+
+    widths: tuple = WIDTHS
+    target_nnz: int = 16 << 20
+    max_nnz: int = 48 << 20
+    value_free: tuple = (True, False)
+    repeats: int = 15
+
+
+REDUCED = Grid(widths=(1, 4, 32, 256), target_nnz=1 << 20, max_nnz=4 << 20, value_free=(True,), repeats=5)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel shape of one family: lanes per row (or 'block'), block size, value-free."""
+
+    family: str
+    group: object
+    block: int
+    value_free: bool
+
+    @property
+    def key(self) -> str:
+        return kernel_key(self.family, self.group, self.block, self.value_free)
+
+    def params(self, w: int):
+        """Parameters that run every row of length w through this shape; None when it cannot."""
+        if self.family == "csr_vector":
+            return CsrVectorParams(self.group, self.block)
+        if self.group == 1:
+            return BinnedParams(small_max=w + 1, medium_max=w + 2, block_size=self.block)
+        if self.group == "block":
+            return BinnedParams(1, w, 8, w, self.block) if w >= 2 else None
+        if self.group == 32:
+            return BinnedParams(1, w, 8, None, self.block) if w >= 2 else None
+        return BinnedParams(1, w + 1, 32 // self.group, None, self.block)
+
+
+def variants(value_free: tuple) -> list[Variant]:
+    out = []
+    for vf in value_free:
+        out += [Variant("csr_vector", g, b, vf) for g in THREADS_PER_ROW for b in BLOCK_SIZES]
+        out += [Variant("binned", g, 256, vf) for g in (1, 4, 8, 32, "block")]
+    return out
+
+
+def regimes(info: gpu.DeviceInfo) -> dict:
+    """Columns of x per regime: a quarter of L1, a quarter of L2, and 8x L2 (uniform gathers)."""
+    return {"l1": HOPPER_L1_BYTES // 4 // 4, "l2": info.l2_bytes // 4 // 4, "dram": info.l2_bytes * 8 // 4}
+
+
+def synthetic(w: int, n_rows: int, n_cols: int, value_free: bool, seed: int) -> CanonicalMatrix:
+    """n_rows rows of exactly w entries (distinct random columns when possible), sorted, int32, float32."""
+    rng = np.random.default_rng(seed)
+    # Sorted draws from [0, n_cols - w] plus 0..w-1: strictly increasing, so a row's columns are distinct.
+    cols = rng.integers(0, max(n_cols - w, 0) + 1, size=(n_rows, w), dtype=np.int32)
+    cols.sort(axis=1)
+    cols += np.arange(w, dtype=np.int32)
+    indices = cols.ravel()
+    indptr = np.arange(0, n_rows * w + 1, w, dtype=np.int32)
+    data = np.ones(indices.size, np.float32) if value_free else rng.uniform(0.5, 1.5, indices.size).astype(np.float32)
+    return CanonicalMatrix(indptr=indptr, indices=indices, data=data, shape=(n_rows, n_cols),
+                           pattern_value=1.0 if value_free else None)
+
+
+def rows_for(w: int, grid: Grid, info: gpu.DeviceInfo) -> int:
+    fill = 2 * info.sm_count * (info.threads_per_sm // 32)
+    return int(max(1, min(max(-(-grid.target_nnz // w), fill), grid.max_nnz // w)))
+
+
+def measure_launch_overhead(arch: str, cache: Cache) -> float:
+    """Median milliseconds of an SpMV launch that does almost nothing (one short row)."""
+    m = synthetic(1, 1, 8, True, 0)
+    spec = Specialization("csr_vector", CsrVectorParams(1, 128), m.value_dtype, m.index_dtype, True)
+    k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
+    return float(np.median(time_spmv(k, 200, 20)))
+
+
+def _versions() -> dict:
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        smi = ""
+    return {"nvcc": codegen.nvcc_version(), "driver": smi or None}
+
+
+def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=None) -> dict:
+    """Measure this GPU and write the profile to ``out`` (default ``models/<gpu-slug>/profile.json``).
+
+    Resumable: points already in ``out`` (same GPU, same format) are kept and not measured again.
+    """
+    info = gpu.device_info()
+    out = Path(out) if out is not None else profile_path(info.name)
+    cache = Cache(cache_dir)
+    prof = _start(out, info, grid, cache)
+    todo_variants = variants(grid.value_free)
+    sized = set()  # kernels whose occupancy is recorded
+    cols = regimes(info)
+    pending = [(w, r) for w in grid.widths for r in REGIMES
+               if any(str(w) not in prof["tables"][v.key]["points"][r] and v.params(w) is not None
+                      for v in todo_variants)]
+    started = time.perf_counter()
+    bar = progress(total=len(pending)) if progress else None
+    for w, regime in pending:
+        n_rows = rows_for(w, grid, info)
+        for vf in grid.value_free:
+            m = synthetic(w, n_rows, cols[regime], vf, seed=w)
+            arrays = DeviceArrays()
+            for v in (v for v in todo_variants if v.value_free == vf):
+                params = v.params(w)
+                points = prof["tables"][v.key]["points"][regime]
+                if params is None or str(w) in points:
+                    continue
+                spec = Specialization(v.family, params, m.value_dtype, m.index_dtype, vf)
+                binary = codegen.compile_source(families.render(spec, m), info.arch, cache=cache)
+                k = SpMV(m, spec, binary.cubin, None, arrays)
+                if v.key not in sized:
+                    sized.add(v.key)
+                    prof["tables"][v.key]["max_active_warps"] = info.sm_count * active_warps_per_sm(
+                        k.registers, k.shared_bytes, v.block, info.threads_per_sm, info.registers_per_sm,
+                        info.shared_bytes_per_sm, info.blocks_per_sm)
+                    prof["tables"][v.key]["registers"] = k.registers
+                ms = float(np.median(time_spmv(k, grid.repeats, 3)))
+                busy = max(ms - prof["constants"]["launch_overhead_ms"], 0.5 * ms)
+                points[str(w)] = n_rows * w / busy
+            del arrays
+        prof["seconds"] = prof.get("seconds", 0.0) + (time.perf_counter() - started)
+        started = time.perf_counter()
+        atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    return prof
+
+
+def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache) -> dict:
+    if out.is_file():
+        prof = json.loads(out.read_text())
+        if prof.get("format") == FORMAT and prof.get("gpu", {}).get("name") == info.name:
+            for v in variants(grid.value_free):
+                prof["tables"].setdefault(v.key, {"max_active_warps": 0, "points": {r: {} for r in REGIMES}})
+            return prof
+    prof = {
+        "format": FORMAT, "tool": f"sparse-tuner {__version__}",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": " ".join(["python -m tuner"] + sys.argv[1:]),
+        "gpu": {"name": info.name, "capability": list(info.capability), "driver_api": info.driver_version,
+                **_versions()},
+        "constants": {
+            "sm_count": info.sm_count, "max_warps_per_sm": info.threads_per_sm // 32,
+            "l1_bytes": HOPPER_L1_BYTES, "l1_source": "sm_90 architecture constant (256 KB L1/tex/shared per SM)",
+            "l2_bytes": info.l2_bytes, "shared_bytes_per_sm": info.shared_bytes_per_sm,
+            "registers_per_sm": info.registers_per_sm, "blocks_per_sm": info.blocks_per_sm,
+            "copy_bandwidth_gbs": copy_bandwidth_gbs(),
+            "launch_overhead_ms": measure_launch_overhead(info.arch, cache),
+        },
+        "grid": {"widths": list(grid.widths), "regime_columns": regimes(info), "target_nnz": grid.target_nnz,
+                 "max_nnz": grid.max_nnz},
+        "tables": {v.key: {"max_active_warps": 0, "points": {r: {} for r in REGIMES}}
+                   for v in variants(grid.value_free)},
+    }
+    return prof

@@ -1,0 +1,223 @@
+"""``python -m tuner report``: predicted versus measured time for every candidate plan of every matrix.
+
+Writes ``report.csv`` (one row per matrix and candidate), ``report.png`` (log-log scatter, y = x line and
++-20 % band, one colour per family, one panel per model), ``report.html`` (per-matrix and overall metrics)
+and ``report.json`` (the metrics). The metrics are pure functions of the rows, so they are tested on a CPU.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+MODEL_COLUMNS = {"lookup": "predicted_ms", "baseline": "baseline_ms"}
+WITHIN = 1.05  # "the chosen plan is within 5 % of the exhaustive best"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One candidate of one matrix: both models' predictions and the measured median (ms)."""
+
+    matrix: str
+    nnz: int
+    family: str
+    candidate: str
+    predicted_ms: float
+    baseline_ms: float
+    measured_ms: float
+
+
+def _by_matrix(rows: list[Row]) -> dict[str, list[Row]]:
+    out: dict[str, list[Row]] = {}
+    for r in rows:
+        out.setdefault(r.matrix, []).append(r)
+    return out
+
+
+def matrix_metrics(rows: list[Row], column: str) -> dict:
+    """Metrics of one matrix's candidates for one model's prediction column.
+
+    Example:
+        >>> rs = [Row("m", 1, "f", c, p, 0.0, t) for c, p, t in [("a", 1.0, 1.1), ("b", 2.0, 1.9), ("c", 3.0, 3.3)]]
+        >>> m = matrix_metrics(rs, "predicted_ms")
+        >>> m["choice"], round(m["regret"], 3), m["top1"], round(m["spearman"], 3), round(m["mdape"], 3)
+        ('a', 1.0, True, 1.0, 0.091)
+    """
+    ok = [r for r in rows if math.isfinite(r.measured_ms)]
+    pred = np.array([getattr(r, column) for r in ok])
+    meas = np.array([r.measured_ms for r in ok])
+    choice, best = int(np.argmin(pred)), int(np.argmin(meas))
+    rho = float(stats.spearmanr(pred, meas).statistic) if len(ok) > 2 and np.ptp(pred) > 0 else float("nan")
+    return {"mdape": float(np.median(np.abs(pred - meas) / meas)), "spearman": rho,
+            "top1": choice == best, "regret": float(meas[choice] / meas[best]),
+            "choice": ok[choice].candidate, "choice_ms": float(meas[choice]),
+            "best": ok[best].candidate, "best_ms": float(meas[best]), "candidates": len(ok)}
+
+
+def summarize(rows: list[Row]) -> dict:
+    """Per-matrix and overall metrics for every model.
+
+    Overall: median absolute percentage error over all candidates of all matrices, mean per-matrix Spearman
+    correlation, share of matrices whose model choice is the measured best, share within 5 % of it, and
+    the geometric-mean and worst regret.
+
+    Example:
+        >>> rs = [Row(m, 1, "f", c, p, b, t) for m in "xy" for c, p, b, t in [("a", 1, 2, 1), ("b", 2, 1, 2)]]
+        >>> s = summarize(rs)
+        >>> s["overall"]["lookup"]["within_5pct"], s["overall"]["baseline"]["within_5pct"]
+        (1.0, 0.0)
+    """
+    per_matrix = {name: {model: matrix_metrics(rs, col) for model, col in MODEL_COLUMNS.items()}
+                  for name, rs in _by_matrix(rows).items()}
+    overall = {}
+    for model, col in MODEL_COLUMNS.items():
+        ok = [r for r in rows if math.isfinite(r.measured_ms)]
+        ape = np.array([abs(getattr(r, col) - r.measured_ms) / r.measured_ms for r in ok])
+        mm = [v[model] for v in per_matrix.values()]
+        regrets = np.array([x["regret"] for x in mm])
+        rhos = [x["spearman"] for x in mm if math.isfinite(x["spearman"])]
+        overall[model] = {
+            "mdape": float(np.median(ape)) if ape.size else float("nan"),
+            "spearman_mean": float(np.mean(rhos)) if rhos else float("nan"),
+            "top1": float(np.mean([x["top1"] for x in mm])) if mm else float("nan"),
+            "within_5pct": float(np.mean(regrets <= WITHIN)) if mm else float("nan"),
+            "regret_geomean": float(np.exp(np.mean(np.log(regrets)))) if mm else float("nan"),
+            "regret_max": float(regrets.max()) if mm else float("nan"),
+        }
+    return {"per_matrix": per_matrix, "overall": overall}
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([fl.name for fl in fields(Row)])
+        for r in rows:
+            w.writerow(list(asdict(r).values()))
+
+
+def read_csv(path: Path) -> list[Row]:
+    """Rows back from a report CSV (to re-plot or re-summarise without a GPU)."""
+    with path.open() as f:
+        return [Row(matrix=d["matrix"], nnz=int(d["nnz"]), family=d["family"], candidate=d["candidate"],
+                    predicted_ms=float(d["predicted_ms"]), baseline_ms=float(d["baseline_ms"]),
+                    measured_ms=float(d["measured_ms"])) for d in csv.DictReader(f)]
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    """Log-log predicted versus measured, y = x and a +-20 % band, one colour per family, a panel per model."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fams = sorted({r.family for r in rows})
+    colours = dict(zip(fams, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    fig, axes = plt.subplots(1, len(MODEL_COLUMNS), figsize=(6 * len(MODEL_COLUMNS), 5.5), squeeze=False)
+    ok = [r for r in rows if math.isfinite(r.measured_ms)]
+    values = [r.measured_ms for r in ok] + [getattr(r, c) for r in ok for c in MODEL_COLUMNS.values()]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    line = np.geomspace(lo, hi, 50)
+    for ax, (model, col) in zip(axes[0], MODEL_COLUMNS.items()):
+        ax.fill_between(line, line * 0.8, line * 1.2, color="0.85", label="±20 %")
+        ax.plot(line, line, color="0.3", lw=1, label="y = x")
+        for fam in fams:
+            fr = [r for r in ok if r.family == fam]
+            ax.scatter([r.measured_ms for r in fr], [getattr(r, col) for r in fr], s=9, alpha=0.6,
+                       color=colours[fam], label=fam)
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured ms",
+               ylabel=f"predicted ms ({model})", title=f"{model} model")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _fmt(x, pct=False) -> str:
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return "-" if not math.isfinite(x) else (f"{100 * x:.1f} %" if pct else f"{x:.4g}")
+    return html.escape(str(x))
+
+
+def write_html(summary: dict, meta: dict, path: Path, png_name: str) -> None:
+    """One page: the overall metrics of both models, the targets, and a table per matrix."""
+    o = summary["overall"]
+    head = ["metric", *MODEL_COLUMNS]
+    items = [("median absolute % error (all candidates)", "mdape", True),
+             ("mean Spearman rank correlation", "spearman_mean", False),
+             ("model's first choice is the measured best", "top1", True),
+             ("model's choice within 5 % of the best", "within_5pct", True),
+             ("regret, geometric mean", "regret_geomean", False), ("regret, worst", "regret_max", False)]
+    rows = "".join(f"<tr><td>{html.escape(label)}</td>" + "".join(f"<td>{_fmt(o[m][k], pct)}</td>"
+                                                                    for m in MODEL_COLUMNS) + "</tr>"
+                   for label, k, pct in items)
+    mcols = ["matrix", "nnz", "candidates", "best (measured)", "best ms", "lookup choice", "its ms", "regret",
+             "MdAPE", "Spearman", "baseline regret", "baseline MdAPE", "plan s"]
+    mrows = []
+    for name, mm in summary["per_matrix"].items():
+        lk, bl = mm["lookup"], mm["baseline"]
+        info = meta.get("matrices", {}).get(name, {})
+        cells = [name, f"{info.get('nnz', 0):,}", lk["candidates"], lk["best"], lk["best_ms"], lk["choice"],
+                 lk["choice_ms"], lk["regret"], (lk["mdape"], True), lk["spearman"], bl["regret"],
+                 (bl["mdape"], True), info.get("plan_seconds", float("nan"))]
+        mrows.append("<tr>" + "".join(f"<td>{_fmt(*c) if isinstance(c, tuple) else _fmt(c)}</td>" for c in cells)
+                     + "</tr>")
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>sparse-tuner report</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
+padding:3px 8px;text-align:right}}td:first-child{{text-align:left}}</style></head><body>
+<h1>Predicted versus measured SpMV time</h1>
+<p>{html.escape(meta.get('gpu', ''))} &middot; {html.escape(meta.get('created', ''))} &middot;
+command: <code>{html.escape(meta.get('command', ''))}</code></p>
+<h2>Overall</h2><table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{rows}</table>
+<p>Targets: model choice within 5 % of the exhaustive best on at least 90 % of the matrices; median absolute
+error at most 15 %; the lookup model better than the bytes-over-bandwidth baseline on both.</p>
+<img src="{html.escape(png_name)}" alt="predicted versus measured" style="max-width:100%">
+<h2>Per matrix</h2><table><tr>{''.join(f'<th>{h}</th>' for h in mcols)}</tr>{''.join(mrows)}</table>
+</body></html>"""
+    path.write_text(page)
+
+
+def write_all(rows: list[Row], meta: dict, outdir: Path) -> dict:
+    """CSV, PNG, HTML and JSON of a report into ``outdir``; returns the summary."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows)
+    write_csv(rows, outdir / "report.csv")
+    plot(rows, outdir / "report.png")
+    write_html(summary, meta, outdir / "report.html", "report.png")
+    (outdir / "report.json").write_text(json.dumps({**meta, **summary}, indent=1, default=str))
+    return summary
+
+
+def collect(suite: list[str], profile, cache_dir=None, progress=None) -> tuple[list[Row], dict]:
+    """Predict (both models) and time (exhaustively, on the GPU) every candidate of every matrix."""
+    from . import codegen, families, gpu
+    from .cache import Cache
+    from .compiler import measure
+    from .loaders import load
+    from .matrix import canonicalize
+    from .model import predict_baseline, predict_lookup
+
+    info = gpu.device_info()
+    cache = Cache(cache_dir)
+    rows, per = [], {}
+    for source in (progress(suite) if progress else suite):
+        name = Path(source).stem if Path(source).suffix else source
+        m = canonicalize(load(source))
+        specs = families.specializations(m)
+        t0 = time.perf_counter()
+        predicted = [predict_lookup(m, s, profile) for s in specs]
+        plan_seconds = time.perf_counter() - t0
+        baseline = [predict_baseline(m, s, profile) for s in specs]
+        binaries = codegen.compile_many([families.render(s, m) for s in specs], info.arch, cache=cache)
+        measured = measure(m, specs, binaries)
+        per[name] = {"nnz": m.nnz, "n_rows": m.n_rows, "plan_seconds": plan_seconds}
+        rows += [Row(name, m.nnz, s.family, s.label(), p, b, t)
+                 for s, p, b, t in zip(specs, predicted, baseline, measured)]
+        del m, binaries
+    return rows, {"gpu": info.name, "matrices": per}
