@@ -12,4 +12,5 @@ def fake_profile_json(l1=1.0e6, l2=5.0e5, dram=1.0e5, max_active=1000):
         tables[v.key] = {"max_active_warps": max_active, "points": pts}
     return json.dumps({"format": 1, "gpu": {"name": "Fake GPU"}, "constants": {
         "sm_count": 10, "max_warps_per_sm": 100, "l1_bytes": 1 << 18, "l2_bytes": 50 << 20,
-        "copy_bandwidth_gbs": 3000.0, "launch_overhead_ms": 0.004}, "tables": tables})
+        "copy_bandwidth_gbs": 3000.0, "launch_overhead_ms": 0.004,
+        "batch_latency_ms": {"l1": 0.0001, "l2": 0.0003, "dram": 0.0008}}, "tables": tables})

@@ -28,10 +28,12 @@ def profile():
 def test_waves_follow_equations_1_to_5():
     sizes = np.array([4.0, 4.0, 8.0, 8.0, 2.0])
     perf = np.array([2.0, 2.0, 4.0, 2.0, 1.0])
-    # I = ceil(5 / 2) = 3 waves; t_0 = 8 / 2, t_1 = 16 / 3, t_2 = 2 / 1.
-    assert wave_time(sizes, perf, 2, single_warp_bound=False) == pytest.approx(4 + 16 / 3 + 2)
-    # A wave lasts at least as long as its slowest warp alone (size x 2 / perf): 4, 8 and 4.
-    assert wave_time(sizes, perf, 2) == pytest.approx(4 + 8 + 4)
+    # I = ceil(5 / 2) = 3 waves; eq. 5's plain mean: t_0 = 8 / 2, t_1 = 16 / 3, t_2 = 2 / 1.
+    assert wave_time(sizes, perf, 2, mean="plain") == pytest.approx(4 + 16 / 3 + 2)
+    # Work-weighted mean: each warp's entries at its own rate: 4/2 + 4/2, 8/4 + 8/2, 2/1.
+    assert wave_time(sizes, perf, 2) == pytest.approx(4 + 6 + 2)
+    # A wave lasts at least as long as its slowest warp alone.
+    assert wave_time(sizes, perf, 2, alone=np.array([1.0, 1.0, 9.0, 1.0, 5.0])) == pytest.approx(4 + 9 + 5)
     assert wave_time(np.array([]), np.array([]), 4) == 0.0
 
 
@@ -43,7 +45,7 @@ def test_csr_vector_warps_are_as_wide_as_their_longest_row():
     m = canonicalize(sp.csr_matrix((np.ones(10, np.float32), ([0, 0, 0, 1, 2, 2, 3, 4, 4, 4],
                                                                  [0, 1, 2, 0, 0, 1, 3, 0, 1, 2])), shape=(5, 5)))
     seg, = csr_vector_warps(m, CsrVectorParams(threads_per_row=16))  # 2 rows per warp
-    assert seg.w.tolist() == [3.0, 2.0, 3.0] and seg.size.tolist() == [6.0, 4.0, 6.0]
+    assert seg.w.tolist() == [3.0, 2.0, 3.0] and seg.size.tolist() == [4.0, 3.0, 3.0]
     assert seg.key == "csr_vector:16:256:vf"
 
 
@@ -76,17 +78,29 @@ def test_lookup_prediction_equals_hand_computation(profile):
     spec = Specialization("csr_vector", CsrVectorParams(4, 128), m.value_dtype, m.index_dtype, True)
     perf = 1.0e6 * 4 / 64  # the fake table at w = 4, L1 regime
     one_wave = 8 * 32 / perf
-    alone = 32 * 1000 / perf  # slowest warp at its 1/1000 share
-    assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + max(one_wave, alone))
+    # A warp alone does one round of loads per lane (4 entries over 4 lanes): the L1 round latency.
+    assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + max(one_wave, 0.0001))
+    # One row of 6400 entries on 4 lanes: 400 rounds of 4 loads alone, longer than its throughput share.
+    long = canonicalize(sp.csr_matrix((np.ones(6400, np.float32), (np.zeros(6400, int), np.arange(6400))),
+                                      shape=(1, 6400)))
+    spec1 = Specialization("csr_vector", CsrVectorParams(4, 128), long.value_dtype, long.index_dtype, True)
+    fr = regime_fractions(long.col_lengths, 4, 1 << 18, 50 << 20)
+    assert 6400 / 1e6 < 400 * 0.0001  # the round latency, not the throughput, bounds this warp
+    assert predict_lookup(long, spec1, profile) == pytest.approx(0.004 + 400 * (fr[0] * 0.0001 + fr[1] * 0.0003))
 
 
-def test_lookup_prefers_binned_for_skewed_rows_and_sees_locality(profile):
-    m = canonicalize(power_law(20000, seed=9))
+def test_lookup_bounds_a_dense_row_by_its_rounds_and_sees_locality(profile):
+    A = power_law(20000, seed=9).tolil()
+    A[7, :] = 1.0  # one row of 20,000 entries: a thread alone needs 5,000 rounds, a block 20
+    m = canonicalize(A.tocsr())
     specs = families.specializations(m)
     pred = {s.label(): predict_lookup(m, s, profile) for s in specs}
     assert all(np.isfinite(v) and v > 0 for v in pred.values())
-    best = min(pred, key=pred.get)
-    assert pred["csr_vector(threads_per_row=1,block_size=256)"] > pred[best]
+    # One thread alone walks the dense row in 5,000 rounds of 4 loads from L1 (x is 80 KB): that bound,
+    # not the throughput share, sets the thread-per-row kernel's time; a block needs only 20 rounds.
+    assert pred["csr_vector(threads_per_row=1,block_size=256)"] == pytest.approx(0.004 + 5000 * 0.0001)
+    block = pred["binned(small_max=8,medium_max=96,warp_division=8,huge_min=96,block_size=256)"]
+    assert block - 0.004 > 20 * 0.0001
     # The same rows gathering from ~370,000 distinct columns (x beyond half of L1) are predicted slower.
     cols = np.random.default_rng(1).choice(10**8, m.nnz, replace=False).astype(np.int64)
     wide = canonicalize(sp.csr_matrix((m.data, cols, m.indptr), shape=(m.n_rows, 10**8)))
@@ -164,3 +178,18 @@ def test_occupancy_limits():
     assert active_warps_per_sm(registers=32, shared_bytes=0, block=256) == 64
     assert active_warps_per_sm(registers=64, shared_bytes=0, block=256) == 32
     assert active_warps_per_sm(registers=32, shared_bytes=100_000, block=128) == 8
+
+
+def test_valued_kernels_fall_back_to_value_free_tables_scaled_by_bytes():
+    import json
+    raw = json.loads(fake_profile_json())
+    raw["tables"] = {k: v for k, v in raw["tables"].items() if k.endswith(":vf")}
+    reduced = Profile.from_json(json.dumps(raw))
+    full = Profile.from_json(fake_profile_json())
+    m = canonicalize(power_law(3000, seed=5))
+    assert not m.value_free
+    spec = Specialization("csr_vector", CsrVectorParams(4, 256), m.value_dtype, m.index_dtype, False)
+    # The fake valued and value-free tables are equal: the fallback reads the latter at 4 of 8 bytes.
+    t_full, t_reduced = predict_lookup(m, spec, full), predict_lookup(m, spec, reduced)
+    overhead = 0.004
+    assert (t_reduced - overhead) == pytest.approx((t_full - overhead) * 2)

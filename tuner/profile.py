@@ -19,7 +19,7 @@ import numpy as np
 
 from . import __version__, codegen, families, gpu
 from .cache import Cache, atomic_write
-from .families.base import Specialization
+from .families.base import UNROLL, Specialization
 from .families.binned import BinnedParams
 from .families.csr_vector import BLOCK_SIZES, THREADS_PER_ROW, CsrVectorParams
 from .kernel import DeviceArrays, SpMV, copy_bandwidth_gbs, time_spmv
@@ -119,6 +119,26 @@ def measure_launch_overhead(arch: str, cache: Cache) -> float:
     return float(np.median(time_spmv(k, 200, 20)))
 
 
+LATENCY_ROW = 1 << 16
+
+
+def measure_batch_latency(info: gpu.DeviceInfo, arch: str, cache: Cache, launch_ms: float) -> dict:
+    """Milliseconds per round of dependent loads of a warp running alone, per gather regime.
+
+    One warp (binned's large class) walks one row of 65,536 entries: UNROLL loads per lane per round, so the
+    row takes 65,536 / (32 x UNROLL) rounds back to back. A wave of warps at full occupancy hides this
+    latency; a warp left alone with a long row does not, and the model bounds each wave by it.
+    """
+    out = {}
+    for regime, n_cols in regimes(info).items():
+        m = synthetic(LATENCY_ROW, 1, max(n_cols, LATENCY_ROW), True, seed=7)
+        spec = Specialization("binned", BinnedParams(1, 2, 8, None), m.value_dtype, m.index_dtype, True)
+        k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
+        ms = float(np.median(time_spmv(k, 20, 3)))
+        out[regime] = max(ms - launch_ms, 0.0) / (LATENCY_ROW / (32 * UNROLL))
+    return out
+
+
 def _versions() -> dict:
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -184,7 +204,11 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache) -> dict:
         if prof.get("format") == FORMAT and prof.get("gpu", {}).get("name") == info.name:
             for v in variants(grid.value_free):
                 prof["tables"].setdefault(v.key, {"max_active_warps": 0, "points": {r: {} for r in REGIMES}})
+            c = prof["constants"]
+            if "batch_latency_ms" not in c:  # a profile written before this constant existed
+                c["batch_latency_ms"] = measure_batch_latency(info, info.arch, cache, c["launch_overhead_ms"])
             return prof
+    launch_ms = measure_launch_overhead(info.arch, cache)
     prof = {
         "format": FORMAT, "tool": f"sparse-tuner {__version__}",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -197,7 +221,8 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache) -> dict:
             "l2_bytes": info.l2_bytes, "shared_bytes_per_sm": info.shared_bytes_per_sm,
             "registers_per_sm": info.registers_per_sm, "blocks_per_sm": info.blocks_per_sm,
             "copy_bandwidth_gbs": copy_bandwidth_gbs(),
-            "launch_overhead_ms": measure_launch_overhead(info.arch, cache),
+            "launch_overhead_ms": launch_ms,
+            "batch_latency_ms": measure_batch_latency(info, info.arch, cache, launch_ms),
         },
         "grid": {"widths": list(grid.widths), "regime_columns": regimes(info), "target_nnz": grid.target_nnz,
                  "max_nnz": grid.max_nnz},

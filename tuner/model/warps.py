@@ -1,9 +1,9 @@
 """The model's view of a kernel: its warps in launch order, each with a workload and a table to look up.
 
 Paper 003 models a kernel as rectangular workloads (w columns x h rows), one per warp. Our kernels give
-each row a group of G lanes, so a warp holds 32/G rows and its workload is a rectangle as wide as its
-longest row (lanes of a group run in lockstep); a row handled by a whole block is split over the block's
-warps.
+each row a group of G lanes, so a warp holds 32/G rows: it is looked up in the table by its longest row
+(its groups run in lockstep, so that sets its shape) and charged the entries it really streams (lanes of
+shorter rows idle and load nothing); a row handled by a whole block is split over the block's warps.
 """
 from __future__ import annotations
 
@@ -27,29 +27,30 @@ class WarpSegment:
     Attributes:
         key: profile table of their kernel shape.
         w: row length each warp is looked up with (its longest row; a block row's full length).
-        size: entries each warp is charged (padded rectangle).
+        size: entries each warp streams.
     """
 
     key: str
     w: np.ndarray
     size: np.ndarray
     ident: tuple = ()
+    lanes: int = WARP  # lanes cooperating on one row (a whole block for block rows)
 
 
 def group_warps(lengths: np.ndarray, group: int, key: str) -> WarpSegment:
-    """Warps of G-lane groups over rows of ``lengths`` in order: 32/G rows per warp, as wide as the longest.
+    """Warps of G-lane groups over rows of ``lengths`` in order: 32/G rows per warp, shaped by the longest.
 
     Example:
         >>> s = group_warps(np.array([1, 5, 2, 2, 7]), group=16, key="k")
         >>> s.w.tolist(), s.size.tolist()
-        ([5.0, 2.0, 7.0], [10.0, 4.0, 14.0])
+        ([5.0, 2.0, 7.0], [6.0, 4.0, 7.0])
     """
     rows_per_warp = WARP // group
     n = lengths.size
     padded = np.zeros(-(-n // rows_per_warp) * rows_per_warp, dtype=np.int64)
     padded[:n] = lengths
-    w = padded.reshape(-1, rows_per_warp).max(axis=1).astype(np.float64)
-    return WarpSegment(key, w, w * rows_per_warp)
+    rows = padded.reshape(-1, rows_per_warp)
+    return WarpSegment(key, rows.max(axis=1).astype(np.float64), rows.sum(axis=1).astype(np.float64))
 
 
 def block_warps(lengths: np.ndarray, block: int, key: str) -> WarpSegment:
@@ -81,7 +82,7 @@ def _segment(m: CanonicalMatrix, lo: int, hi: int | None, group, block: int, fam
     base = shared_layout(m, ("warps",) + ident, lambda: (
         block_warps(class_lengths(m, lo, hi), block, "") if group == "block"
         else group_warps(class_lengths(m, lo, hi), group, "")))
-    return WarpSegment(key, base.w, base.size, ident)
+    return WarpSegment(key, base.w, base.size, ident, block if group == "block" else group)
 
 
 def csr_vector_warps(m: CanonicalMatrix, p: CsrVectorParams) -> list[WarpSegment]:

@@ -4,20 +4,25 @@ from __future__ import annotations
 import numpy as np
 
 
-def wave_time(sizes: np.ndarray, perf: np.ndarray, max_active_warps: int, single_warp_bound: bool = True) -> float:
+def wave_time(sizes: np.ndarray, perf: np.ndarray, max_active_warps: int, alone: np.ndarray | None = None,
+              mean: str = "work") -> float:
     """Predicted time of warps with workloads ``sizes`` and table performances ``perf``, in launch order.
 
     Eq. 1: the warps run in I = ceil(total warps / max active warps) waves (iterations), in order.
     Eq. 4: Size(i) = sum of the workload sizes of wave i. Eq. 5: P_i = mean table performance of its warps.
     Eq. 3: t_i = Size(i) / P_i. Eq. 2: t = sum of t_i.
+    ``mean="plain"`` is eq. 5 as printed. The default ``"work"`` weights the mean by each warp's work
+    (P_i = Size(i) / sum of S_j / P_j), which equals eq. 5 when a wave's warps share one shape (the paper's
+    balanced tiles) but does not let a wave of many short rows charge one 20,000-entry row at their rate.
     ``perf`` is what the profile measured for a full GPU of warps of that shape (entries per unit time of
-    the whole GPU), so Size/P is a time. With ``single_warp_bound`` a wave also lasts at least as long as
-    its slowest warp alone, at its per-warp share of that performance (P / max active warps): one warp
-    serialising a 20,000-entry row is then not predicted to finish in a fraction of a wave.
+    the whole GPU), so Size/P is a time. Given ``alone`` (each warp's time if it ran by itself: its chain
+    of dependent loads), a wave also lasts at least as long as its slowest warp: one warp serialising a
+    20,000-entry row is then not predicted to finish in a fraction of a wave.
 
     Example:
-        >>> float(wave_time(np.array([4.0, 4.0, 4.0]), np.array([2.0, 2.0, 4.0]), max_active_warps=2,
-        ...                 single_warp_bound=False))
+        >>> float(wave_time(np.array([4.0, 4.0, 4.0]), np.array([2.0, 2.0, 4.0]), max_active_warps=2, mean="plain"))
+        5.0
+        >>> float(wave_time(np.array([4.0, 4.0, 4.0]), np.array([2.0, 2.0, 4.0]), max_active_warps=2))
         5.0
     """
     sizes = np.asarray(sizes, dtype=np.float64)
@@ -32,8 +37,11 @@ def wave_time(sizes: np.ndarray, perf: np.ndarray, max_active_warps: int, single
     P = np.concatenate([perf, np.zeros(pad)]).reshape(n_waves, per_wave)
     count_i = np.full(n_waves, per_wave)
     count_i[-1] -= pad
-    t_i = S.sum(axis=1) / (P.sum(axis=1) / count_i)
-    if single_warp_bound:
-        alone = np.divide(S * per_wave, P, out=np.zeros_like(S), where=P > 0)
-        t_i = np.maximum(t_i, alone.max(axis=1))
+    if mean == "plain":
+        t_i = S.sum(axis=1) / (P.sum(axis=1) / count_i)
+    else:
+        t_i = np.divide(S, P, out=np.zeros_like(S), where=P > 0).sum(axis=1)
+    if alone is not None:
+        A = np.concatenate([np.asarray(alone, dtype=np.float64), np.zeros(pad)]).reshape(n_waves, per_wave)
+        t_i = np.maximum(t_i, A.max(axis=1))
     return float(t_i.sum())
