@@ -100,7 +100,8 @@ def cmd_report(args) -> int:
         if not gpu.available():
             return _dry_run(suite, args.arch, args.cache_dir)
         prof = load_profile(gpu.device_info().name, args.profile)
-        rows, meta = report.collect(suite, prof, cache_dir=args.cache_dir,
+        outdir = Path(args.out) if args.out else report_dir()
+        rows, meta = report.collect(suite, prof, cache_dir=args.cache_dir, checkpoint=outdir / "report.csv",
                                     progress=lambda s: tqdm(s, desc="report", unit="matrix", file=sys.stderr))
         meta.update(created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), profile_digest=prof.digest,
                     command="python -m tuner " + " ".join(sys.argv[1:]))

@@ -194,8 +194,13 @@ def write_all(rows: list[Row], meta: dict, outdir: Path) -> dict:
     return summary
 
 
-def collect(suite: list[str], profile, cache_dir=None, progress=None) -> tuple[list[Row], dict]:
-    """Predict (both models) and time (exhaustively, on the GPU) every candidate of every matrix."""
+def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint: Path | None = None
+            ) -> tuple[list[Row], dict]:
+    """Predict (both models) and time (exhaustively, on the GPU) every candidate of every matrix.
+
+    With ``checkpoint``, the rows so far are written there as CSV after every matrix, so an interrupted
+    run keeps what it measured (``report --from-csv`` turns it into the report).
+    """
     from . import codegen, families, gpu
     from .cache import Cache
     from .compiler import measure
@@ -219,5 +224,8 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None) -> tuple[l
         per[name] = {"nnz": m.nnz, "n_rows": m.n_rows, "plan_seconds": plan_seconds}
         rows += [Row(name, m.nnz, s.family, s.label(), p, b, t)
                  for s, p, b, t in zip(specs, predicted, baseline, measured)]
+        if checkpoint is not None:
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            write_csv(rows, checkpoint)
         del m, binaries
     return rows, {"gpu": info.name, "matrices": per}
