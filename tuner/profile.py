@@ -157,6 +157,8 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
     out = Path(out) if out is not None else profile_path(info.name)
     cache = Cache(cache_dir)
     prof = _start(out, info, grid, cache)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())  # constants first: resumable from here
     todo_variants = variants(grid.value_free)
     sized = set()  # kernels whose occupancy is recorded
     cols = regimes(info)
