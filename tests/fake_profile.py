@@ -10,7 +10,10 @@ def fake_profile_json(l1=1.0e6, l2=5.0e5, dram=1.0e5, max_active=1000):
     for v in variants((True, False)):
         pts = {r: {str(w): scale[r] * min(w, 64) / 64 for w in (1, 2, 4, 8, 16, 32, 64, 128, 4096)} for r in REGIMES}
         tables[v.key] = {"max_active_warps": max_active, "points": pts}
+    # A row alone: 4e-4 ms per entry per lane of its group (a block has 256 lanes).
+    lanes = {v.key: 256 if v.group == "block" else v.group for v in variants((True, False))}
+    alone = {k: {r: {str(w): 4e-4 * w / lanes[k] for w in (1, 16, 256, 4096, 65536)} for r in REGIMES}
+             for k in tables}
     return json.dumps({"format": 1, "gpu": {"name": "Fake GPU"}, "constants": {
         "sm_count": 10, "max_warps_per_sm": 100, "l1_bytes": 1 << 18, "l2_bytes": 50 << 20,
-        "copy_bandwidth_gbs": 3000.0, "launch_overhead_ms": 0.004,
-        "batch_latency_ms": {"l1": 0.0001, "l2": 0.0003, "dram": 0.0008}}, "tables": tables})
+        "copy_bandwidth_gbs": 3000.0, "launch_overhead_ms": 0.004}, "tables": tables, "alone": alone})

@@ -171,7 +171,7 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     best_cusparse = min(t for t in (csr_ms, coo_ms) if t is not None) if csr_ms or coo_ms else None
     nbytes = compulsory_bytes(m)
     achieved = nbytes / (ours_ms * 1e-3) / 1e9
-    return BenchRow(name=Path(source).stem if Path(source).suffix else source, n_rows=m.n_rows,
+    return BenchRow(name=loaders.display_name(source), n_rows=m.n_rows,
                     n_cols=m.n_cols, nnz=m.nnz, value_free=m.value_free, plan=spmv.spec.label(),
                     ours_ms=ours_ms, ours_kernel_ms=kernel_ms, cusparse_csr_ms=csr_ms, cusparse_coo_ms=coo_ms,
                     cusparse_ms=best_cusparse, speedup=(best_cusparse / ours_ms) if best_cusparse else None,

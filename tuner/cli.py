@@ -22,7 +22,7 @@ def _no_gpu_banner() -> str:
 def _dry_run(sources: list[str], arch: str, cache_dir) -> int:
     from .cache import Cache
     from .compiler import prepare
-    from .loaders import load
+    from .loaders import display_name, load
     print(_no_gpu_banner(), flush=True)
     cache = Cache(cache_dir)
     print(f"{'matrix':<28}{'nnz':>12}{'candidates':>11}{'compiled':>9}{'cached':>7}{'load s':>8}{'compile s':>10}")
@@ -32,7 +32,7 @@ def _dry_run(sources: list[str], arch: str, cache_dir) -> int:
         load_s = time.perf_counter() - t0
         p = prepare(A, arch=arch, cache=cache)
         cached = sum(b.cached for b in p.binaries)
-        print(f"{Path(source).stem if Path(source).suffix else source:<28}{p.matrix.nnz:>12,}{len(p.specs):>11}"
+        print(f"{display_name(source):<28}{p.matrix.nnz:>12,}{len(p.specs):>11}"
               f"{len(p.binaries):>9}{cached:>7}{load_s:8.2f}{p.seconds['compile']:10.2f}", flush=True)
     print(f"\nAll candidates compiled for {arch}. No CUDA GPU present: run this on a GPU machine to tune and time.")
     return NO_GPU_EXIT
@@ -79,6 +79,7 @@ def cmd_profile(args) -> int:
         return NO_GPU_EXIT
     grid = profile.REDUCED if args.reduced else profile.Grid()
     prof = profile.run(Path(args.out) if args.out else None, grid, cache_dir=args.cache_dir,
+                       remeasure_constants=args.remeasure_constants,
                        progress=lambda total: tqdm(total=total, desc="profile", unit="shape", file=sys.stderr))
     c = prof["constants"]
     print(f"{prof['gpu']['name']}: {c['sm_count']} SMs, {c['max_warps_per_sm']} warps/SM, L2 {c['l2_bytes'] >> 20} MB, "
@@ -171,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "what the file already holds.")
     p.add_argument("--out", default=None, help="profile file (default: models/<gpu-slug>/profile.json)")
     p.add_argument("--reduced", action="store_true", help="a small grid (seconds; for tests)")
+    p.add_argument("--remeasure-constants", action="store_true",
+                   help="measure the constants and lone-row times again, keeping the measured tables")
     common(p)
     p.set_defaults(func=cmd_profile)
 

@@ -24,7 +24,7 @@ import scipy.sparse as sp
 
 from .generators import _csr_from_canonical, _index_dtype, _pattern_csr, kronecker, rmat
 
-__all__ = ["Spec", "load", "parse_spec", "is_spec", "default_data_dir", "real_matrices"]
+__all__ = ["Spec", "load", "parse_spec", "is_spec", "display_name", "default_data_dir", "real_matrices"]
 
 SPEC_FORMS = ("rmat:SCALE", "rmat:SCALE:EDGE_FACTOR", "rmat:SCALE:EDGE_FACTOR:SEED", "kron:PATH:K")
 _SPEC_KINDS = ("rmat", "kron")
@@ -85,6 +85,19 @@ def parse_spec(text: str) -> Spec:
     except ValueError:
         pass
     raise ValueError(f"bad generator spec {text!r}; accepted forms: {', '.join(SPEC_FORMS)}")
+
+
+def display_name(source) -> str:
+    """Short name of a matrix source for tables: a file's stem, or the spec with its path shortened.
+
+    Example:
+        >>> display_name("/data/cnr-2000.npz"), display_name("kron:/data/cnr-2000.npz:3"), display_name("rmat:20")
+        ('cnr-2000', 'kron:cnr-2000:3', 'rmat:20')
+    """
+    if is_spec(source):
+        spec = parse_spec(source)
+        return f"kron:{Path(spec.args[0]).stem}:{spec.args[1]}" if spec.kind == "kron" else str(source)
+    return Path(os.fspath(source)).name.split(".")[0]
 
 
 def load(source, *, dtype=None) -> sp.csr_matrix:

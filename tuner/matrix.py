@@ -71,8 +71,18 @@ class CanonicalMatrix:
 
     @cached_property
     def col_lengths(self) -> np.ndarray:
-        """Stored entries per column (int64)."""
-        return np.bincount(self.indices, minlength=self.n_cols).astype(np.int64, copy=False)
+        """Stored entries per column (int64), counted in parallel chunks (bincount releases the GIL)."""
+        n, nnz = self.n_cols, self.nnz
+        # Each chunk's count array has n_cols entries: keep their sum under about 1 GB.
+        chunks = max(1, min(os.cpu_count() or 1, nnz // (1 << 22), (1 << 30) // max(8 * n, 1)))
+        if chunks == 1:
+            return np.bincount(self.indices, minlength=n).astype(np.int64, copy=False)
+        with ThreadPoolExecutor(max_workers=chunks) as pool:
+            parts = pool.map(lambda c: np.bincount(c, minlength=n), np.array_split(self.indices, chunks))
+            total = next(parts).astype(np.int64, copy=True)
+            for part in parts:
+                total += part
+        return total
 
     def to_scipy(self) -> sp.csr_matrix:
         """The same matrix as a SciPy CSR matrix (shares the arrays)."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import __version__, codegen, families, gpu
 from .cache import Cache, atomic_write
-from .families.base import UNROLL, Specialization
+from .families.base import Specialization
 from .families.binned import BinnedParams
 from .families.csr_vector import BLOCK_SIZES, THREADS_PER_ROW, CsrVectorParams
 from .kernel import DeviceArrays, SpMV, copy_bandwidth_gbs, time_spmv
@@ -119,23 +119,40 @@ def measure_launch_overhead(arch: str, cache: Cache) -> float:
     return float(np.median(time_spmv(k, 200, 20)))
 
 
-LATENCY_ROW = 1 << 16
+ALONE_WIDTHS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 
 
-def measure_batch_latency(info: gpu.DeviceInfo, arch: str, cache: Cache, launch_ms: float) -> dict:
-    """Milliseconds per round of dependent loads of a warp running alone, per gather regime.
+def warm_up(seconds: float = 1.0) -> None:
+    """Keep the GPU busy for a moment so that it leaves its idle clocks before constants are measured."""
+    nbytes = 256 << 20
+    src, dst = gpu.alloc(nbytes), gpu.alloc(nbytes)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            gpu.copy_device(int(dst), int(src), nbytes)
+        gpu.synchronize()
 
-    One warp (binned's large class) walks one row of 65,536 entries: UNROLL loads per lane per round, so the
-    row takes 65,536 / (32 x UNROLL) rounds back to back. A wave of warps at full occupancy hides this
-    latency; a warp left alone with a long row does not, and the model bounds each wave by it.
+
+def measure_alone(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, launch_ms: float) -> dict:
+    """Milliseconds one row of w entries takes on its own (one warp, or one block), per kernel shape.
+
+    A full GPU hides each warp's latency behind the others; a warp left alone with a long row (or a block
+    with its reduction) does not, and the model bounds a kernel by these times.
     """
-    out = {}
-    for regime, n_cols in regimes(info).items():
-        m = synthetic(LATENCY_ROW, 1, max(n_cols, LATENCY_ROW), True, seed=7)
-        spec = Specialization("binned", BinnedParams(1, 2, 8, None), m.value_dtype, m.index_dtype, True)
-        k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
-        ms = float(np.median(time_spmv(k, 20, 3)))
-        out[regime] = max(ms - launch_ms, 0.0) / (LATENCY_ROW / (32 * UNROLL))
+    cols = regimes(info)
+    out: dict = {}
+    for v in variants(grid.value_free):
+        table = out.setdefault(v.key, {r: {} for r in REGIMES})
+        for w in ALONE_WIDTHS:
+            params = v.params(w)
+            if params is None:
+                continue
+            for regime in REGIMES:
+                m = synthetic(w, 1, max(cols[regime], w), v.value_free, seed=w)
+                spec = Specialization(v.family, params, m.value_dtype, m.index_dtype, v.value_free)
+                k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
+                ms = float(np.median(time_spmv(k, 15, 3)))
+                table[regime][str(w)] = max(ms - launch_ms, 1e-6)
     return out
 
 
@@ -148,15 +165,17 @@ def _versions() -> dict:
     return {"nvcc": codegen.nvcc_version(), "driver": smi or None}
 
 
-def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=None) -> dict:
+def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=None,
+        remeasure_constants: bool = False) -> dict:
     """Measure this GPU and write the profile to ``out`` (default ``models/<gpu-slug>/profile.json``).
 
-    Resumable: points already in ``out`` (same GPU, same format) are kept and not measured again.
+    Resumable: points already in ``out`` (same GPU, same format) are kept and not measured again;
+    ``remeasure_constants`` measures the constants and the lone-row times again and keeps the tables.
     """
     info = gpu.device_info()
     out = Path(out) if out is not None else profile_path(info.name)
     cache = Cache(cache_dir)
-    prof = _start(out, info, grid, cache)
+    prof = _start(out, info, grid, cache, remeasure_constants)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())  # constants first: resumable from here
     todo_variants = variants(grid.value_free)
@@ -200,16 +219,21 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
     return prof
 
 
-def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache) -> dict:
+def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure: bool = False) -> dict:
     if out.is_file():
         prof = json.loads(out.read_text())
         if prof.get("format") == FORMAT and prof.get("gpu", {}).get("name") == info.name:
             for v in variants(grid.value_free):
                 prof["tables"].setdefault(v.key, {"max_active_warps": 0, "points": {r: {} for r in REGIMES}})
-            c = prof["constants"]
-            if "batch_latency_ms" not in c:  # a profile written before this constant existed
-                c["batch_latency_ms"] = measure_batch_latency(info, info.arch, cache, c["launch_overhead_ms"])
+            if remeasure or "alone" not in prof:  # constants only: the tables are kept
+                warm_up()
+                c = prof["constants"]
+                c["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
+                c["launch_overhead_ms"] = measure_launch_overhead(info.arch, cache)
+                c.pop("batch_latency_ms", None)
+                prof["alone"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"])
             return prof
+    warm_up()
     launch_ms = measure_launch_overhead(info.arch, cache)
     prof = {
         "format": FORMAT, "tool": f"sparse-tuner {__version__}",
@@ -224,8 +248,8 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache) -> dict:
             "registers_per_sm": info.registers_per_sm, "blocks_per_sm": info.blocks_per_sm,
             "copy_bandwidth_gbs": copy_bandwidth_gbs(),
             "launch_overhead_ms": launch_ms,
-            "batch_latency_ms": measure_batch_latency(info, info.arch, cache, launch_ms),
         },
+        "alone": measure_alone(info, grid, info.arch, cache, launch_ms),
         "grid": {"widths": list(grid.widths), "regime_columns": regimes(info), "target_nnz": grid.target_nnz,
                  "max_nnz": grid.max_nnz},
         "tables": {v.key: {"max_active_warps": 0, "points": {r: {} for r in REGIMES}}

@@ -204,7 +204,7 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint
     from . import codegen, families, gpu
     from .cache import Cache
     from .compiler import measure
-    from .loaders import load
+    from .loaders import display_name, load
     from .matrix import canonicalize
     from .model import predict_baseline, predict_lookup
 
@@ -212,7 +212,7 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint
     cache = Cache(cache_dir)
     rows, per = [], {}
     for source in (progress(suite) if progress else suite):
-        name = Path(source).stem if Path(source).suffix else source
+        name = display_name(source)
         m = canonicalize(load(source))
         specs = families.specializations(m)
         t0 = time.perf_counter()

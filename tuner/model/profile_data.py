@@ -35,6 +35,8 @@ class Profile:
         tables: kernel key -> {"max_active_warps": int, "points": {regime: {w: entries per ms}}}: the
             throughput of a full GPU of warps whose rows all have w entries (paper 003's
             Performance(w, h), h fixed by the kernel's lanes per row).
+        alone: kernel key -> {regime: {w: ms}}: the time one row of w entries takes on its own (one warp,
+            or one block): the latency a full GPU hides and a lone long row does not.
         digest: sha256 of the file, part of plan cache keys.
     """
 
@@ -42,6 +44,7 @@ class Profile:
     constants: dict
     tables: dict
     digest: str
+    alone: dict = None
 
     @classmethod
     def from_json(cls, text: str) -> "Profile":
@@ -49,7 +52,7 @@ class Profile:
         if raw.get("format") != FORMAT:
             raise ValueError(f"profile format {raw.get('format')!r} is not {FORMAT}")
         return cls(gpu=raw["gpu"], constants=raw["constants"], tables=raw["tables"],
-                   digest=hashlib.sha256(text.encode()).hexdigest())
+                   digest=hashlib.sha256(text.encode()).hexdigest(), alone=raw.get("alone", {}))
 
     def max_active_warps(self, key: str) -> int:
         """Warps resident on the whole GPU at once for that kernel (eq. 1's MAX_ACT_WARP/SM x NUM_SM)."""
@@ -60,9 +63,19 @@ class Profile:
 
     def performance(self, key: str, regime: str, w: np.ndarray) -> np.ndarray:
         """Table performance at row lengths ``w``: log-log interpolation, clamped to the measured range."""
-        xs, ys = _curve(self, key, regime)
+        xs, ys = _curve(self, key, regime, self.tables[key]["points"][regime])
         lw = np.log2(np.maximum(np.asarray(w, dtype=np.float64), 1.0))
         return np.exp2(np.interp(lw, xs, ys))
+
+    def alone_time(self, key: str, regime: str, w: np.ndarray) -> np.ndarray:
+        """Milliseconds one row of w entries takes by itself: log-log interpolation; beyond the longest
+        measured row it grows in proportion to w (its rounds of loads)."""
+        points = self.alone[key][regime]
+        xs, ys = _curve(self, "alone:" + key, regime, points)
+        w = np.maximum(np.asarray(w, dtype=np.float64), 1.0)
+        t = np.exp2(np.interp(np.log2(w), xs, ys))
+        top = np.exp2(xs[-1])
+        return np.where(w > top, t * w / top, t)
 
 
 @lru_cache(maxsize=256)
@@ -73,8 +86,7 @@ def _curve_cached(digest: str, key: str, regime: str, items: tuple) -> tuple[np.
     return np.log2(w[order]), np.log2(p[order])
 
 
-def _curve(profile: Profile, key: str, regime: str):
-    points = profile.tables[key]["points"][regime]
+def _curve(profile: Profile, key: str, regime: str, points: dict):
     return _curve_cached(profile.digest, key, regime, tuple(sorted((float(k), float(v)) for k, v in points.items())))
 
 

@@ -16,14 +16,18 @@ def wave_time(sizes: np.ndarray, perf: np.ndarray, max_active_warps: int, alone:
     balanced tiles) but does not let a wave of many short rows charge one 20,000-entry row at their rate.
     ``perf`` is what the profile measured for a full GPU of warps of that shape (entries per unit time of
     the whole GPU), so Size/P is a time. Given ``alone`` (each warp's time if it ran by itself: its chain
-    of dependent loads), a wave also lasts at least as long as its slowest warp: one warp serialising a
-    20,000-entry row is then not predicted to finish in a fraction of a wave.
+    of dependent loads), the kernel also lasts at least as long as its slowest warp: one warp serialising a
+    20,000-entry row is then not predicted to finish in a fraction of a wave. (A per-wave bound would be
+    too pessimistic: the hardware does not synchronise waves, so a long warp holds one slot while the other
+    slots keep taking new warps.)
 
     Example:
         >>> float(wave_time(np.array([4.0, 4.0, 4.0]), np.array([2.0, 2.0, 4.0]), max_active_warps=2, mean="plain"))
         5.0
         >>> float(wave_time(np.array([4.0, 4.0, 4.0]), np.array([2.0, 2.0, 4.0]), max_active_warps=2))
         5.0
+        >>> float(wave_time(np.array([4.0, 4.0, 4.0]), np.array([2.0, 2.0, 4.0]), 2, alone=np.array([1, 7, 1])))
+        7.0
     """
     sizes = np.asarray(sizes, dtype=np.float64)
     perf = np.asarray(perf, dtype=np.float64)
@@ -41,7 +45,9 @@ def wave_time(sizes: np.ndarray, perf: np.ndarray, max_active_warps: int, alone:
         t_i = S.sum(axis=1) / (P.sum(axis=1) / count_i)
     else:
         t_i = np.divide(S, P, out=np.zeros_like(S), where=P > 0).sum(axis=1)
-    if alone is not None:
-        A = np.concatenate([np.asarray(alone, dtype=np.float64), np.zeros(pad)]).reshape(n_waves, per_wave)
-        t_i = np.maximum(t_i, A.max(axis=1))
-    return float(t_i.sum())
+    total = float(t_i.sum())
+    if alone is not None and len(alone):
+        alone = np.asarray(alone, dtype=np.float64)
+        # Every warp holds a slot for at least its time alone; the slowest one is the critical path.
+        total = max(total, float(alone.sum()) / per_wave, float(alone.max()))
+    return total
