@@ -1,6 +1,8 @@
 """The callables :func:`tuner.compile` returns: a loaded kernel bound to the matrix's device arrays."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from . import families, gpu
@@ -138,13 +140,21 @@ class SpMV:
 
 def random_vector(n: int, dtype, seed: int = 0) -> np.ndarray:
     """A random, non-constant test vector (never zeros or all-equal: those hide indexing errors)."""
-    return np.random.default_rng(seed).uniform(-1.0, 1.0, n).astype(dtype)
+    return _random_vector(int(n), np.dtype(dtype), seed).copy()
+
+
+@lru_cache(maxsize=4)
+def _random_vector(n: int, dtype: np.dtype, seed: int) -> np.ndarray:
+    # Timing loops build many kernels over the same x size: draw each vector once (100M draws take ~1 s).
+    v = np.random.default_rng(seed).uniform(-1.0, 1.0, n).astype(dtype)
+    v.flags.writeable = False
+    return v
 
 
 def time_spmv(kernel: SpMV, repeats: int, warmup: int = 3, seed: int = 0) -> list[float]:
     """Per-launch milliseconds of ``kernel`` on its own buffers, x random, y poisoned beforehand."""
     x_ptr, y_ptr = kernel.buffers
-    gpu.copy_to_device(x_ptr, random_vector(kernel.shape[1], kernel.dtype, seed))
+    gpu.copy_to_device(x_ptr, _random_vector(kernel.shape[1], kernel.dtype, seed))
     gpu.memset_bytes(y_ptr, 0xFF, kernel.shape[0] * kernel.dtype.itemsize)  # NaN poison
     return gpu.time_launches(lambda: kernel.launch(x_ptr, y_ptr), repeats, warmup)
 

@@ -41,6 +41,7 @@ class Grid:
         max_nnz: cap on entries per synthetic matrix.
         value_free: which value-free variants to measure (True: pattern kernels, False: with values).
         repeats: timed launches per point.
+        alone_widths: row lengths of the lone-row measurements.
     """
 
     widths: tuple = WIDTHS
@@ -48,9 +49,11 @@ class Grid:
     max_nnz: int = 48 << 20
     value_free: tuple = (True, False)
     repeats: int = 15
+    alone_widths: tuple = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 
 
-REDUCED = Grid(widths=(1, 4, 32, 256), target_nnz=1 << 20, max_nnz=4 << 20, value_free=(True,), repeats=5)
+REDUCED = Grid(widths=(1, 4, 32, 256), target_nnz=1 << 20, max_nnz=4 << 20, value_free=(True,), repeats=5,
+               alone_widths=(1, 64, 4096))
 
 
 @dataclass(frozen=True)
@@ -119,9 +122,6 @@ def measure_launch_overhead(arch: str, cache: Cache) -> float:
     return float(np.median(time_spmv(k, 200, 20)))
 
 
-ALONE_WIDTHS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
-
-
 def warm_up(seconds: float = 1.0) -> None:
     """Keep the GPU busy for a moment so that it leaves its idle clocks before constants are measured."""
     nbytes = 256 << 20
@@ -143,7 +143,7 @@ def measure_alone(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, lau
     out: dict = {}
     for v in variants(grid.value_free):
         table = out.setdefault(v.key, {r: {} for r in REGIMES})
-        for w in ALONE_WIDTHS:
+        for w in grid.alone_widths:
             params = v.params(w)
             if params is None:
                 continue
