@@ -1,6 +1,6 @@
 """A profile of an imaginary GPU with known performance curves, for model tests on a CPU."""
 import json
-from tuner.model.profile_data import REGIMES, kernel_key
+from tuner.model.profile_data import REGIMES
 from tuner.profile import variants
 
 def fake_profile_json(l1=1.0e6, l2=5.0e5, dram=1.0e5, max_active=1000):

@@ -14,5 +14,5 @@ from .loaders import load  # noqa: E402
 from .matrix import MatrixError, canonicalize, fingerprint  # noqa: E402
 from .planner import Plan  # noqa: E402
 
-__all__ = ["compile", "prepare", "load", "canonicalize", "fingerprint", "Plan", "MatrixError",
+__all__ = ["compile", "prepare", "load", "model", "canonicalize", "fingerprint", "Plan", "MatrixError",
            "NoDeviceError", "__version__"]

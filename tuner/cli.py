@@ -137,9 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="target when no GPU is present (default %(default)s); with a GPU, its own")
 
     p = sub.add_parser("tune", help="plan and compile one matrix; print the plan and every candidate's time",
-                       description="Tune SpMV for one matrix: time every candidate kernel of every family on "
-                                   "this GPU, keep the fastest (cached by the matrix fingerprint) and print "
-                                   "the ranking.")
+                       description="Tune SpMV for one matrix on this GPU: rank every candidate kernel of "
+                                   "every family by the model (and, per --tune, by measurement), keep the chosen "
+                                   "plan in the cache under the matrix fingerprint and print the ranking.")
     p.add_argument("matrix", help=MATRIX_HELP)
     p.add_argument("--dtype", choices=["float32", "float64"], default=None,
                    help="value type of the kernel (default: the matrix's; integers become float32)")

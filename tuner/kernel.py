@@ -174,5 +174,4 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 20) -> float:
     src, dst = gpu.alloc(nbytes), gpu.alloc(nbytes)
     gpu.memset_bytes(int(src), 0x5A, nbytes)
     ms = np.median(gpu.time_launches(lambda: gpu.copy_device(int(dst), int(src), nbytes), repeats, warmup=3))
-    del src, dst
     return 2 * nbytes / (ms * 1e-3) / 1e9
