@@ -40,7 +40,7 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     served by L1, L2 and memory (harmonically: times add). Equations 1-5 with the work-weighted mean of
     :func:`~tuner.model.waves.wave_time` then reduce to each warp's entries at its own rate, summed over all
     warps whatever the waves, so each class of rows is summed once per matrix and shared by every candidate
-    (planning a 100M-entry matrix stays well under a second once the classes are known). The kernel also
+    (candidates then cost microseconds; building the classes and column counts is what remains). The kernel also
     lasts at least as long as the slot time of its warps alone and its slowest warp alone.
 
     Example: see tests/test_model.py (needs a profile).
