@@ -1,10 +1,10 @@
 """A profile of an imaginary GPU with known performance curves, for model tests on a CPU."""
 import json
-from tuner.model.profile_data import REGIMES
+from tuner.model.profile_data import FORMAT, REGIMES
 from tuner.profile import variants
 
-def fake_profile_json(l1=1.0e6, l2=5.0e5, dram=1.0e5, max_active=1000):
-    """Every table: performance grows with w up to 64 then flat; regimes scale it."""
+def fake_profile_json(l1=1.0e6, l2=5.0e5, dram=1.0e5, max_active=1000, **constants):
+    """Every table: performance grows with w up to 64 then flat; regimes scale it. ``constants`` override."""
     scale = {"l1": l1, "l2": l2, "dram": dram}
     tables = {}
     for v in variants((True, False)):
@@ -14,6 +14,7 @@ def fake_profile_json(l1=1.0e6, l2=5.0e5, dram=1.0e5, max_active=1000):
     lanes = {v.key: 256 if v.group == "block" else v.group for v in variants((True, False))}
     alone = {k: {r: {str(w): 4e-4 * w / lanes[k] for w in (1, 16, 256, 4096, 65536)} for r in REGIMES}
              for k in tables}
-    return json.dumps({"format": 1, "gpu": {"name": "Fake GPU"}, "constants": {
+    return json.dumps({"format": FORMAT, "gpu": {"name": "Fake GPU"}, "constants": {
         "sm_count": 10, "max_warps_per_sm": 100, "l1_bytes": 1 << 18, "l2_bytes": 50 << 20,
-        "copy_bandwidth_gbs": 3000.0, "launch_overhead_ms": 0.004}, "tables": tables, "alone": alone})
+        "copy_bandwidth_gbs": 3000.0, "launch_overhead_ms": 0.004, **constants}, "tables": tables,
+        "alone": alone})

@@ -94,3 +94,17 @@ def test_missing_nvcc_is_reported(monkeypatch):
 
 def test_arch_from_capability():
     assert codegen.arch_from_capability(9, 0) == "sm_90"
+
+
+def test_stream_hold_ptx_assembles_for_sm_90(tmp_path):
+    # The timing hold kernel is shipped as PTX for the driver to compile; ptxas checks it here, on a CPU.
+    import subprocess
+    from pathlib import Path
+    from tuner import gpu
+    ptxas = Path(codegen.nvcc_path()).with_name("ptxas")
+    src = tmp_path / "hold.ptx"
+    src.write_text(gpu.HOLD_PTX)
+    proc = subprocess.run([str(ptxas), "-arch=sm_90", str(src), "-o", str(tmp_path / "hold.cubin")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "hold.cubin").stat().st_size > 0

@@ -11,9 +11,9 @@ from tuner.formats.binned import build_binned
 from tuner.matrix import canonicalize
 from tuner.model import Profile, load_profile, predict_baseline, predict_lookup
 from tuner.model.aligned_coo import choose_hybrid, cost_aligned_coo_seg, cost_coo_flat, segment_size
-from tuner.model.locality import regime_fractions
+from tuner.model.locality import cache_sectors, che_hit_rate, fit_capacity, regime_fractions
 from tuner.model.occupancy import active_warps_per_sm
-from tuner.model.warps import binned_warps, csr_vector_warps
+from tuner.model.warps import warp_segments
 from tuner.model.waves import wave_time
 
 from .conftest import power_law
@@ -45,30 +45,94 @@ def test_one_full_wave_of_equal_warps_takes_total_over_performance():
 def test_csr_vector_warps_are_as_wide_as_their_longest_row():
     m = canonicalize(sp.csr_matrix((np.ones(10, np.float32), ([0, 0, 0, 1, 2, 2, 3, 4, 4, 4],
                                                                  [0, 1, 2, 0, 0, 1, 3, 0, 1, 2])), shape=(5, 5)))
-    seg, = csr_vector_warps(m, CsrVectorParams(threads_per_row=16))  # 2 rows per warp
-    assert seg.w.tolist() == [3.0, 2.0, 3.0] and seg.size.tolist() == [4.0, 3.0, 3.0]
+    seg, = warp_segments(m, "csr_vector", CsrVectorParams(threads_per_row=16))  # 2 rows per warp
+    # Warps (rows 0-1), (2-3), (4): shapes 3, 2, 3 streaming 4, 3, 3 entries.
+    assert seg.warps.w.tolist() == [2, 3] and seg.warps.count.tolist() == [1.0, 2.0]
+    assert seg.warps.size.tolist() == [3.0, 7.0]
     assert seg.key == "csr_vector:16:256:vf"
+
+
+def test_whole_warp_rows_come_from_the_row_length_histogram():
+    m = canonicalize(power_law(3000, seed=4))
+    seg, = warp_segments(m, "csr_vector", CsrVectorParams(threads_per_row=32))
+    w, size = seg.warps.expand()
+    # Empty rows are warps too: they are launched and take their slot.
+    assert (m.row_lengths == 0).any()
+    assert sorted(w.tolist()) == sorted(m.row_lengths.astype(float).tolist())
+    assert size.sum() == m.nnz
+    # The same rows through the row-per-warp pass agree with the grouped pass at one row per warp.
+    from tuner.model.warps import group_histogram
+    g = group_histogram(m.row_lengths, 32)
+    assert g.w.tolist() == seg.warps.w.tolist() and g.count.tolist() == seg.warps.count.tolist()
+    assert g.size.tolist() == seg.warps.size.tolist()
 
 
 def test_binned_warps_follow_the_layout_classes():
     m = canonicalize(power_law(2000, seed=3))
     p = BinnedParams(small_max=4, medium_max=32, warp_division=8, huge_min=64)
-    segs = binned_warps(m, p)
+    segs = warp_segments(m, "binned", p)
     counts = build_binned(m.row_lengths, 4, 32, 64).counts
     assert [s.key.split(":")[1] for s in segs] == ["1", "4", "32", "block"]
-    assert segs[0].w.size == -(-counts[0] // 32)
-    assert segs[1].w.size == -(-counts[1] // 8)
-    assert segs[2].w.size == counts[2]
-    assert segs[3].w.size == counts[3] * 256 // 32
-    assert segs[3].size.sum() >= m.row_lengths[m.row_lengths >= 64].sum()
+    assert segs[0].warps.warps == -(-counts[0] // 32)
+    assert segs[1].warps.warps == -(-counts[1] // 8)
+    assert segs[2].warps.warps == counts[2]
+    assert segs[3].warps.warps == counts[3] * 256 // 32
+    assert segs[3].warps.size.sum() >= m.row_lengths[m.row_lengths >= 64].sum()
 
 
-def test_gather_regimes_follow_the_hottest_columns():
-    assert regime_fractions(np.array([6, 2, 1, 1]), 4, l1_bytes=8, l2_bytes=24).tolist() == pytest.approx(
-        [0.6, 0.3, 0.1])
-    # x that fits in half of L1 is served there entirely.
-    assert regime_fractions(np.arange(100), 4, l1_bytes=1 << 20, l2_bytes=1 << 22).tolist() == [1.0, 0.0, 0.0]
-    assert regime_fractions(np.zeros(5, np.int64), 4, 8, 8).tolist() == [1.0, 0.0, 0.0]
+def test_gather_regimes_count_sectors_not_columns():
+    # 64 columns read once each are 8 sectors of 8 reads: caches of 2 and 4 sectors hit a quarter and a half.
+    assert regime_fractions(np.ones(64, np.int64), 4, l1_sectors=2, l2_sectors=4).tolist() == pytest.approx(
+        [0.25, 0.25, 0.5])
+    # The same reads in float64 span 16 sectors: the same caches hold half as much of x.
+    assert regime_fractions(np.ones(64, np.int64), 8, 2, 4).tolist() == pytest.approx([0.125, 0.125, 0.75])
+    # x that fits in L1 is served there entirely; a matrix with no entries gathers nothing from memory.
+    assert regime_fractions(np.arange(100), 4, l1_sectors=64, l2_sectors=128).tolist() == [1.0, 0.0, 0.0]
+    assert regime_fractions(np.zeros(5, np.int64), 4, 1, 1).tolist() == [1.0, 0.0, 0.0]
+
+
+def test_scattered_hot_columns_fill_more_sectors_than_clustered_ones():
+    hot = np.zeros(8192, np.int64)
+    hot[:512] = 100  # 512 hot columns side by side: 64 sectors
+    scattered = np.zeros(8192, np.int64)
+    scattered[::16] = 100  # 512 hot columns, one per sector pair: 512 sectors
+    cold = np.ones(8192, np.int64)
+    clustered_l1 = regime_fractions(hot + cold, 4, l1_sectors=128, l2_sectors=1024)[0]
+    scattered_l1 = regime_fractions(scattered + cold, 4, l1_sectors=128, l2_sectors=1024)[0]
+    assert clustered_l1 > 0.8 > 0.4 > scattered_l1
+
+
+def test_che_hit_rate_matches_lru_simulation():
+    # Zipf-like requests: compare with an exact LRU simulated on a long random stream.
+    from collections import OrderedDict
+    counts = (1000 / np.arange(1, 201) ** 1.1).astype(np.int64) + 1
+    rng = np.random.default_rng(0)
+    stream = rng.choice(counts.size, size=60000, p=counts / counts.sum())
+    cache, hits = OrderedDict(), 0
+    for item in stream.tolist():
+        if item in cache:
+            hits += 1
+            cache.move_to_end(item)
+        else:
+            cache[item] = None
+            if len(cache) > 20:
+                cache.popitem(last=False)
+    assert che_hit_rate(counts, 20) == pytest.approx(hits / stream.size, abs=0.02)
+    assert che_hit_rate(counts, 200) == 1.0 and che_hit_rate(counts, 0) == 0.0
+
+
+def test_fit_capacity_recovers_the_capacity_of_a_measured_sweep():
+    sizes = 2.0 ** np.arange(10, 20)
+    times = 3.0 + 7.0 * (1 - np.minimum(1, 40000 / sizes))
+    noisy = times * (1 + 0.01 * np.random.default_rng(1).standard_normal(sizes.size))
+    assert fit_capacity(sizes, noisy) == pytest.approx(40000, rel=0.1)
+    with pytest.raises(ValueError, match="increasing"):
+        fit_capacity(sizes[::-1], times)
+
+
+def test_cache_capacity_prefers_the_measured_value():
+    assert cache_sectors({"l2_bytes": 1 << 20, "l2_sectors": 123.0}, "l2") == 123.0
+    assert cache_sectors({"l2_bytes": 1 << 20}, "l2") == (1 << 20) / 2 / 32
 
 
 def test_lookup_prediction_equals_hand_computation(profile):
@@ -79,13 +143,27 @@ def test_lookup_prediction_equals_hand_computation(profile):
     spec = Specialization("csr_vector", CsrVectorParams(4, 128), m.value_dtype, m.index_dtype, True)
     perf = 1.0e6 * 4 / 64  # the fake table at w = 4, L1 regime
     one_wave = 8 * 32 / perf
-    assert one_wave > 4e-4 * 4 / 4  # every row alone is far quicker than the wave
+    alone = 4e-4 * 4 / 4  # a warp of rows of 4 on 4 lanes, alone; the fake profile's tail factor is 1
+    assert one_wave > one_wave / 2 + alone  # the slowest warp, started halfway, ends before the wave
     assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + one_wave)
     # One row of 6400 entries on 4 lanes takes 0.64 ms alone, far longer than its throughput share.
     long = canonicalize(sp.csr_matrix((np.ones(6400, np.float32), (np.zeros(6400, int), np.arange(6400))),
                                       shape=(1, 6400)))
     spec1 = Specialization("csr_vector", CsrVectorParams(4, 128), long.value_dtype, long.index_dtype, True)
-    assert predict_lookup(long, spec1, profile) == pytest.approx(0.004 + 4e-4 * 6400 / 4)
+    work = 6400 / 1.0e6  # the fake table is flat at 1e6 entries/ms beyond w = 64
+    assert predict_lookup(long, spec1, profile) == pytest.approx(0.004 + work / 2 + 4e-4 * 6400 / 4)
+
+
+def test_tail_factor_scales_the_slowest_warp():
+    import json
+    long = canonicalize(sp.csr_matrix((np.ones(6400, np.float32), (np.zeros(6400, int), np.arange(6400))),
+                                      shape=(1, 6400)))
+    spec = Specialization("csr_vector", CsrVectorParams(4, 128), long.value_dtype, long.index_dtype, True)
+    t = {f: predict_lookup(long, spec, Profile.from_json(fake_profile_json(tail_factor=f))) for f in (0.0, 2.0)}
+    work = 6400 / 1.0e6
+    assert t[0.0] == pytest.approx(0.004 + work)  # no slowdown: the row is the work
+    assert t[2.0] == pytest.approx(0.004 + work / 2 + 2 * 4e-4 * 6400 / 4)
+    assert json.loads(fake_profile_json(tail_factor=0.5))["constants"]["tail_factor"] == 0.5
 
 
 def test_lookup_bounds_a_dense_row_by_its_rounds_and_sees_locality(profile):
@@ -95,9 +173,11 @@ def test_lookup_bounds_a_dense_row_by_its_rounds_and_sees_locality(profile):
     specs = families.specializations(m)
     pred = {s.label(): predict_lookup(m, s, profile) for s in specs}
     assert all(np.isfinite(v) and v > 0 for v in pred.values())
-    # One thread alone walks the dense row in 8 ms: that bound, not the throughput share, sets the
-    # thread-per-row kernel's time; a block of 256 lanes takes 1/256 of it.
-    assert pred["csr_vector(threads_per_row=1,block_size=256)"] == pytest.approx(0.004 + 4e-4 * 20000)
+    # One thread alone walks the dense row in 8 ms: that tail, far more than the throughput share, is added
+    # to the thread-per-row kernel's time; a block of 256 lanes takes 1/256 of it.
+    thread = next(s for s in specs if s.label() == "csr_vector(threads_per_row=1,block_size=256)")
+    work = predict_lookup(m, thread, Profile.from_json(fake_profile_json(tail_factor=0.0))) - 0.004
+    assert pred[thread.label()] == pytest.approx(0.004 + work / 2 + 4e-4 * 20000)
     block = pred["binned(small_max=8,medium_max=96,warp_division=8,huge_min=96,block_size=256)"]
     assert block < pred["csr_vector(threads_per_row=1,block_size=256)"] / 10
     # The same rows gathering from ~370,000 distinct columns (x beyond half of L1) are predicted slower.
@@ -182,10 +262,11 @@ def test_occupancy_limits():
 
 def test_valued_kernels_fall_back_to_value_free_tables_scaled_by_bytes():
     import json
-    raw = json.loads(fake_profile_json())
+    # Without the tail (which does not scale with bytes), the time is the throughput term alone.
+    raw = json.loads(fake_profile_json(tail_factor=0.0))
     raw["tables"] = {k: v for k, v in raw["tables"].items() if k.endswith(":vf")}
     reduced = Profile.from_json(json.dumps(raw))
-    full = Profile.from_json(fake_profile_json())
+    full = Profile.from_json(fake_profile_json(tail_factor=0.0))
     # Short uniform rows: the throughput term, which scales with bytes, sets the time (not a long row alone).
     m = canonicalize(sp.random(3000, 3000, density=0.005, format="csr", random_state=5, dtype=np.float32))
     assert not m.value_free
@@ -200,11 +281,16 @@ def test_lookup_work_term_is_the_wave_model_with_work_weighted_means(profile):
     from tuner.model.lookup import _blended, gather_fractions
     m = canonicalize(power_law(4000, seed=11))
     spec = Specialization("binned", BinnedParams(4, 32, 8, 64), m.value_dtype, m.index_dtype, m.value_free)
-    segs = [s for s in binned_warps(m, spec.params) if s.w.size]
+    segs = [s for s in warp_segments(m, "binned", spec.params) if s.warps.w.size]
     fr = gather_fractions(m, profile)
     key = lambda s: s.key if s.key in profile.tables else s.key + "f"  # noqa: E731
-    sizes = np.concatenate([s.size for s in segs])
-    perf = np.concatenate([_blended(profile, key(s), s.w, fr) for s in segs])
+    per_warp = [s.warps.expand() for s in segs]
+    sizes = np.concatenate([size for _, size in per_warp])
+    perf = np.concatenate([_blended(profile, key(s), w, fr) for s, (w, _) in zip(segs, per_warp)])
     waves = wave_time(sizes, perf, profile.max_active_warps(key(segs[0])))
-    # The fake profile's curves are so fast that the work term dominates the latency bounds here.
-    assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + waves, rel=1e-9)
+    # The fake profile's curves are so fast that the work term dominates the slot bound here; the slowest
+    # warp, started halfway through the work, may outlast it (tail factor 1 in the fake profile).
+    tail = max(float(profile.alone_time(key(s), "l1", s.warps.w).max()) for s in segs)
+    fr_l1 = fr[0]
+    assert fr_l1 == 1.0  # x is small enough for L1, so the alone times are those of the L1 regime
+    assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + max(waves, waves / 2 + tail), rel=1e-9)

@@ -38,13 +38,25 @@ def test_shapes_cover_every_kernel_the_families_generate():
     keys = {v.key for v in profile.variants((True, False))}
     assert len(keys) == 2 * (12 + 5)
     from tuner.matrix import canonicalize
-    from tuner.model.warps import WARP_MODELS
+    from tuner.model.warps import warp_segments
     from .conftest import fixture_matrices
     for A in fixture_matrices().values():
         m = canonicalize(A)
         for s in families.specializations(m):
-            for seg in WARP_MODELS[s.family](m, s.params):
+            for seg in warp_segments(m, s.family, s.params):
                 assert seg.key in keys
+
+
+def test_long_row_goes_into_the_middle_with_distinct_sorted_columns():
+    bulk = profile.synthetic(4, 101, 5000, True, seed=3)
+    m = profile.with_long_row(bulk, 300, seed=4)
+    assert m.shape == (102, 5000) and m.nnz == bulk.nnz + 300
+    assert m.row_lengths[50] == 300 and (np.delete(m.row_lengths, 50) == 4).all()
+    row = m.indices[m.indptr[50]:m.indptr[51]]
+    assert (np.diff(row) > 0).all()
+    # The rows around it are the bulk's, unchanged.
+    assert (m.indices[:m.indptr[50]] == bulk.indices[:bulk.indptr[50]]).all()
+    assert (m.indices[m.indptr[51]:] == bulk.indices[bulk.indptr[50]:]).all()
 
 
 def test_rows_fill_the_gpu_twice_within_the_cap():
@@ -63,6 +75,12 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     c = loaded.constants
     assert c["sm_count"] > 0 and c["copy_bandwidth_gbs"] > 100 and 0 < c["launch_overhead_ms"] < 0.1
     assert loaded.gpu["name"] and loaded.gpu["nvcc"].startswith("V")
+    # Effective capacities: L1 holds fewer sectors than L2, and neither more than its nominal size.
+    assert 0 < c["l1_sectors"] < c["l2_sectors"] <= c["l2_bytes"] / 32
+    assert c["l1_sectors"] <= c["l1_bytes"] / 32
+    # Gathers over an x far larger than L2 are slower than over one inside L1.
+    assert prof["caches"]["l2"]["ms"][-1] > prof["caches"]["l1"]["ms"][0]
+    assert 0 <= c["tail_factor"] < 10 and len(prof["tail"]["points"]) == len(profile.TAIL_WIDTHS)
     for key, table in loaded.tables.items():
         assert table["max_active_warps"] >= c["sm_count"]
         for r in REGIMES:
@@ -76,3 +94,19 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     again = profile.run(out, profile.REDUCED)  # resumed: nothing left to measure
     assert json.loads(before)["tables"] == again["tables"]
     assert prof["constants"] == again["constants"]
+
+
+@pytest.mark.parametrize("gpu_name", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+def test_shipped_profiles_load_with_measured_constants(gpu_name):
+    loaded = load_profile(gpu_name)
+    c = loaded.constants
+    assert loaded.gpu["name"] == gpu_name
+    assert 0 < c["l1_sectors"] < c["l1_bytes"] / 32 and 0 < c["l2_sectors"] < c["l2_bytes"] / 32
+    assert 1.0 < c["tail_factor"] < 4.0 and 0 < c["launch_overhead_ms"] < 0.02
+    assert set(loaded.tables) == {v.key for v in profile.variants((True, False))}
+
+
+def test_profile_of_an_older_format_is_refused_with_advice():
+    with pytest.raises(ValueError, match="measure again"):
+        from tuner.model import Profile
+        Profile.from_json(json.dumps({"format": 1, "gpu": {}, "constants": {}, "tables": {}}))

@@ -218,7 +218,8 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
         "copy_bandwidth_gbs": copy_gbs, "repeats": repeats, "tune": tune,
         "timing": f"medians of CUDA-event times after warm-up; ours_ms and cusparse_*_ms: whole calls from "
                   f"Python on CuPy arrays, {CALLS_PER_SAMPLE} back to back per sample, {repeats} samples; "
-                  "ours_kernel_ms: the kernel launch alone, one per sample",
+                  "ours_kernel_ms: the kernel alone on the GPU (launches queued behind a hold kernel, so the "
+                  "host's issue rate does not count)",
         "rows": [asdict(r) for r in rows],
     }
     if out is not None:

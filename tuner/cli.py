@@ -173,14 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="profile file (default: models/<gpu-slug>/profile.json)")
     p.add_argument("--reduced", action="store_true", help="a small grid (seconds; for tests)")
     p.add_argument("--remeasure-constants", action="store_true",
-                   help="measure the constants and lone-row times again, keeping the measured tables")
+                   help="measure the constants (bandwidth, launch overhead, cache capacities, tail factor) and "
+                        "lone-row times again, keeping the measured tables")
     common(p)
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("report", help="predicted vs measured for every candidate: CSV, PNG, HTML",
                        description="For every matrix and every candidate plan, the lookup model's and the "
                                    "bytes-over-bandwidth baseline's predictions beside the measured time; writes "
-                                   "report.csv, report.png (log-log scatter, y = x, +-20 %% band), report.html and "
+                                   "report.csv, report.png (log-log scatter, y = x, +-20 % band), report.html and "
                                    "report.json with MdAPE, Spearman correlation, top-1 rate and regret.")
     p.add_argument("suite", nargs="*", help=f"matrices ({MATRIX_HELP}); default: the data directory's .npz, "
                                             "rmat:20, rmat:23, rmat:25 and Kronecker-scaled real graphs of 50M+ "

@@ -11,7 +11,7 @@ from . import codegen, families, gpu, paths, planner
 from .cache import Cache
 from .families.base import Specialization
 from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
-from .model import Profile, load_profile, predict_lookup
+from .model import Profile, load_profile, predict_many
 from .search import optuna_search
 from .matrix import CanonicalMatrix, canonicalize, fingerprint, structure_digest, structure_features
 
@@ -134,7 +134,7 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
         return SpMV(m, spec, binary.cubin, plan)
     specs = families.specializations(m)
-    predicted = [predict_lookup(m, s, prof) for s in specs] if prof else [None] * len(specs)
+    predicted = predict_many(m, specs, prof) if prof else [None] * len(specs)
     binaries: dict[int, codegen.Binary] = {}
 
     def build(subset):  # compile only what is timed (all of it in parallel) or finally chosen

@@ -203,18 +203,77 @@ def synchronize() -> None:
     drv.Context.synchronize()
 
 
-def time_launches(run, repeats: int, warmup: int = 3) -> list[float]:
-    """Milliseconds of each of ``repeats`` calls of ``run()`` measured with CUDA events after ``warmup``."""
+# A kernel that holds the stream until the host sets a flag in mapped host memory (or a time limit passes).
+# Launches queued behind it are all issued before the GPU reaches them, so each event pair then measures
+# the GPU's time of its launch rather than how fast Python issues launches (which bounds kernels of a few
+# microseconds). The same technique as nvbench's blocking kernel. PTX, so that no compiler is needed here.
+HOLD_PTX = r"""
+.version 7.0
+.target sm_75
+.address_size 64
+
+.visible .entry tuner_hold(.param .u64 flag, .param .u64 limit_ns)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<2>;
+    .reg .b64 %rd<6>;
+    ld.param.u64 %rd1, [flag];
+    ld.param.u64 %rd2, [limit_ns];
+    mov.u64 %rd3, %globaltimer;
+SPIN:
+    ld.volatile.u32 %r1, [%rd1];
+    setp.ne.s32 %p1, %r1, 0;
+    @%p1 bra DONE;
+    mov.u64 %rd4, %globaltimer;
+    sub.s64 %rd5, %rd4, %rd3;
+    setp.lt.u64 %p2, %rd5, %rd2;
+    @%p2 bra SPIN;
+DONE:
+    ret;
+}
+"""
+HOLD_LIMIT_NS = 200_000_000  # a safety net only: the host releases the hold long before
+QUEUED_BATCH = 32  # launches queued per hold: far below the driver's queue depth, so issuing never blocks
+
+
+def _hold():
+    """(function, host flag array, its device pointer), built once per process."""
+    _context()
+    with _lock:
+        if "hold" not in _state:
+            module = drv.module_from_buffer(HOLD_PTX.encode())
+            fn = module.get_function("tuner_hold")
+            fn.prepare("PQ")
+            flag = drv.pagelocked_zeros(1, np.uint32, mem_flags=drv.host_alloc_flags.DEVICEMAP)
+            _state["hold"] = (module, fn, flag, flag.base.get_device_pointer())
+    return _state["hold"][1:]
+
+
+def time_launches(run, repeats: int, warmup: int = 3, queued: bool = True) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls of ``run()`` measured with CUDA events after ``warmup``.
+
+    ``queued`` (for ``run`` that only enqueues work, such as a kernel launch) holds the stream while a batch
+    of launches is issued, so that the times are the GPU's, not the host's issue rate; ``run`` must not
+    synchronise then. With ``queued=False`` the launches are timed as they are issued.
+    """
     _context()
     for _ in range(warmup):
         run()
     starts = [drv.Event() for _ in range(repeats)]
     ends = [drv.Event() for _ in range(repeats)]
-    for s, e in zip(starts, ends):
+    hold = _hold() if queued else None
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        if hold and i % QUEUED_BATCH == 0:
+            fn, flag, flag_ptr = hold
+            flag[0] = 0
+            fn.prepared_call((1, 1, 1), (1, 1, 1), flag_ptr, np.uint64(HOLD_LIMIT_NS))
         s.record()
         run()
         e.record()
-    ends[-1].synchronize()
+        if hold and (i % QUEUED_BATCH == QUEUED_BATCH - 1 or i == repeats - 1):
+            flag[0] = 1
+    if repeats:
+        ends[-1].synchronize()
     return [e.time_since(s) for s, e in zip(starts, ends)]
 
 

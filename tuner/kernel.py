@@ -173,5 +173,6 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 20) -> float:
     """Device-to-device copy bandwidth (bytes read + written per second, in GB/s), median of CUDA events."""
     src, dst = gpu.alloc(nbytes), gpu.alloc(nbytes)
     gpu.memset_bytes(int(src), 0x5A, nbytes)
-    ms = np.median(gpu.time_launches(lambda: gpu.copy_device(int(dst), int(src), nbytes), repeats, warmup=3))
+    ms = np.median(gpu.time_launches(lambda: gpu.copy_device(int(dst), int(src), nbytes), repeats, warmup=3,
+                                    queued=False))
     return 2 * nbytes / (ms * 1e-3) / 1e9

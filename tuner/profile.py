@@ -24,6 +24,8 @@ from .families.binned import BinnedParams
 from .families.csr_vector import BLOCK_SIZES, THREADS_PER_ROW, CsrVectorParams
 from .kernel import DeviceArrays, SpMV, copy_bandwidth_gbs, time_spmv
 from .matrix import CanonicalMatrix
+from .model.locality import SECTOR_BYTES, fit_capacity
+from .model.lookup import TAIL_START
 from .model.occupancy import active_warps_per_sm
 from .model.profile_data import FORMAT, REGIMES, kernel_key, profile_path
 
@@ -50,10 +52,14 @@ class Grid:
     value_free: tuple = (True, False)
     repeats: int = 15
     alone_widths: tuple = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
+    cache_nnz: int = 16 << 20
+    l1_sweep: tuple = tuple(2 ** k for k in range(11, 20))  # columns of x: 8 KB .. 2 MB of float32
+    l2_sweep: tuple = tuple(2 ** k for k in range(19, 27))  # 2 MB .. 256 MB
 
 
 REDUCED = Grid(widths=(1, 4, 32, 256), target_nnz=1 << 20, max_nnz=4 << 20, value_free=(True,), repeats=5,
-               alone_widths=(1, 64, 4096))
+               alone_widths=(1, 64, 4096), cache_nnz=2 << 20, l1_sweep=(2 ** 11, 2 ** 14, 2 ** 17, 2 ** 19),
+               l2_sweep=(2 ** 19, 2 ** 22, 2 ** 24, 2 ** 26))
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,84 @@ def measure_alone(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, lau
     return out
 
 
+CACHE_WIDTH = 32  # the sweep's rows: one warp per row, 32 uniform gathers each
+
+
+def measure_caches(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache) -> dict:
+    """Effective L1 and L2 capacities for gathers of x, in 32-byte sectors, from sweeps of x's size.
+
+    Rows of 32 uniformly random columns stream through the 32-lane kernel while x grows; the time per
+    entry steps from one level's speed to the next's as x outgrows the cache, and
+    :func:`~tuner.model.locality.fit_capacity` reads the capacity off that step. What it measures is the
+    share of each cache the gathers really get while the matrix streams past, not the nominal size.
+    """
+    spec_params = CsrVectorParams(32, 256)
+    n_rows = max(grid.cache_nnz // CACHE_WIDTH, 1)
+    out: dict = {}
+    for level, sizes in (("l1", grid.l1_sweep), ("l2", grid.l2_sweep)):
+        ms = []
+        for n_cols in sizes:
+            m = synthetic(CACHE_WIDTH, n_rows, int(n_cols), True, seed=int(n_cols))
+            spec = Specialization("csr_vector", spec_params, m.value_dtype, m.index_dtype, True)
+            k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
+            ms.append(float(np.median(time_spmv(k, 20, 3))))
+            del k
+        capacity = fit_capacity(np.array(sizes, np.float64), np.array(ms))
+        out[level] = {"columns": [int(c) for c in sizes], "ms": ms,
+                      "sectors": capacity * np.dtype(np.float32).itemsize / SECTOR_BYTES}
+    return out
+
+
+TAIL_WIDTHS = (16384, 65536, 262144)  # long rows dropped into the middle of a GPU-filling bulk
+TAIL_BULK_WIDTH = 16
+
+
+def with_long_row(bulk: CanonicalMatrix, width: int, seed: int) -> CanonicalMatrix:
+    """``bulk`` with one row of ``width`` distinct random columns inserted in the middle of its rows.
+
+    Example:
+        >>> m = with_long_row(synthetic(2, 4, 8, True, 0), 5, 1)
+        >>> m.row_lengths.tolist(), m.shape
+        ([2, 2, 5, 2, 2], (5, 8))
+    """
+    n_rows, n_cols = bulk.shape
+    mid = n_rows // 2
+    long_cols = np.sort(np.random.default_rng(seed).choice(n_cols, size=min(width, n_cols), replace=False))
+    cut = int(bulk.indptr[mid])
+    indices = np.concatenate([bulk.indices[:cut], long_cols.astype(bulk.indices.dtype), bulk.indices[cut:]])
+    indptr = np.concatenate([bulk.indptr[:mid + 1], bulk.indptr[mid:] + long_cols.size]).astype(bulk.indptr.dtype)
+    data = np.ones(indices.size, bulk.value_dtype)
+    return CanonicalMatrix(indptr=indptr, indices=indices, data=data, shape=(n_rows + 1, n_cols),
+                           pattern_value=bulk.pattern_value)
+
+
+def measure_tail(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache) -> dict:
+    """How much slower a long row runs among other warps than alone (the tail factor).
+
+    One long row of W entries goes into the middle of a bulk of short rows that fills the GPU (32-lane
+    kernel, x in L2), so it starts about halfway through the bulk; where the kernel then outlasts the bulk,
+    the row ran for (time - bulk / 2) against its time alone. The factor is the median of that ratio over
+    the rows that did outlast the bulk (1 when none did: the grid's rows were too short to tell).
+    """
+    spec_params = CsrVectorParams(32, 256)
+    n_cols = regimes(info)["l2"]
+    bulk = synthetic(TAIL_BULK_WIDTH, max(grid.cache_nnz // TAIL_BULK_WIDTH, 1), n_cols, True, seed=7)
+
+    def ms(m):
+        spec = Specialization("csr_vector", spec_params, m.value_dtype, m.index_dtype, True)
+        k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
+        return float(np.median(time_spmv(k, 20, 3)))
+
+    base = ms(bulk)
+    points = {}
+    for w in TAIL_WIDTHS:
+        alone = ms(synthetic(w, 1, n_cols, True, seed=w))
+        points[str(w)] = {"bulk_ms": base, "with_row_ms": ms(with_long_row(bulk, w, seed=w)), "alone_ms": alone}
+    factors = [(p["with_row_ms"] - TAIL_START * p["bulk_ms"]) / p["alone_ms"] for p in points.values()
+               if p["with_row_ms"] > 1.05 * p["bulk_ms"]]
+    return {"factor": float(np.median(factors)) if factors else 1.0, "start": TAIL_START, "points": points}
+
+
 def _versions() -> dict:
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -231,6 +315,8 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
                 c["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
                 c["launch_overhead_ms"] = measure_launch_overhead(info.arch, cache)
                 c.pop("batch_latency_ms", None)
+                _record_caches(prof, measure_caches(info, grid, info.arch, cache))
+                _record_tail(prof, measure_tail(info, grid, info.arch, cache))
                 prof["alone"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"])
             return prof
     warm_up()
@@ -250,9 +336,23 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
             "launch_overhead_ms": launch_ms,
         },
         "alone": measure_alone(info, grid, info.arch, cache, launch_ms),
+        "caches": {},
         "grid": {"widths": list(grid.widths), "regime_columns": regimes(info), "target_nnz": grid.target_nnz,
                  "max_nnz": grid.max_nnz},
         "tables": {v.key: {"max_active_warps": 0, "points": {r: {} for r in REGIMES}}
                    for v in variants(grid.value_free)},
     }
+    _record_caches(prof, measure_caches(info, grid, info.arch, cache))
+    _record_tail(prof, measure_tail(info, grid, info.arch, cache))
     return prof
+
+
+def _record_tail(prof: dict, tail: dict) -> None:
+    prof["tail"] = tail
+    prof["constants"]["tail_factor"] = tail["factor"]
+
+
+def _record_caches(prof: dict, caches: dict) -> None:
+    prof["caches"] = caches
+    for level, sweep in caches.items():
+        prof["constants"][f"{level}_sectors"] = sweep["sectors"]

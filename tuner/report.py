@@ -206,7 +206,7 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint
     from .compiler import measure
     from .loaders import display_name, load
     from .matrix import canonicalize
-    from .model import predict_baseline, predict_lookup
+    from .model import predict_baseline, predict_many
 
     info = gpu.device_info()
     cache = Cache(cache_dir)
@@ -216,7 +216,7 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint
         m = canonicalize(load(source))
         specs = families.specializations(m)
         t0 = time.perf_counter()
-        predicted = [predict_lookup(m, s, profile) for s in specs]
+        predicted = predict_many(m, specs, profile)
         plan_seconds = time.perf_counter() - t0
         baseline = [predict_baseline(m, s, profile) for s in specs]
         binaries = codegen.compile_many([families.render(s, m) for s in specs], info.arch, cache=cache)

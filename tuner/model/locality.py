@@ -1,30 +1,126 @@
 """Where the gathers of x hit: the share of accesses served by L1, L2 and device memory.
 
-Accesses follow the column lengths: the hottest columns of x stay cached. With each cache holding the most
-frequently read entries (half of each cache is left to the streamed matrix), the share of gathers that hit
-a level is the share of non-zeros in the columns that fit there.
+Caches hold 32-byte sectors, not single entries of x: a hot column occupies a whole sector, and in a
+graph with scattered hot nodes its neighbours in the sector are cold. So the model counts accesses per
+sector (the column counts summed over each aligned group of 32 / itemsize columns) and asks how often an
+LRU cache of K sectors hits a stream that requests sectors in those proportions: Che's approximation,
+exact enough for caches of thousands of lines. K is each cache's *effective* capacity for gathers while the
+matrix streams past, measured by the profile (uniform gathers over a growing x, :func:`fit_capacity`);
+without that measurement, half the nominal size stands in.
 """
 from __future__ import annotations
 
 import numpy as np
 
-CACHE_SHARE_FOR_X = 0.5
+SECTOR_BYTES = 32
+NOMINAL_SHARE = 0.5  # of a cache left to x when its effective capacity was not measured
 
 
-def regime_fractions(col_lengths: np.ndarray, itemsize: int, l1_bytes: int, l2_bytes: int) -> np.ndarray:
+def sector_counts(col_lengths: np.ndarray, itemsize: int) -> np.ndarray:
+    """Accesses per 32-byte sector of x: column counts summed over aligned groups of 32 / itemsize.
+
+    Example:
+        >>> sector_counts(np.arange(10), 4).tolist()
+        [28, 17]
+    """
+    per = max(SECTOR_BYTES // int(itemsize), 1)
+    c = np.asarray(col_lengths, dtype=np.int64)
+    padded = np.zeros(-(-c.size // per) * per, dtype=np.int64)
+    padded[:c.size] = c
+    return padded.reshape(-1, per).sum(axis=1)
+
+
+def che_hit_rate(counts: np.ndarray, capacity: float) -> float:
+    """Hit rate of an LRU cache of ``capacity`` items under independent requests in proportion to ``counts``.
+
+    Che's approximation: the cache's characteristic time T solves sum_i (1 - exp(-p_i T)) = capacity and
+    item i hits with probability 1 - exp(-p_i T). Items are grouped by count, so the cost is that of one
+    bincount. Uniform requests over S > capacity items give capacity / S, as they must.
+
+    Example:
+        >>> round(che_hit_rate(np.ones(1000, np.int64), 250), 3)
+        0.25
+        >>> che_hit_rate(np.array([5, 1, 0]), 2)
+        1.0
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    used = counts[counts > 0]
+    total = used.sum()
+    if total == 0 or used.size <= capacity:
+        return 1.0
+    if capacity <= 0:
+        return 0.0
+    mult = np.bincount(used)
+    values = np.flatnonzero(mult)
+    mult = mult[values].astype(np.float64)
+    q = values / float(total)
+
+    def occupied(t):
+        return float((mult * -np.expm1(-q * t)).sum())
+
+    lo, hi = 0.0, 1.0
+    while occupied(hi) < capacity:
+        hi *= 2.0
+    for _ in range(64):  # bisection to double precision of T
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if occupied(mid) < capacity else (lo, mid)
+    t = 0.5 * (lo + hi)
+    return float((mult * q * -np.expm1(-q * t)).sum())
+
+
+def regime_fractions(col_lengths: np.ndarray, itemsize: int, l1_sectors: float, l2_sectors: float) -> np.ndarray:
     """Fractions of gathers served by (L1, L2, device memory); they sum to 1.
 
     Example:
-        >>> regime_fractions(np.array([6, 2, 1, 1]), 4, l1_bytes=8, l2_bytes=24).round(2).tolist()
-        [0.6, 0.3, 0.1]
+        >>> regime_fractions(np.ones(64, np.int64), 4, l1_sectors=2, l2_sectors=4).round(3).tolist()
+        [0.25, 0.25, 0.5]
     """
-    counts = np.sort(np.asarray(col_lengths, dtype=np.int64))[::-1]
-    total = counts.sum()
-    if total == 0:
-        return np.array([1.0, 0.0, 0.0])
-    cum = np.concatenate([[0], np.cumsum(counts)]) / total
-    k1 = int(l1_bytes * CACHE_SHARE_FOR_X // itemsize)
-    k2 = int(l2_bytes * CACHE_SHARE_FOR_X // itemsize)
-    f1 = cum[min(k1, counts.size)]
-    f2 = cum[min(k2, counts.size)]
-    return np.array([f1, f2 - f1, 1.0 - f2])
+    sectors = sector_counts(col_lengths, itemsize)
+    h1 = che_hit_rate(sectors, l1_sectors)
+    h2 = max(che_hit_rate(sectors, l2_sectors), h1)
+    return np.array([h1, h2 - h1, 1.0 - h2])
+
+
+def cache_sectors(constants: dict, level: str) -> float:
+    """Effective capacity of a cache level ('l1' or 'l2') in sectors: measured, or half the nominal size.
+
+    Example:
+        >>> cache_sectors({"l1_bytes": 262144, "l2_bytes": 1 << 20}, "l1")
+        4096.0
+        >>> cache_sectors({"l1_bytes": 262144, "l1_sectors": 1000.0}, "l1")
+        1000.0
+    """
+    measured = constants.get(f"{level}_sectors")
+    if measured:
+        return float(measured)
+    return constants[f"{level}_bytes"] * NOMINAL_SHARE / SECTOR_BYTES
+
+
+def fit_capacity(sizes: np.ndarray, times: np.ndarray) -> float:
+    """Effective capacity (in the units of ``sizes``) of an LRU cache from a sweep of uniform gathers.
+
+    ``times[i]`` is the cost of gathers spread uniformly over ``sizes[i]`` items (increasing). With hit
+    rate h = min(1, K / size) the cost is miss + (hit - miss) * h; for each K of a fine logarithmic grid the
+    two costs are fitted by least squares (relative errors), and the K with the smallest residual wins.
+
+    Example:
+        >>> s = np.array([1e3, 2e3, 4e3, 8e3, 16e3, 64e3])
+        >>> t = 10 - 9 * np.minimum(1, 3000 / s)
+        >>> round(fit_capacity(s, t))
+        3000
+    """
+    sizes, times = np.asarray(sizes, dtype=np.float64), np.asarray(times, dtype=np.float64)
+    if sizes.size < 3 or np.any(np.diff(sizes) <= 0) or np.any(times <= 0):
+        raise ValueError("fit_capacity needs at least three increasing sizes and positive times")
+    grid = np.exp(np.linspace(np.log(sizes[0] / 4), np.log(sizes[-1] * 4), 4001))
+    h = np.minimum(1.0, grid[:, None] / sizes[None, :])  # (grid, points)
+    wt = 1.0 / times  # relative errors: weigh each point by 1 / its time
+    # Weighted least squares of times ~ a + b * h for every K at once (normal equations of two unknowns).
+    s0, s1, s2 = (wt ** 2).sum(), (wt ** 2 * h).sum(axis=1), (wt ** 2 * h * h).sum(axis=1)
+    t0, t1 = (wt ** 2 * times).sum(), (wt ** 2 * h * times).sum(axis=1)
+    det = s0 * s2 - s1 * s1
+    safe = np.where(np.abs(det) > 1e-300, det, np.inf)
+    a, b = (t0 * s2 - s1 * t1) / safe, (s0 * t1 - s1 * t0) / safe
+    err = ((wt * (a[:, None] + b[:, None] * h - times)) ** 2).sum(axis=1)
+    err = np.where(np.isfinite(safe), err, np.inf)
+    return float(grid[int(np.argmin(err))])

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import paths
 
-FORMAT = 1
+FORMAT = 2  # 2: GPU-side (queued) timings, measured cache capacities
 REGIMES = ("l1", "l2", "dram")  # where the gathered x mostly hits: L1/tex, L2, or device memory
 
 
@@ -31,7 +31,9 @@ class Profile:
 
     Attributes:
         gpu: name, capability, driver and CUDA versions of the GPU it was measured on.
-        constants: sm_count, max_warps_per_sm, l1_bytes, l2_bytes, copy_bandwidth_gbs, launch_overhead_ms.
+        constants: sm_count, max_warps_per_sm, l1_bytes, l2_bytes, copy_bandwidth_gbs, launch_overhead_ms, and
+            the measured l1_sectors and l2_sectors (effective cache capacities for gathers) and tail_factor
+            (how much slower a long row runs among other warps than alone).
         tables: kernel key -> {"max_active_warps": int, "points": {regime: {w: entries per ms}}}: the
             throughput of a full GPU of warps whose rows all have w entries (paper 003's
             Performance(w, h), h fixed by the kernel's lanes per row).
@@ -50,7 +52,8 @@ class Profile:
     def from_json(cls, text: str) -> "Profile":
         raw = json.loads(text)
         if raw.get("format") != FORMAT:
-            raise ValueError(f"profile format {raw.get('format')!r} is not {FORMAT}")
+            raise ValueError(f"profile format {raw.get('format')!r} is not this tool's {FORMAT} (timings and "
+                             f"constants changed): measure again with `python -m tuner profile`")
         return cls(gpu=raw["gpu"], constants=raw["constants"], tables=raw["tables"],
                    digest=hashlib.sha256(text.encode()).hexdigest(), alone=raw.get("alone", {}))
 

@@ -1,12 +1,18 @@
-"""The model's view of a kernel: its warps in launch order, each with a workload and a table to look up.
+"""The model's view of a kernel: its warps, each with a workload and a table to look up.
 
 Paper 003 models a kernel as rectangular workloads (w columns x h rows), one per warp. Our kernels give
 each row a group of G lanes, so a warp holds 32/G rows: it is looked up in the table by its longest row
 (its groups run in lockstep, so that sets its shape) and charged the entries it really streams (lanes of
 shorter rows idle and load nothing); a row handled by a whole block is split over the block's warps.
+
+The model only ever sums functions of a warp's shape over warps, so a segment keeps, per distinct shape w,
+how many warps have it and how many entries they stream together: a histogram of the warps. Rows that
+are warps by themselves (32 lanes, or a block, per row) come straight from one histogram of row lengths;
+only groups of several rows per warp need a pass over the rows.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,49 +27,125 @@ WARP = 32
 
 
 @dataclass(frozen=True)
-class WarpSegment:
-    """Consecutive warps of one launch that share a table.
+class WarpHistogram:
+    """Warps of one launch segment grouped by shape.
 
     Attributes:
-        key: profile table of their kernel shape.
-        w: row length each warp is looked up with (its longest row; a block row's full length).
-        size: entries each warp streams.
+        w: distinct row lengths the warps are looked up with (their longest row; a block row's length).
+        count: warps of each shape.
+        size: entries those warps stream, summed.
     """
 
-    key: str
     w: np.ndarray
+    count: np.ndarray
     size: np.ndarray
+
+    @classmethod
+    def of_warps(cls, w: np.ndarray, size: np.ndarray) -> "WarpHistogram":
+        """Group per-warp shapes and sizes."""
+        w = np.asarray(w, dtype=np.int64)
+        if w.size == 0:
+            return EMPTY
+        count = np.bincount(w)
+        total = np.bincount(w, weights=np.asarray(size, dtype=np.float64))
+        keep = np.flatnonzero(count)
+        return cls(keep, count[keep].astype(np.float64), total[keep])
+
+    @property
+    def warps(self) -> int:
+        return int(self.count.sum())
+
+    def expand(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-warp (w, size) with each shape's entries spread evenly over its warps (for tests, eq. 1-5)."""
+        reps = self.count.astype(np.int64)
+        return np.repeat(self.w, reps).astype(np.float64), np.repeat(self.size / np.maximum(self.count, 1), reps)
+
+
+EMPTY = WarpHistogram(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """Which rows one launch segment covers and how it maps them to warps.
+
+    Attributes:
+        lo, hi: rows with lo <= length < hi (hi None: no upper bound).
+        group: lanes per row (1..32), or 'block' for a row per block.
+        block: threads per block.
+    """
+
+    lo: int
+    hi: int | None
+    group: object
+    block: int
+
+    @property
+    def ident(self) -> tuple:
+        # Block size matters to the warps only for block rows: other shapes share one histogram.
+        return (self.lo, self.hi, self.group, self.block if self.group == "block" else 0)
+
+
+@dataclass(frozen=True)
+class WarpSegment:
+    """Consecutive warps of one launch that share a table."""
+
+    key: str
+    warps: WarpHistogram
     ident: tuple = ()
-    lanes: int = WARP  # lanes cooperating on one row (a whole block for block rows)
 
 
-def group_warps(lengths: np.ndarray, group: int, key: str) -> WarpSegment:
+def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
+    """(rows of each length, entries in them), indexed by length; one bincount per matrix."""
+    def build():
+        count = np.bincount(m.row_lengths).astype(np.float64)
+        return count, count * np.arange(count.size)
+    return shared_layout(m, ("row_histogram",), build)
+
+
+def group_histogram(lengths: np.ndarray, group: int) -> WarpHistogram:
     """Warps of G-lane groups over rows of ``lengths`` in order: 32/G rows per warp, shaped by the longest.
 
     Example:
-        >>> s = group_warps(np.array([1, 5, 2, 2, 7]), group=16, key="k")
-        >>> s.w.tolist(), s.size.tolist()
-        ([5.0, 2.0, 7.0], [6.0, 4.0, 7.0])
+        >>> h = group_histogram(np.array([1, 5, 2, 2, 7]), group=16)
+        >>> h.w.tolist(), h.count.tolist(), h.size.tolist()
+        ([2, 5, 7], [1.0, 1.0, 1.0], [4.0, 6.0, 7.0])
     """
     rows_per_warp = WARP // group
     n = lengths.size
-    padded = np.zeros(-(-n // rows_per_warp) * rows_per_warp, dtype=np.int64)
-    padded[:n] = lengths
-    rows = padded.reshape(-1, rows_per_warp)
-    return WarpSegment(key, rows.max(axis=1).astype(np.float64), rows.sum(axis=1).astype(np.float64))
+    if n == 0:
+        return EMPTY
+    full = n // rows_per_warp * rows_per_warp
+    parts_w, parts_s = [], []
+    if full:
+        rows = lengths[:full].reshape(-1, rows_per_warp)
+        parts_w.append(rows.max(axis=1))
+        parts_s.append(rows.sum(axis=1))
+    if full < n:  # the last, partial warp
+        parts_w.append(lengths[full:].max(keepdims=True))
+        parts_s.append(lengths[full:].sum(keepdims=True))
+    return WarpHistogram.of_warps(np.concatenate(parts_w), np.concatenate(parts_s))
 
 
-def block_warps(lengths: np.ndarray, block: int, key: str) -> WarpSegment:
-    """Warps of rows handled by a whole block each: block/32 warps per row sharing its entries.
+def per_row_histogram(m: CanonicalMatrix, lo: int, hi: int | None, warps_per_row: int) -> WarpHistogram:
+    """Warps of rows that fill whole warps (32 lanes, or a block of ``warps_per_row`` warps) per row.
 
     Example:
-        >>> s = block_warps(np.array([640]), block=64, key="k")
-        >>> s.w.tolist(), s.size.tolist()
-        ([640.0, 640.0], [320.0, 320.0])
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.csr_matrix(np.tril(np.ones((5, 5), np.float32))))
+        >>> h = per_row_histogram(m, 2, None, warps_per_row=2)
+        >>> h.w.tolist(), h.count.tolist(), h.size.tolist()
+        ([2, 3, 4, 5], [2.0, 2.0, 2.0, 2.0], [2.0, 4.0, 4.0, 6.0])
     """
-    per_row = block // WARP
-    w = np.repeat(lengths.astype(np.float64), per_row)
-    return WarpSegment(key, w, np.ceil(w / per_row))
+    count, _ = row_histogram(m)
+    top = count.size if hi is None else min(hi, count.size)
+    lo = max(lo, 0)
+    if lo >= top:
+        return EMPTY
+    w = np.arange(lo, top)
+    keep = np.flatnonzero(count[lo:top])
+    w, rows = w[keep], count[lo:top][keep]
+    # Each row's warps stream ceil(w / warps_per_row) entries each (the last lanes of a block idle).
+    return WarpHistogram(w, rows * warps_per_row, rows * warps_per_row * np.ceil(w / warps_per_row))
 
 
 def class_lengths(m: CanonicalMatrix, lo: int, hi: int | None) -> np.ndarray:
@@ -75,27 +157,49 @@ def class_lengths(m: CanonicalMatrix, lo: int, hi: int | None) -> np.ndarray:
     return L[keep]
 
 
-def _segment(m: CanonicalMatrix, lo: int, hi: int | None, group, block: int, family: str) -> WarpSegment:
-    # Candidates share classes and lane counts: each (class, lanes) is built once per matrix.
-    key = kernel_key(family, group, block, m.value_free)
-    ident = (lo, hi, group, block if group == "block" else 0)
-    base = shared_layout(m, ("warps",) + ident, lambda: (
-        block_warps(class_lengths(m, lo, hi), block, "") if group == "block"
-        else group_warps(class_lengths(m, lo, hi), group, "")))
-    return WarpSegment(key, base.w, base.size, ident, block if group == "block" else group)
+def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
+    """The warps of one segment of ``m`` (memoised per matrix: candidates share segments)."""
+    def build():
+        if s.group == "block":
+            return per_row_histogram(m, s.lo, s.hi, s.block // WARP)
+        if s.group == WARP:
+            return per_row_histogram(m, s.lo, s.hi, 1)
+        return group_histogram(class_lengths(m, s.lo, s.hi), s.group)
+    return shared_layout(m, ("warps",) + s.ident, build)
 
 
-def csr_vector_warps(m: CanonicalMatrix, p: CsrVectorParams) -> list[WarpSegment]:
-    return [_segment(m, 0, None, p.threads_per_row, p.block_size, "csr_vector")]
+def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int = 8) -> None:
+    """Build many segments' histograms at once (NumPy's passes over the rows release the GIL)."""
+    distinct = list({s.ident: s for s in segments}.values())
+    if len(distinct) > 1 and m.n_rows > (1 << 20):
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(lambda s: histogram(m, s), distinct))
 
 
-def binned_warps(m: CanonicalMatrix, p: BinnedParams) -> list[WarpSegment]:
+def csr_vector_segments(m: CanonicalMatrix, p: CsrVectorParams) -> list[tuple[str, SegmentSpec]]:
+    return [(kernel_key("csr_vector", p.threads_per_row, p.block_size, m.value_free),
+             SegmentSpec(0, None, p.threads_per_row, p.block_size))]
+
+
+def binned_segments(m: CanonicalMatrix, p: BinnedParams) -> list[tuple[str, SegmentSpec]]:
     # The binned layout keeps row order inside a class, so a class's warps are those of its rows in order.
-    huge = p.huge_min
-    return [_segment(m, 0, p.small_max, 1, p.block_size, "binned"),
-            _segment(m, p.small_max, p.medium_max, p.medium_lanes, p.block_size, "binned"),
-            _segment(m, p.medium_max, huge, WARP, p.block_size, "binned"),
-            _segment(m, huge if huge is not None else np.iinfo(np.int64).max, None, "block", p.block_size, "binned")]
+    huge = p.huge_min if p.huge_min is not None else np.iinfo(np.int64).max
+    shapes = [(0, p.small_max, 1), (p.small_max, p.medium_max, p.medium_lanes),
+              (p.medium_max, p.huge_min, WARP), (huge, None, "block")]
+    return [(kernel_key("binned", g, p.block_size, m.value_free), SegmentSpec(lo, hi, g, p.block_size))
+            for lo, hi, g in shapes]
 
 
-WARP_MODELS = {"csr_vector": csr_vector_warps, "binned": binned_warps}
+SEGMENTS = {"csr_vector": csr_vector_segments, "binned": binned_segments}
+
+
+def warp_segments(m: CanonicalMatrix, family: str, params) -> list[WarpSegment]:
+    """The warps of a candidate, one segment per launch shape, in launch order.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.csr_matrix(np.tril(np.ones((6, 6), np.float32))))
+        >>> [s.warps.warps for s in warp_segments(m, "csr_vector", CsrVectorParams(16, 128))]
+        [3]
+    """
+    return [WarpSegment(key, histogram(m, s), s.ident) for key, s in SEGMENTS[family](m, params)]
