@@ -120,12 +120,17 @@ def rows_for(w: int, grid: Grid, info: gpu.DeviceInfo) -> int:
     return int(max(1, min(max(-(-grid.target_nnz // w), fill), grid.max_nnz // w)))
 
 
+def median_ms(m: CanonicalMatrix, family: str, params, arch: str, cache: Cache, repeats: int = 20,
+              warmup: int = 3) -> float:
+    """Median milliseconds of one kernel on ``m`` (its own buffers; compiled through the binary cache)."""
+    spec = Specialization(family, params, m.value_dtype, m.index_dtype, m.value_free)
+    k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
+    return float(np.median(time_spmv(k, repeats, warmup)))
+
+
 def measure_launch_overhead(arch: str, cache: Cache) -> float:
     """Median milliseconds of an SpMV launch that does almost nothing (one short row)."""
-    m = synthetic(1, 1, 8, True, 0)
-    spec = Specialization("csr_vector", CsrVectorParams(1, 128), m.value_dtype, m.index_dtype, True)
-    k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
-    return float(np.median(time_spmv(k, 200, 20)))
+    return median_ms(synthetic(1, 1, 8, True, 0), "csr_vector", CsrVectorParams(1, 128), arch, cache, 200, 20)
 
 
 def warm_up(seconds: float = 1.0) -> None:
@@ -155,14 +160,13 @@ def measure_alone(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, lau
                 continue
             for regime in REGIMES:
                 m = synthetic(w, 1, max(cols[regime], w), v.value_free, seed=w)
-                spec = Specialization(v.family, params, m.value_dtype, m.index_dtype, v.value_free)
-                k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
-                ms = float(np.median(time_spmv(k, 15, 3)))
+                ms = median_ms(m, v.family, params, arch, cache, 15)
                 table[regime][str(w)] = max(ms - launch_ms, 1e-6)
     return out
 
 
 CACHE_WIDTH = 32  # the sweep's rows: one warp per row, 32 uniform gathers each
+WARP_PER_ROW = CsrVectorParams(32, 256)  # the kernel of the cache and tail measurements
 
 
 def measure_caches(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache) -> dict:
@@ -173,17 +177,11 @@ def measure_caches(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache) ->
     :func:`~tuner.model.locality.fit_capacity` reads the capacity off that step. What it measures is the
     share of each cache the gathers really get while the matrix streams past, not the nominal size.
     """
-    spec_params = CsrVectorParams(32, 256)
     n_rows = max(grid.cache_nnz // CACHE_WIDTH, 1)
     out: dict = {}
     for level, sizes in (("l1", grid.l1_sweep), ("l2", grid.l2_sweep)):
-        ms = []
-        for n_cols in sizes:
-            m = synthetic(CACHE_WIDTH, n_rows, int(n_cols), True, seed=int(n_cols))
-            spec = Specialization("csr_vector", spec_params, m.value_dtype, m.index_dtype, True)
-            k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
-            ms.append(float(np.median(time_spmv(k, 20, 3))))
-            del k
+        ms = [median_ms(synthetic(CACHE_WIDTH, n_rows, int(n_cols), True, seed=int(n_cols)), "csr_vector",
+                        WARP_PER_ROW, arch, cache) for n_cols in sizes]
         capacity = fit_capacity(np.array(sizes, np.float64), np.array(ms))
         out[level] = {"columns": [int(c) for c in sizes], "ms": ms,
                       "sectors": capacity * np.dtype(np.float32).itemsize / SECTOR_BYTES}
@@ -221,14 +219,11 @@ def measure_tail(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache) -> d
     the row ran for (time - bulk / 2) against its time alone. The factor is the median of that ratio over
     the rows that did outlast the bulk (1 when none did: the grid's rows were too short to tell).
     """
-    spec_params = CsrVectorParams(32, 256)
     n_cols = regimes(info)["l2"]
     bulk = synthetic(TAIL_BULK_WIDTH, max(grid.cache_nnz // TAIL_BULK_WIDTH, 1), n_cols, True, seed=7)
 
     def ms(m):
-        spec = Specialization("csr_vector", spec_params, m.value_dtype, m.index_dtype, True)
-        k = SpMV(m, spec, codegen.compile_source(families.render(spec, m), arch, cache=cache).cubin, None)
-        return float(np.median(time_spmv(k, 20, 3)))
+        return median_ms(m, "csr_vector", WARP_PER_ROW, arch, cache)
 
     base = ms(bulk)
     points = {}

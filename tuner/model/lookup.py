@@ -74,7 +74,6 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
     Example: see tests/test_model.py (needs a profile).
     """
     prebuild(m, [s for spec in specs for _, s in SEGMENTS[spec.family](m, spec.params)])
-    gather_fractions(m, profile)
     return [predict_lookup(m, spec, profile) for spec in specs]
 
 
