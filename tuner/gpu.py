@@ -261,16 +261,15 @@ def time_launches(run, repeats: int, warmup: int = 3, queued: bool = True) -> li
         run()
     starts = [drv.Event() for _ in range(repeats)]
     ends = [drv.Event() for _ in range(repeats)]
-    hold = _hold() if queued else None
+    fn, flag, flag_ptr = _hold() if queued else (None, None, None)
     for i, (s, e) in enumerate(zip(starts, ends)):
-        if hold and i % QUEUED_BATCH == 0:
-            fn, flag, flag_ptr = hold
+        if queued and i % QUEUED_BATCH == 0:
             flag[0] = 0
             fn.prepared_call((1, 1, 1), (1, 1, 1), flag_ptr, np.uint64(HOLD_LIMIT_NS))
         s.record()
         run()
         e.record()
-        if hold and (i % QUEUED_BATCH == QUEUED_BATCH - 1 or i == repeats - 1):
+        if queued and (i % QUEUED_BATCH == QUEUED_BATCH - 1 or i == repeats - 1):
             flag[0] = 1
     if repeats:
         ends[-1].synchronize()
