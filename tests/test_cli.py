@@ -88,4 +88,15 @@ def test_default_suite_lists_real_matrices_then_generated(tmp_path):
     (tmp_path / "b.npz").write_bytes(b"")
     (tmp_path / "a.npz").write_bytes(b"")
     suite = bench.default_suite(tmp_path)
-    assert [s.rsplit("/", 1)[-1] for s in suite] == ["a.npz", "b.npz", "rmat:20", "rmat:23"]
+    assert [s.rsplit("/", 1)[-1] for s in suite] == ["a.npz", "b.npz", "rmat:20", "rmat:23", "rmat:25"]
+    assert bench.large_sources(suite) == ["rmat:25"]
+
+
+def test_default_suites_scale_real_graphs_beyond_50m_for_bench_and_report(tmp_path):
+    for name in ("cnr-2000.npz", "ego-Twitter-undirected.npz", "soc-Slashdot0902.npz", "bcsstk16.npz"):
+        (tmp_path / name).write_bytes(b"")
+    kron = [s.rsplit("/", 1)[-1] for s in bench.default_suite(tmp_path) if s.startswith("kron:")]
+    assert kron == ["cnr-2000.npz:3", "ego-Twitter-undirected.npz:3", "soc-Slashdot0902.npz:4", "cnr-2000.npz:4"]
+    report = [s for s in bench.default_suite(tmp_path, report=True) if s.startswith("kron:")]
+    assert len(report) == 3 and bench.large_sources(report) == []
+    assert bench.large_sources(bench.default_suite(tmp_path))[-1].endswith("cnr-2000.npz:4")

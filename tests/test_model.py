@@ -175,17 +175,17 @@ def test_lookup_bounds_a_dense_row_by_its_rounds_and_sees_locality(profile):
     assert all(np.isfinite(v) and v > 0 for v in pred.values())
     # One thread alone walks the dense row in 8 ms: that tail, far more than the throughput share, is added
     # to the thread-per-row kernel's time; a block of 256 lanes takes 1/256 of it.
-    thread = next(s for s in specs if s.label() == "csr_vector(threads_per_row=1,block_size=256)")
+    thread = next(s for s in specs if s.label() == "csr_vector(threads_per_row=1,block_size=256,order=none)")
     work = predict_lookup(m, thread, Profile.from_json(fake_profile_json(tail_factor=0.0))) - 0.004
     assert pred[thread.label()] == pytest.approx(0.004 + work / 2 + 4e-4 * 20000)
-    block = pred["binned(small_max=8,medium_max=96,warp_division=8,huge_min=96,block_size=256)"]
-    assert block < pred["csr_vector(threads_per_row=1,block_size=256)"] / 10
+    block = pred["binned(small_max=8,medium_max=96,warp_division=8,huge_min=96,block_size=256,order=none)"]
+    assert block < pred["csr_vector(threads_per_row=1,block_size=256,order=none)"] / 10
     # The same rows gathering from ~370,000 distinct columns (x beyond half of L1) are predicted slower.
     cols = np.random.default_rng(1).choice(10**8, m.nnz, replace=False).astype(np.int64)
     wide = canonicalize(sp.csr_matrix((m.data, cols, m.indptr), shape=(m.n_rows, 10**8)))
     assert wide.col_lengths.max() == 1
     spec = next(s for s in specs if s.label() == "binned(small_max=8,medium_max=96,warp_division=8,huge_min=96,"
-                                                  "block_size=256)")
+                                                  "block_size=256,order=none)")
     assert predict_lookup(wide, spec, profile) > predict_lookup(m, spec, profile)
 
 
@@ -294,3 +294,35 @@ def test_lookup_work_term_is_the_wave_model_with_work_weighted_means(profile):
     fr_l1 = fr[0]
     assert fr_l1 == 1.0  # x is small enough for L1, so the alone times are those of the L1 regime
     assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + max(waves, waves / 2 + tail), rel=1e-9)
+
+
+def test_relabelled_candidate_is_the_permuted_matrix_plus_two_gathers(profile):
+    from tuner.families.base import ordered_matrix
+    from tuner.model.lookup import reorder_ms
+    m = canonicalize(power_law(6000, 9000, seed=12))
+    plain = Specialization("binned", BinnedParams(8, 32, 4), m.value_dtype, m.index_dtype, m.value_free)
+    ordered = Specialization("binned", BinnedParams(8, 32, 4, order="degree"), m.value_dtype, m.index_dtype,
+                             m.value_free)
+    b = ordered_matrix(m, "degree")
+    gathers = reorder_ms(6000, 9000, 4, 4, profile.constants)
+    assert gathers == pytest.approx(2 * 0.004 + (9000 + 6000) * 12 / 3e9)  # x and y fit the fake L2
+    assert predict_lookup(m, ordered, profile) == pytest.approx(predict_lookup(b, plain, profile) + gathers)
+
+
+def test_sorting_columns_by_degree_packs_the_hot_gathers_into_cache():
+    rng = np.random.default_rng(3)
+    lengths = np.minimum(rng.zipf(1.6, 200_000), 5000)
+    scattered = regime_fractions(lengths, 4, l1_sectors=500, l2_sectors=4000)
+    packed = regime_fractions(np.sort(lengths)[::-1], 4, l1_sectors=500, l2_sectors=4000)
+    assert packed[0] > scattered[0] + 0.05  # more L1 hits
+    assert packed[2] < scattered[2]  # fewer trips to memory
+
+
+def test_gather_cost_grows_with_the_share_of_the_source_beyond_l2():
+    from tuner.model.lookup import gather_ms
+    c = {"launch_overhead_ms": 0.0, "copy_bandwidth_gbs": 1000.0, "l2_sectors": 1000.0}  # 32 KB of L2
+    fits = gather_ms(8000, 4, 4, c)  # 32 KB source: every sector read once
+    assert fits == pytest.approx(8000 * 12 / 1e9)
+    far = gather_ms(80_000, 4, 4, c)  # 320 KB source: 90 % of the elements cost a sector
+    assert far == pytest.approx(80_000 * (12 + 32 * 0.9) / 1e9)
+    assert gather_ms(0, 4, 4, c) == 0.0

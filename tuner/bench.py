@@ -16,15 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, gpu, loaders, paths
+from . import __version__, families, gpu, loaders, paths
 from .compiler import compile as compile_spmv
 from .kernel import copy_bandwidth_gbs, random_vector, time_spmv
 from .matrix import CanonicalMatrix, canonicalize
 
-DEFAULT_GENERATED = ("rmat:20", "rmat:23")
-REPORT_GENERATED = ("rmat:20", "rmat:23", "rmat:25")
-# Kronecker-scaled real graphs of 50M+ non-zeros (the default seed triples nnz per step).
+GENERATED = ("rmat:20", "rmat:23", "rmat:25")
+# Kronecker-scaled real graphs of 50M+ non-zeros (the default seed about triples nnz per step): 72M-87M
+# for the report, plus cnr-2000 at about 260M for the benchmark.
 KRONECKER_SCALED = (("cnr-2000.npz", 3), ("ego-Twitter-undirected.npz", 3), ("soc-Slashdot0902.npz", 4))
+KRONECKER_BENCH_ONLY = (("cnr-2000.npz", 4),)
 
 
 @dataclass(frozen=True)
@@ -50,22 +51,34 @@ class BenchRow:
     load_s: float
     tune_s: float
     cache_hit_s: float
+    layout_s: float = float("nan")
+
+
+def large_sources(suite: list[str]) -> list[str]:
+    """The suite's generated matrices of 100M+ non-zeros (rmat:25 and the largest Kronecker graph): built
+    in minutes and tens of GB of host memory, worth it only where a GPU will time them.
+
+    Example:
+        >>> large_sources(["rmat:20", "rmat:25", "kron:/d/cnr-2000.npz:4", "kron:/d/cnr-2000.npz:3"])
+        ['rmat:25', 'kron:/d/cnr-2000.npz:4']
+    """
+    large = {"rmat:25"} | {f"kron:{n}:{k}" for n, k in KRONECKER_BENCH_ONLY}
+    return [s for s in suite if s in large or any(s.endswith(f"/{n}:{k}") for n, k in KRONECKER_BENCH_ONLY)]
 
 
 def default_suite(data_dir=None, report: bool = False) -> list[str]:
-    """Real matrices of the data directory (if present) plus rmat:20 and rmat:23; for reports also rmat:25
-    and Kronecker-scaled real graphs of 50M+ non-zeros.
+    """Real matrices of the data directory (if present; the non-power-law ones stay as controls), rmat:20,
+    rmat:23, rmat:25 and Kronecker-scaled real graphs of 50M+ non-zeros (the benchmark adds a larger one).
 
     Example:
-        >>> default_suite("/nonexistent")[-2:]
-        ['rmat:20', 'rmat:23']
+        >>> default_suite("/nonexistent")
+        ['rmat:20', 'rmat:23', 'rmat:25']
     """
     real = loaders.real_matrices(data_dir)
-    if not report:
-        return [str(p) for p in real] + list(DEFAULT_GENERATED)
     by_name = {p.name: p for p in real}
-    kron = [f"kron:{by_name[n]}:{k}" for n, k in KRONECKER_SCALED if n in by_name]
-    return [str(p) for p in real] + list(REPORT_GENERATED) + kron
+    scaled = KRONECKER_SCALED if report else KRONECKER_SCALED + KRONECKER_BENCH_ONLY
+    kron = [f"kron:{by_name[n]}:{k}" for n, k in scaled if n in by_name]
+    return [str(p) for p in real] + list(GENERATED) + kron
 
 
 def compulsory_bytes(m: CanonicalMatrix) -> int:
@@ -153,6 +166,12 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     t0 = time.perf_counter()
     spmv = compile_spmv(A, cache_dir=cache_dir, tune=tune)  # second compile: served from the plan and binary caches
     cache_hit_s = time.perf_counter() - t0
+    # The chosen layout built again from a fresh canonical matrix (relabelling included): its host cost.
+    fresh = canonicalize(A)
+    t0 = time.perf_counter()
+    families.get(spmv.spec.family).launch(fresh, spmv.spec.params)
+    layout_s = time.perf_counter() - t0
+    del fresh
     x = random_vector(m.n_cols, m.value_dtype, seed=1)
     ref = m.to_scipy().astype(np.float64) @ x.astype(np.float64)
     y = spmv(x)
@@ -177,7 +196,7 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
                     cusparse_ms=best_cusparse, speedup=(best_cusparse / ours_ms) if best_cusparse else None,
                     compulsory_bytes=nbytes, achieved_gbs=achieved,
                     floor_fraction=achieved / copy_gbs if copy_gbs else float("nan"), rel_error=err,
-                    load_s=load_s, tune_s=tune_s, cache_hit_s=cache_hit_s)
+                    load_s=load_s, tune_s=tune_s, cache_hit_s=cache_hit_s, layout_s=layout_s)
 
 
 def format_table(rows: list[BenchRow]) -> str:
@@ -185,15 +204,16 @@ def format_table(rows: list[BenchRow]) -> str:
 
     Example:
         >>> format_table([]).split()
-        ['matrix', 'nnz', 'ours', 'ms', 'cuSPARSE', 'ms', 'speedup', 'GB/s', 'floor', 'plan']
+        ['matrix', 'nnz', 'ours', 'ms', 'cuSPARSE', 'ms', 'speedup', 'GB/s', 'floor', 'layout', 's', 'plan']
     """
-    head = f"{'matrix':<24}{'nnz':>11}{'ours ms':>10}{'cuSPARSE ms':>13}{'speedup':>9}{'GB/s':>7}{'floor':>7}  plan"
+    head = (f"{'matrix':<24}{'nnz':>11}{'ours ms':>10}{'cuSPARSE ms':>13}{'speedup':>9}{'GB/s':>7}{'floor':>7}"
+            f"{'layout s':>9}  plan")
     lines = [head]
     for r in rows:
         cus = f"{r.cusparse_ms:13.4f}" if r.cusparse_ms is not None else f"{'-':>13}"
         spd = f"{r.speedup:8.2f}x" if r.speedup is not None else f"{'-':>9}"
         lines.append(f"{r.name[:23]:<24}{r.nnz:>11,}{r.ours_ms:10.4f}{cus}{spd}{r.achieved_gbs:7.0f}"
-                     f"{r.floor_fraction:7.1%}  {r.plan}")
+                     f"{r.floor_fraction:7.1%}{r.layout_s:9.2f}  {r.plan}")
     return "\n".join(lines)
 
 
@@ -203,10 +223,7 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
     cp = _cupy()
     info = gpu.device_info()
     copy_gbs = copy_bandwidth_gbs()
-    rows = []
-    items = progress(suite) if progress else suite
-    for source in items:
-        rows.append(bench_one(source, repeats=repeats, cp=cp, copy_gbs=copy_gbs, cache_dir=cache_dir, tune=tune))
+    rows: list[BenchRow] = []
     report = {
         "tool": f"sparse-tuner {__version__}", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": " ".join(["python -m tuner"] + sys.argv[1:]) if sys.argv else "",
@@ -219,12 +236,16 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
         "timing": f"medians of CUDA-event times after warm-up; ours_ms and cusparse_*_ms: whole calls from "
                   f"Python on CuPy arrays, {CALLS_PER_SAMPLE} back to back per sample, {repeats} samples; "
                   "ours_kernel_ms: the kernel alone on the GPU (launches queued behind a hold kernel, so the "
-                  "host's issue rate does not count)",
-        "rows": [asdict(r) for r in rows],
+                  "host's issue rate does not count); a relabelled plan's times include its gathers of x "
+                  "and y; layout_s: host time to build the chosen layout (relabelling included)",
+        "suite": list(suite), "rows": [],
     }
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1))
+    for source in (progress(suite) if progress else suite):
+        rows.append(bench_one(source, repeats=repeats, cp=cp, copy_gbs=copy_gbs, cache_dir=cache_dir, tune=tune))
+        report["rows"] = [asdict(r) for r in rows]
+        if out is not None:  # after every matrix: an interrupted run keeps what it measured
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report, indent=1))
     return report
 
 

@@ -58,7 +58,10 @@ def cmd_bench(args) -> int:
     from . import bench
     suite = args.suite or bench.default_suite(args.data_dir)
     if not gpu.available():
-        return _dry_run(suite, args.arch, args.cache_dir)
+        skipped = [] if args.suite else bench.large_sources(suite)
+        if skipped:
+            print(f"no GPU: skipping the generated matrices of 100M+ non-zeros ({', '.join(skipped)})")
+        return _dry_run([s for s in suite if s not in skipped], args.arch, args.cache_dir)
     out = Path(args.out) if args.out else bench.default_out()
     report = bench.run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir, tune=args.tune,
                        progress=lambda s: tqdm(s, desc="bench", unit="matrix", file=sys.stderr))

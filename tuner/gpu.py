@@ -150,14 +150,18 @@ def device_info() -> DeviceInfo:
 class Kernel:
     """A loaded kernel with its prepared argument signature."""
 
-    def __init__(self, cubin: bytes, name: str, signature: str):
+    def __init__(self, cubin: bytes, name: str, signature: str, module=None):
         _context()
-        self.module = drv.module_from_buffer(cubin)
+        self.module = module if module is not None else drv.module_from_buffer(cubin)
         self.function = self.module.get_function(name)
         self.function.prepare(signature)
         self.name = name
         self.registers = self.function.get_attribute(drv.function_attribute.NUM_REGS)
         self.shared_bytes = self.function.get_attribute(drv.function_attribute.SHARED_SIZE_BYTES)
+
+    def sibling(self, name: str, signature: str) -> "Kernel":
+        """Another kernel of the same module (the module is loaded once)."""
+        return Kernel(b"", name, signature, module=self.module)
 
     def launch(self, grid: int, block: int, *args) -> None:
         if grid:

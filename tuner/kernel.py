@@ -1,12 +1,13 @@
 """The callables :func:`tuner.compile` returns: a loaded kernel bound to the matrix's device arrays."""
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
 
 import numpy as np
 
 from . import families, gpu
-from .families.base import Launch, Specialization
+from .families.base import Launch, Specialization, ceil_div
 from .matrix import CanonicalMatrix, MatrixError, check_vector_dtype, check_vector_shape
 
 SIGNATURE_CODES = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
@@ -59,11 +60,70 @@ class SpMV:
         self._kernel = gpu.Kernel(cubin, spec.kernel_name, signature)
         self._x_buf = gpu.alloc(self.shape[1] * self.dtype.itemsize)
         self._y_buf = gpu.alloc(self.shape[0] * self.dtype.itemsize)
+        self._plan_order = False
+        self._gathers = None
+        if self._launch.x_gather is not None:  # a relabelled plan: gathers to and from its order
+            self._gathers = _Gathers(
+                self._kernel.sibling(spec.kernel_name + "_gather", "PPPq"),
+                arrays.pointer(self._launch.x_gather), arrays.pointer(self._launch.y_gather),
+                gpu.alloc(self.shape[1] * self.dtype.itemsize), gpu.alloc(self.shape[0] * self.dtype.itemsize))
 
     def launch(self, x_ptr: int, y_ptr: int) -> None:
-        """Run the kernel on device pointers (no checks: for timing loops and iterative solvers)."""
+        """Run the product on device pointers (no checks: for timing loops and iterative solvers).
+
+        A relabelled plan runs three kernels: x gathered into the plan's order, the product, y gathered
+        back; :meth:`in_plan_order` runs the product alone.
+        """
+        g = self._gathers
+        if g is None or self._plan_order:
+            self._product(x_ptr, y_ptr)
+            return
+        n_rows, n_cols = self.shape
+        g.kernel.launch(ceil_div(n_cols, GATHER_BLOCK), GATHER_BLOCK, g.x_order, x_ptr, int(g.x_plan),
+                        np.int64(n_cols))
+        self._product(int(g.x_plan), int(g.y_plan))
+        g.kernel.launch(ceil_div(n_rows, GATHER_BLOCK), GATHER_BLOCK, g.y_order, int(g.y_plan), y_ptr,
+                        np.int64(n_rows))
+
+    def _product(self, x_ptr: int, y_ptr: int) -> None:
         self._kernel.launch(self._launch.grid, self._launch.block, *self._array_ptrs, x_ptr, y_ptr,
                             *self._scalars, self._pattern)
+
+    @property
+    def col_order(self) -> np.ndarray | None:
+        """Column order of the plan: x_plan = x[col_order] (None: the plan keeps the caller's order)."""
+        return self._launch.x_gather
+
+    @property
+    def row_rank(self) -> np.ndarray | None:
+        """Where each of the caller's rows sits in the plan: y = y_plan[row_rank] (None: not relabelled)."""
+        return self._launch.y_gather
+
+    def in_plan_order(self) -> "SpMV":
+        """The same product on vectors in the plan's order: no gathers, for iterative callers.
+
+        Convert once on the way in and out; for a square matrix rows and columns share one order, so
+        y_plan can be fed back as the next x_plan.
+
+        Example (on a GPU machine):
+            >>> inner = spmv.in_plan_order()  # doctest: +SKIP
+            >>> x_plan = spmv.to_plan_order(x)  # doctest: +SKIP
+            >>> for _ in range(20): x_plan = inner(x_plan)  # doctest: +SKIP
+            >>> x = spmv.from_plan_order(x_plan)  # doctest: +SKIP
+        """
+        if self._gathers is None or self._plan_order:
+            return self
+        twin = copy.copy(self)
+        twin._plan_order = True
+        return twin
+
+    def to_plan_order(self, x: np.ndarray) -> np.ndarray:
+        """A host vector of the caller's columns, in the plan's column order."""
+        return np.asarray(x) if self.col_order is None else np.asarray(x)[self.col_order]
+
+    def from_plan_order(self, y: np.ndarray) -> np.ndarray:
+        """A host vector of the plan's rows, in the caller's row order."""
+        return np.asarray(y) if self.row_rank is None else np.asarray(y)[self.row_rank]
 
     @property
     def registers(self) -> int:
@@ -134,8 +194,19 @@ class SpMV:
         return float(np.median(time_spmv(self, repeats, warmup, seed)))
 
     def __repr__(self) -> str:
-        return (f"<SpMV {self.shape[0]}x{self.shape[1]} {self.dtype.name} {self.spec.label()} "
-                f"measured={self.plan.measured_ms}>")
+        order = " (plan order)" if self._plan_order else ""
+        return (f"<SpMV {self.shape[0]}x{self.shape[1]} {self.dtype.name} {self.spec.label()}{order} "
+                f"measured={getattr(self.plan, 'measured_ms', None)}>")
+
+
+GATHER_BLOCK = 256  # the templates' gather kernel is written for blocks of 256 threads
+
+
+class _Gathers:
+    """The gather kernel of a relabelled plan, its two orders on the device and the plan-order vectors."""
+
+    def __init__(self, kernel, x_order: int, y_order: int, x_plan, y_plan):
+        self.kernel, self.x_order, self.y_order, self.x_plan, self.y_plan = kernel, x_order, y_order, x_plan, y_plan
 
 
 def random_vector(n: int, dtype, seed: int = 0) -> np.ndarray:

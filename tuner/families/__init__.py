@@ -28,8 +28,8 @@ def specializations(m: CanonicalMatrix, families: list[str] | None = None) -> li
     Example:
         >>> import scipy.sparse as sp
         >>> from tuner.matrix import canonicalize
-        >>> len(specializations(canonicalize(sp.eye(3, format="csr")), ["csr_vector"]))
-        2
+        >>> len(specializations(canonicalize(sp.eye(3, format="csr")), ["csr_vector"]))  # 2 blocks, 2 orders
+        4
     """
     out = []
     for name in families or list(REGISTRY):

@@ -7,6 +7,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..formats.reorder import NONE, Ordering, Structure, make_ordering, permute, permuted_structure
 from ..matrix import CanonicalMatrix
 
 # Index loads issued ahead of their gathers in each lane's loop (templates' row_dot).
@@ -24,21 +25,29 @@ class Launch:
     pattern_value)``; ``pattern_value`` is the common value of a pattern matrix (value-free kernels
     multiply by it once per row) and 1 otherwise.
 
+    A plan that relabels rows and columns runs the kernel on the permuted matrix, between two gathers in
+    the module's ``<kernel>_gather`` kernel: x_plan = x[x_gather] before, y = y_plan[y_gather] after.
+
     Attributes:
         arrays: (name, host array) pairs uploaded to the device, in argument order.
         scalars: (name, value) pairs passed as 64-bit integers after x and y.
         grid: number of blocks (0: nothing to launch, e.g. a matrix without rows).
         block: threads per block.
+        x_gather: column order of the plan (None: the caller's order).
+        y_gather: the plan's row of each of the caller's rows (None: the caller's order).
     """
 
     arrays: tuple[tuple[str, np.ndarray], ...]
     scalars: tuple[tuple[str, int], ...]
     grid: int
     block: int
+    x_gather: np.ndarray | None = None
+    y_gather: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for _, a in self.arrays)
+        gathers = sum(g.nbytes for g in (self.x_gather, self.y_gather) if g is not None)
+        return sum(a.nbytes for _, a in self.arrays) + gathers
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,22 @@ class Family:
 
     def params_from_dict(self, values: dict):
         return self.params_type(**values)
+
+    def apply(self, m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
+        """y = A x in NumPy from the built arrays, in the caller's order (gathers included).
+
+        Example:
+            >>> import scipy.sparse as sp
+            >>> from tuner.families import get
+            >>> from tuner.matrix import canonicalize
+            >>> m = canonicalize(sp.csr_matrix(np.array([[0, 1.0], [2.0, 3.0]])))
+            >>> fam = get("csr_vector"); p = fam.params_type(order="degree")
+            >>> fam.apply(m, fam.launch(m, p), np.array([10.0, 100.0])).tolist()
+            [100.0, 320.0]
+        """
+        plan_x = x if built.x_gather is None else x[built.x_gather]
+        y_plan = self.evaluate(m, built, plan_x)
+        return y_plan if built.y_gather is None else y_plan[built.y_gather]
 
 
 def params_dict(params) -> dict:
@@ -97,6 +122,36 @@ def shared_layout(m: CanonicalMatrix, key: tuple, build: Callable[[], object]):
     if key not in per_matrix:
         per_matrix[key] = build()
     return per_matrix[key]
+
+
+def ordering(m: CanonicalMatrix, order: str) -> Ordering | None:
+    """The ordering ``order`` of ``m``, built once per matrix (None for 'none')."""
+    return shared_layout(m, ("ordering", order), lambda: make_ordering(m, order))
+
+
+def ordered_matrix(m: CanonicalMatrix, order: str) -> CanonicalMatrix:
+    """``m`` relabelled by ``order`` (``m`` itself for 'none'), built once per matrix."""
+    if order == NONE:
+        return m
+    return shared_layout(m, ("permuted", order), lambda: permute(m, ordering(m, order)))
+
+
+def ordered_structure(m: CanonicalMatrix, order: str) -> CanonicalMatrix | Structure:
+    """What the model reads of ``m`` relabelled by ``order``: lengths only, no permuted arrays."""
+    if order == NONE:
+        return m
+    return shared_layout(m, ("structure", order), lambda: permuted_structure(m, ordering(m, order)))
+
+
+def ordered_launch(m: CanonicalMatrix, order: str, build: Callable[[CanonicalMatrix], Launch]) -> Launch:
+    """``build`` run on the relabelled matrix, with the gathers that bring x to its order and y back."""
+    plan = ordered_matrix(m, order)
+    built = build(plan)
+    if plan is m:
+        return built
+    o = ordering(m, order)
+    return Launch(built.arrays, built.scalars, built.grid, built.block, x_gather=o.col_order,
+                  y_gather=o.row_rank)
 
 
 @dataclass(frozen=True)

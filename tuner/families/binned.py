@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.binned import BinnedFormat, build_binned, evaluate_binned
+from ..formats.reorder import NONE, ORDERINGS, check_order
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, ceil_div, csr_arrays, shared_layout
+from .base import UNROLL, Family, Launch, ceil_div, csr_arrays, ordered_launch, shared_layout
 
 SMALL_MAX = (4, 8)
 MEDIUM_MAX = (16, 32, 96)
@@ -33,6 +34,8 @@ class BinnedParams:
         warp_division: medium rows share a warp this many ways (32 / warp_division lanes per row).
         huge_min: rows at least this long get a whole block; None: no huge class (a warp per long row).
         block_size: threads per block.
+        order: relabelling of rows and columns the kernel runs in ('none' or 'degree', see
+            :mod:`tuner.formats.reorder`).
     """
 
     small_max: int = 8
@@ -40,6 +43,7 @@ class BinnedParams:
     warp_division: int = 8
     huge_min: int | None = None
     block_size: int = BLOCK_SIZE
+    order: str = NONE
 
     def __post_init__(self):
         if not 1 <= self.small_max < self.medium_max:
@@ -50,6 +54,7 @@ class BinnedParams:
             raise ValueError(f"warp_division must be a power of two up to 32, got {self.warp_division}")
         if self.block_size % 32 or not 32 <= self.block_size <= 1024:
             raise ValueError(f"block_size must be a multiple of 32 in [32, 1024], got {self.block_size}")
+        check_order(self.order)
 
     @property
     def medium_lanes(self) -> int:
@@ -57,7 +62,8 @@ class BinnedParams:
 
 
 def space(m: CanonicalMatrix) -> list[BinnedParams]:
-    """Table IV's grid times the huge threshold; thresholds above the longest row add nothing and are cut."""
+    """Table IV's grid times the huge threshold, for every ordering; thresholds above the longest row add
+    nothing and are cut."""
     longest = int(m.row_lengths.max()) if m.n_rows else 0
     out = []
     for s in SMALL_MAX:
@@ -66,10 +72,15 @@ def space(m: CanonicalMatrix) -> list[BinnedParams]:
                 huge = [h for h in (md, *HUGE_MIN) if h is None or (h >= md and h <= longest)]
                 for w in WARP_DIVISION:
                     out.extend(BinnedParams(s, md, w, h) for h in dict.fromkeys(huge))
-    return out
+    return [BinnedParams(p.small_max, p.medium_max, p.warp_division, p.huge_min, p.block_size, o)
+            for o in ORDERINGS for p in out]
 
 
 def launch(m: CanonicalMatrix, p: BinnedParams) -> Launch:
+    return ordered_launch(m, p.order, lambda b: _launch(b, p))
+
+
+def _launch(m: CanonicalMatrix, p: BinnedParams) -> Launch:
     fmt = shared_layout(m, ("binned", p.small_max, p.medium_max, p.huge_min),
                         lambda: build_binned(m.row_lengths, p.small_max, p.medium_max, p.huge_min, m.index_dtype))
     n_small, n_medium, n_large, n_huge = fmt.counts

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.csr import row_sums
+from ..formats.reorder import NONE, ORDERINGS, check_order
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, ceil_div, csr_arrays
+from .base import UNROLL, Family, Launch, ceil_div, csr_arrays, ordered_launch
 
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32)
 BLOCK_SIZES = (128, 256)
@@ -23,28 +24,33 @@ class CsrVectorParams:
     Attributes:
         threads_per_row: lanes cooperating on one row (a power of two dividing the warp).
         block_size: threads per block (a multiple of 32).
+        order: relabelling of rows and columns the kernel runs in ('none' or 'degree', see
+            :mod:`tuner.formats.reorder`).
     """
 
     threads_per_row: int = 32
     block_size: int = 256
+    order: str = NONE
 
     def __post_init__(self):
         if self.threads_per_row not in THREADS_PER_ROW:
             raise ValueError(f"threads_per_row must be one of {THREADS_PER_ROW}, got {self.threads_per_row}")
         if self.block_size % 32 or not 32 <= self.block_size <= 1024:
             raise ValueError(f"block_size must be a multiple of 32 in [32, 1024], got {self.block_size}")
+        check_order(self.order)
 
 
 def space(m: CanonicalMatrix) -> list[CsrVectorParams]:
-    """Every lane count and block size (wider groups than the longest row only waste lanes: dropped)."""
+    """Every lane count, block size and ordering (groups wider than the longest row only waste lanes)."""
     longest = int(m.row_lengths.max()) if m.n_rows else 0
     widths = [t for t in THREADS_PER_ROW if t == 1 or t // 2 < longest]
-    return [CsrVectorParams(t, b) for t in widths for b in BLOCK_SIZES]
+    return [CsrVectorParams(t, b, o) for o in ORDERINGS for t in widths for b in BLOCK_SIZES]
 
 
 def launch(m: CanonicalMatrix, p: CsrVectorParams) -> Launch:
-    return Launch(arrays=csr_arrays(m), scalars=(("n_rows", m.n_rows),),
-                  grid=ceil_div(m.n_rows * p.threads_per_row, p.block_size), block=p.block_size)
+    return ordered_launch(m, p.order, lambda b: Launch(
+        arrays=csr_arrays(b), scalars=(("n_rows", b.n_rows),),
+        grid=ceil_div(b.n_rows * p.threads_per_row, p.block_size), block=p.block_size))
 
 
 def context(m: CanonicalMatrix, p: CsrVectorParams) -> dict:

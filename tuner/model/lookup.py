@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..families.base import Specialization, shared_layout
+from ..families.base import Specialization, ordered_structure, shared_layout
+from ..formats.reorder import NONE
 from ..matrix import CanonicalMatrix
-from .locality import cache_sectors, regime_fractions
+from .locality import SECTOR_BYTES, cache_sectors, regime_fractions
 from .profile_data import REGIMES, Profile
 from .warps import SEGMENTS, WarpHistogram, prebuild, warp_segments
 
@@ -47,8 +48,17 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     its slowest warp: started halfway through the work, it runs for its time alone times the profile's
     tail factor (the slowdown among other warps, ``profile.measure_tail``).
 
+    A relabelled candidate is predicted on the permuted matrix's lengths (its hot columns packed into
+    few sectors) plus its two gathers, of x into its order and of y back (:func:`reorder_ms`).
+
     Example: see tests/test_model.py (needs a profile).
     """
+    order = getattr(spec.params, "order", NONE)
+    gathers = 0.0
+    if order != NONE:
+        gathers = reorder_ms(m.n_rows, m.n_cols, m.index_dtype.itemsize, m.value_dtype.itemsize,
+                             profile.constants)
+        m = ordered_structure(m, order)
     fractions = gather_fractions(m, profile)
     entry_bytes = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
     work, alone_sum, alone_max, max_active = 0.0, 0.0, 0.0, 1
@@ -65,7 +75,38 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     # factor); the kernel ends when it does, if that is after the bulk.
     tail = TAIL_START * work + profile.constants.get("tail_factor", DEFAULT_TAIL_FACTOR) * alone_max
     t = max(work, alone_sum / max_active, tail)
-    return float(profile.constants["launch_overhead_ms"] + t)
+    return float(profile.constants["launch_overhead_ms"] + t + gathers)
+
+
+def reorder_ms(n_rows: int, n_cols: int, index_bytes: int, value_bytes: int, constants: dict) -> float:
+    """What a relabelled plan adds: the gathers of x into its order and of y back (:func:`gather_ms`).
+
+    Example:
+        >>> c = {"launch_overhead_ms": 0.004, "copy_bandwidth_gbs": 3000.0, "l2_sectors": 1e6}
+        >>> round(reorder_ms(1_000_000, 1_000_000, 4, 4, c), 4)
+        0.016
+    """
+    return (gather_ms(n_cols, index_bytes, value_bytes, constants)
+            + gather_ms(n_rows, index_bytes, value_bytes, constants))
+
+
+def gather_ms(n: int, index_bytes: int, value_bytes: int, constants: dict) -> float:
+    """Milliseconds of one gather dst[i] = src[order[i]] over ``n`` elements (a relabelled plan's x or y).
+
+    The order and dst stream at copy bandwidth; src is read once while it fits the measured L2, and
+    the share of it that does not costs a 32-byte sector per element.
+
+    Example:
+        >>> c = {"launch_overhead_ms": 0.004, "copy_bandwidth_gbs": 3000.0, "l2_sectors": 1e6}
+        >>> round(gather_ms(1_000_000, 4, 4, c), 4), round(gather_ms(64_000_000, 4, 4, c), 3)
+        (0.008, 0.857)
+    """
+    if n == 0:
+        return 0.0
+    src = n * value_bytes
+    miss = max(0.0, 1.0 - cache_sectors(constants, "l2") * SECTOR_BYTES / src)
+    nbytes = n * (index_bytes + value_bytes) + src + n * SECTOR_BYTES * miss
+    return constants["launch_overhead_ms"] + nbytes / (constants["copy_bandwidth_gbs"] * 1e6)
 
 
 def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profile) -> list[float]:
@@ -73,7 +114,12 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
 
     Example: see tests/test_model.py (needs a profile).
     """
-    prebuild(m, [s for spec in specs for _, s in SEGMENTS[spec.family](m, spec.params)])
+    by_order: dict[str, list] = {}
+    for spec in specs:
+        by_order.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
+    for order, group in by_order.items():
+        mv = ordered_structure(m, order)
+        prebuild(mv, [s for spec in group for _, s in SEGMENTS[spec.family](mv, spec.params)])
     return [predict_lookup(m, spec, profile) for spec in specs]
 
 

@@ -1,0 +1,113 @@
+"""Relabelling by degree (tuner.formats.reorder) and relabelled plans, checked against SciPy on the CPU."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tuner import families
+from tuner.families.base import ordered_launch, ordered_matrix, ordered_structure, ordering
+from tuner.families.csr_vector import CsrVectorParams
+from tuner.formats.reorder import by_decreasing, degree_ordering, inverse, make_ordering, permute
+from tuner.matrix import canonicalize
+
+from .conftest import fixture_matrices, power_law
+
+FIXTURES = fixture_matrices()
+
+
+def scipy_permuted(m, o):
+    return m.to_scipy()[o.row_order][:, o.col_order]
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_permuted_matrix_equals_scipy_selection_and_stays_canonical(name):
+    m = canonicalize(FIXTURES[name])
+    o = make_ordering(m, "degree")
+    b = permute(m, o)
+    assert b.shape == m.shape and b.nnz == m.nnz and b.index_dtype == m.index_dtype
+    assert b.pattern_value == m.pattern_value
+    assert (b.to_scipy() != scipy_permuted(m, o)).nnz == 0
+    assert b.to_scipy().has_sorted_indices
+    rows = np.repeat(np.arange(b.n_rows), b.row_lengths)
+    assert np.all((np.diff(b.indices) > 0) | (np.diff(rows) > 0)), "columns must ascend inside each row"
+
+
+def test_square_matrix_gets_one_permutation_by_total_degree():
+    m = canonicalize(power_law(500, seed=3))
+    o = make_ordering(m, "degree")
+    assert o.symmetric and o.row_order is o.col_order
+    total = (m.row_lengths + m.col_lengths)[o.row_order]
+    assert np.all(np.diff(total) <= 0)
+    assert o.row_order.dtype == m.index_dtype
+
+
+def test_rectangular_matrix_orders_rows_and_columns_by_their_own_lengths():
+    m = canonicalize(FIXTURES["rectangular_wide"])
+    o = make_ordering(m, "degree")
+    assert not o.symmetric
+    assert o.row_order.size == m.n_rows and o.col_order.size == m.n_cols
+    assert np.all(np.diff(m.row_lengths[o.row_order]) <= 0)
+    assert np.all(np.diff(m.col_lengths[o.col_order]) <= 0)
+
+
+def test_sort_is_stable_and_inverse_undoes_it():
+    lengths = np.array([2, 5, 2, 0, 5, 1])
+    order = by_decreasing(lengths)
+    assert order.tolist() == [1, 4, 0, 2, 5, 3]
+    assert inverse(order)[order].tolist() == list(range(6))
+
+
+def test_model_structure_matches_the_permuted_matrix_without_building_it():
+    m = canonicalize(power_law(2000, 1500, seed=4))
+    s = ordered_structure(m, "degree")
+    b = ordered_matrix(m, "degree")
+    np.testing.assert_array_equal(s.row_lengths, b.row_lengths)
+    np.testing.assert_array_equal(s.col_lengths, b.col_lengths)
+    assert (s.shape, s.nnz, s.value_free, s.n_rows, s.n_cols) == (b.shape, b.nnz, b.value_free, 2000, 1500)
+
+
+def test_orderings_and_permuted_matrices_are_built_once_per_matrix():
+    m = canonicalize(power_law(300, seed=5))
+    assert ordering(m, "degree") is ordering(m, "degree")
+    assert ordered_matrix(m, "degree") is ordered_matrix(m, "degree")
+    assert ordered_matrix(m, "none") is m and ordering(m, "none") is None
+
+
+def test_relabelled_launch_carries_both_gathers_and_computes_caller_order_result():
+    A = power_law(800, 600, seed=6)
+    m = canonicalize(A)
+    fam = families.get("csr_vector")
+    built = fam.launch(m, CsrVectorParams(4, 128, "degree"))
+    o = ordering(m, "degree")
+    assert built.x_gather is o.col_order and built.y_gather is o.row_rank
+    plain = fam.launch(m, CsrVectorParams(4, 128))
+    assert plain.x_gather is None and plain.y_gather is None
+    x = np.random.default_rng(1).uniform(-1, 1, 600)
+    np.testing.assert_allclose(fam.apply(m, built, x), A.astype(np.float64) @ x, rtol=1e-6, atol=1e-6)
+    # In the plan's order the same arrays give the permuted product.
+    y_plan = fam.evaluate(m, built, x[o.col_order])
+    np.testing.assert_allclose(y_plan, (A.astype(np.float64) @ x)[o.row_order], rtol=1e-6, atol=1e-6)
+
+
+def test_every_family_offers_each_ordering():
+    m = canonicalize(power_law(400, seed=7))
+    for name in families.REGISTRY:
+        orders = {s.params.order for s in families.specializations(m, [name])}
+        assert orders == {"none", "degree"}, name
+
+
+def test_unknown_ordering_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="known: none, degree"):
+        CsrVectorParams(order="random")
+
+
+def test_ordered_launch_passes_the_caller_matrix_through_for_none():
+    m = canonicalize(power_law(100, seed=8))
+    seen = []
+    ordered_launch(m, "none", lambda b: seen.append(b) or families.get("csr_vector").launch(b, CsrVectorParams()))
+    assert seen == [m]
+
+
+def test_degree_ordering_of_empty_matrix_is_empty():
+    m = canonicalize(sp.csr_matrix((0, 0), dtype=np.float32))
+    o = degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
+    assert o.row_order.size == 0 and permute(m, o).nnz == 0
