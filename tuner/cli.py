@@ -155,10 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="time tuned kernels against cuSPARSE on a suite; print a table, write JSON",
                        description="Benchmark tuned SpMV against cuSPARSE (best of CSR and COO through "
                                    "cupyx.cusparse.spmv) on real and generated matrices. Per matrix: nnz, "
-                                   "chosen plan, our median ms, cuSPARSE median ms, speedup, achieved GB/s "
-                                   "and the fraction of the copy bandwidth measured in the same run.")
+                                   "chosen plan, our median ms, cuSPARSE median ms, speedup, achieved GB/s, "
+                                   "its fraction of the copy bandwidth measured in the same run, and the "
+                                   "host time to build the chosen layout.")
     p.add_argument("suite", nargs="*", help=f"matrices ({MATRIX_HELP}); default: every .npz of the data "
-                                            "directory plus rmat:20 and rmat:23")
+                                            "directory, rmat:20, rmat:23, rmat:25 and Kronecker-scaled real "
+                                            "graphs of 72M-260M non-zeros (without a GPU the generated ones of "
+                                            "100M+ are skipped)")
     p.add_argument("--data-dir", default=None,
                    help="folder of real .npz matrices (default: $TUNER_DATA_DIR or ../shared/data)")
     p.add_argument("--out", default=None, help="JSON report (default: models/<gpu-slug>/bench-spmv.json)")
