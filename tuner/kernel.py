@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -202,11 +203,21 @@ class SpMV:
 GATHER_BLOCK = 256  # the templates' gather kernel is written for blocks of 256 threads
 
 
+@dataclass(frozen=True)
 class _Gathers:
-    """The gather kernel of a relabelled plan, its two orders on the device and the plan-order vectors."""
+    """What a relabelled plan's call adds around the product.
 
-    def __init__(self, kernel, x_order: int, y_order: int, x_plan, y_plan):
-        self.kernel, self.x_order, self.y_order, self.x_plan, self.y_plan = kernel, x_order, y_order, x_plan, y_plan
+    Attributes:
+        kernel: the module's gather kernel (dst[i] = src[order[i]]).
+        x_order, y_order: device pointers of the column order and of each caller row's plan row.
+        x_plan, y_plan: device buffers of x and y in the plan's order.
+    """
+
+    kernel: object
+    x_order: int
+    y_order: int
+    x_plan: object
+    y_plan: object
 
 
 def random_vector(n: int, dtype, seed: int = 0) -> np.ndarray:
