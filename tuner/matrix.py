@@ -22,8 +22,22 @@ class MatrixError(ValueError):
     """A matrix or vector the tuner cannot accept; the message names the problem."""
 
 
+class Shaped:
+    """Row and column counts of anything with a ``shape`` (matrices and the model's views of them)."""
+
+    shape: tuple[int, int]
+
+    @property
+    def n_rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def n_cols(self) -> int:
+        return self.shape[1]
+
+
 @dataclass(frozen=True, eq=False)
-class CanonicalMatrix:
+class CanonicalMatrix(Shaped):
     """A sparse matrix in the tuner's canonical CSR form.
 
     Attributes:
@@ -43,14 +57,6 @@ class CanonicalMatrix:
     @property
     def nnz(self) -> int:
         return int(self.indices.size)
-
-    @property
-    def n_rows(self) -> int:
-        return self.shape[0]
-
-    @property
-    def n_cols(self) -> int:
-        return self.shape[1]
 
     @property
     def index_dtype(self) -> np.dtype:

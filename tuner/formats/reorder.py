@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from ..matrix import CanonicalMatrix
+from ..matrix import CanonicalMatrix, Shaped
 
 NONE = "none"
 
@@ -126,7 +126,7 @@ def permute(m: CanonicalMatrix, o: Ordering) -> CanonicalMatrix:
 
 
 @dataclass(frozen=True, eq=False)
-class Structure:
+class Structure(Shaped):
     """What the performance model reads of a matrix (lengths, sizes, types), here of a permuted one.
 
     The model needs the permuted row and column lengths, not the permuted arrays: a reordered candidate
@@ -140,14 +140,6 @@ class Structure:
     value_free: bool
     row_lengths: np.ndarray
     col_lengths: np.ndarray
-
-    @property
-    def n_rows(self) -> int:
-        return self.shape[0]
-
-    @property
-    def n_cols(self) -> int:
-        return self.shape[1]
 
 
 def permuted_structure(m: CanonicalMatrix, o: Ordering) -> Structure:
