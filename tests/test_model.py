@@ -9,7 +9,7 @@ from tuner.families.binned import BinnedParams
 from tuner.families.csr_vector import CsrVectorParams
 from tuner.formats.binned import build_binned
 from tuner.matrix import canonicalize
-from tuner.model import Profile, load_profile, predict_baseline, predict_lookup
+from tuner.model import Profile, load_profile, predict_baseline, predict_lookup, predict_many
 from tuner.model.aligned_coo import choose_hybrid, cost_aligned_coo_seg, cost_coo_flat, segment_size
 from tuner.model.locality import cache_sectors, che_hit_rate, fit_capacity, regime_fractions
 from tuner.model.occupancy import active_warps_per_sm
@@ -326,3 +326,41 @@ def test_gather_cost_grows_with_the_share_of_the_source_beyond_l2():
     far = gather_ms(80_000, 4, 4, c)  # 320 KB source: 90 % of the elements cost a sector
     assert far == pytest.approx(80_000 * (12 + 32 * 0.9) / 1e9)
     assert gather_ms(0, 4, 4, c) == 0.0
+
+
+def test_aligned_coo_parts_become_warps_of_their_lane_and_row_shapes():
+    m = canonicalize(sp.csr_matrix(np.tril(np.ones((70, 70), np.float32))))  # rows of 1..70 entries
+    seg, flat = warp_segments(m, "aligned_coo", families.get("aligned_coo").params_type("hybrid"))
+    assert seg.key == "aligned_coo:seg:256:vf" and flat.key == "aligned_coo:hflat:256:vf"  # all ones: a pattern
+    # Trailing entries: 1..31 for rows 1..31 and 32..63, 0..6 for 64..70 (the longest 31): one lane length.
+    assert seg.warps.w.tolist() == [31] and seg.warps.size.sum() == 2 * sum(range(32)) + sum(range(7))
+    # Rows of 32..63 entries have a flat head of 32, rows of 64..70 one of 64: F / 32 warps each.
+    assert flat.warps.w.tolist() == [32, 64]
+    assert flat.warps.count.tolist() == [32.0, 14.0] and flat.warps.size.tolist() == [1024.0, 448.0]
+    whole, = [s for s in warp_segments(m, "aligned_coo", families.get("aligned_coo").params_type("seg"))
+              if s.warps.w.size]
+    assert whole.warps.w.tolist() == [70]
+
+
+def test_all_seg_lanes_as_long_as_a_dense_row_are_predicted_slower_than_the_hybrid(profile):
+    A = power_law(4000, seed=3).tolil()
+    A[7, :] = 1.0  # one row of 4000 entries: all-seg lanes of 4000 slots, mostly a few lanes
+    m = canonicalize(A.tocsr())
+    specs = [s for s in families.specializations(m, ["aligned_coo"]) if s.params.order == "none"]
+    pred = {s.params.layout: predict_lookup(m, s, profile) for s in specs}
+    assert pred["seg"] > 3 * pred["hybrid"]
+
+
+def test_a_profile_without_a_familys_tables_predicts_none_for_it():
+    import json
+    raw = json.loads(fake_profile_json())
+    for key in [k for k in raw["tables"] if k.startswith("aligned_coo:")]:
+        del raw["tables"][key]
+    prof = Profile.from_json(json.dumps(raw))
+    m = canonicalize(power_law(500, seed=2))
+    specs = families.specializations(m)
+    pred = predict_many(m, specs, prof)
+    assert all((p is None) == (s.family == "aligned_coo") for s, p in zip(specs, pred))
+    from tuner.compiler import predictable
+    kept, kept_pred = predictable(specs, pred, "Fake GPU")
+    assert {s.family for s in kept} == {"csr_vector", "binned"} and None not in kept_pred

@@ -62,6 +62,24 @@ def prepare(A, dtype=None, arch: str = codegen.DEFAULT_ARCH, families_: list[str
                     {"canonicalize": t1 - t0, "fingerprint": t2 - t1, "compile": t3 - t2})
 
 
+def predictable(specs: list[Specialization], predicted: list, gpu_name: str) -> tuple[list, list]:
+    """The candidates the profile could predict, with a warning naming the families it could not.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> s = families.specializations(canonicalize(sp.eye(3, format="csr")), ["csr_vector"])[:2]
+        >>> [len(v) for v in predictable(s, [0.1, None], "H100")]
+        [1, 1]
+    """
+    keep = [i for i, p in enumerate(predicted) if p is not None]
+    if len(keep) < len(specs):
+        lacking = sorted({specs[i].family for i in range(len(specs)) if predicted[i] is None})
+        log.warning("the %s profile has no tables for %s: those candidates are left out (run `python -m tuner "
+                    "profile` on that GPU: it resumes and measures only what is missing)", gpu_name,
+                    ", ".join(lacking))
+    return [specs[i] for i in keep], [predicted[i] for i in keep]
+
+
 def measure(m: CanonicalMatrix, specs: list[Specialization], binaries: list, seed: int = 0) -> list[float]:
     """Median milliseconds of every candidate on the GPU (CUDA events, warm-up, adaptive repeats).
 
@@ -135,6 +153,8 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
         return SpMV(m, spec, binary.cubin, plan)
     specs = families.specializations(m)
     predicted = predict_many(m, specs, prof) if prof else [None] * len(specs)
+    if prof and tune != "exhaustive":
+        specs, predicted = predictable(specs, predicted, info.name)
     binaries: dict[int, codegen.Binary] = {}
 
     def build(subset):  # compile only what is timed (all of it in parallel) or finally chosen

@@ -202,6 +202,12 @@ def memset_bytes(ptr: int, byte: int, nbytes: int) -> None:
         drv.memset_d8(ptr, byte, nbytes)
 
 
+def zero_async(ptr: int, nbytes: int) -> None:
+    """Zero ``nbytes`` (a multiple of 4) on the default stream, queued like a kernel launch."""
+    if nbytes:
+        drv.memset_d32_async(ptr, 0, nbytes // 4)
+
+
 def synchronize() -> None:
     _context()
     drv.Context.synchronize()

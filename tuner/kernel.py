@@ -87,6 +87,8 @@ class SpMV:
                         np.int64(n_rows))
 
     def _product(self, x_ptr: int, y_ptr: int) -> None:
+        if self._launch.zero_y:
+            gpu.zero_async(y_ptr, self.shape[0] * self.dtype.itemsize)
         self._kernel.launch(self._launch.grid, self._launch.block, *self._array_ptrs, x_ptr, y_ptr,
                             *self._scalars, self._pattern)
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import __version__, codegen, families, gpu
 from .cache import Cache, atomic_write
+from .families.aligned_coo import AlignedCooParams
 from .families.base import Specialization
 from .families.binned import BinnedParams
 from .families.csr_vector import BLOCK_SIZES, THREADS_PER_ROW, CsrVectorParams
@@ -64,7 +65,8 @@ REDUCED = Grid(widths=(1, 4, 32, 256), target_nnz=1 << 20, max_nnz=4 << 20, valu
 
 @dataclass(frozen=True)
 class Variant:
-    """One kernel shape of one family: lanes per row (or 'block'), block size, value-free."""
+    """One kernel shape of one family: lanes per row (or 'block', or an ALIGNED_COO part), block size,
+    value-free."""
 
     family: str
     group: object
@@ -79,6 +81,12 @@ class Variant:
         """Parameters that run every row of length w through this shape; None when it cannot."""
         if self.family == "csr_vector":
             return CsrVectorParams(self.group, self.block)
+        if self.family == "aligned_coo":
+            # Rows of one length w: all-seg gives lanes of w slots, all-flat COO warps over rows of w, and
+            # the hybrid (w a warp multiple) warps that each lie in one row.
+            if self.group == "hflat":
+                return AlignedCooParams("hybrid", self.block) if w % 32 == 0 else None
+            return AlignedCooParams(self.group, self.block)
         if self.group == 1:
             return BinnedParams(small_max=w + 1, medium_max=w + 2, block_size=self.block)
         if self.group == "block":
@@ -93,6 +101,7 @@ def variants(value_free: tuple) -> list[Variant]:
     for vf in value_free:
         out += [Variant("csr_vector", g, b, vf) for g in THREADS_PER_ROW for b in BLOCK_SIZES]
         out += [Variant("binned", g, 256, vf) for g in (1, 4, 8, 32, "block")]
+        out += [Variant("aligned_coo", g, 256, vf) for g in ("seg", "flat", "hflat")]
     return out
 
 
@@ -144,15 +153,17 @@ def warm_up(seconds: float = 1.0) -> None:
         gpu.synchronize()
 
 
-def measure_alone(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, launch_ms: float) -> dict:
-    """Milliseconds one row of w entries takes on its own (one warp, or one block), per kernel shape.
+def measure_alone(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, launch_ms: float,
+                  skip: frozenset = frozenset()) -> dict:
+    """Milliseconds one row of w entries takes on its own (one warp, or one block), per kernel shape
+    (those whose key is in ``skip`` excepted).
 
     A full GPU hides each warp's latency behind the others; a warp left alone with a long row (or a block
     with its reduction) does not, and the model bounds a kernel by these times.
     """
     cols = regimes(info)
     out: dict = {}
-    for v in variants(grid.value_free):
+    for v in (v for v in variants(grid.value_free) if v.key not in skip):
         table = out.setdefault(v.key, {r: {} for r in REGIMES})
         for w in grid.alone_widths:
             params = v.params(w)
@@ -313,6 +324,9 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
                 _record_caches(prof, measure_caches(info, grid, info.arch, cache))
                 _record_tail(prof, measure_tail(info, grid, info.arch, cache))
                 prof["alone"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"])
+            else:  # kernel shapes added since the profile was made
+                prof["alone"].update(measure_alone(info, grid, info.arch, cache,
+                                                   prof["constants"]["launch_overhead_ms"], frozenset(prof["alone"])))
             return prof
     warm_up()
     launch_ms = measure_launch_overhead(info.arch, cache)

@@ -10,6 +10,7 @@ import csv
 import html
 import json
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -23,7 +24,11 @@ WITHIN = 1.05  # "the chosen plan is within 5 % of the exhaustive best"
 
 @dataclass(frozen=True)
 class Row:
-    """One candidate of one matrix: both models' predictions and the measured median (ms)."""
+    """One candidate of one matrix: both models' predictions and the measured median (ms).
+
+    ``paper_pick`` marks the aligned_coo layout that paper 004's Algorithm 3 (its runtime-cost equations)
+    picks for the candidate's ordering, so that the report can set the paper's choice against measurement.
+    """
 
     matrix: str
     nnz: int
@@ -32,6 +37,7 @@ class Row:
     predicted_ms: float
     baseline_ms: float
     measured_ms: float
+    paper_pick: bool = False
 
 
 def _by_matrix(rows: list[Row]) -> dict[str, list[Row]]:
@@ -91,7 +97,52 @@ def summarize(rows: list[Row]) -> dict:
             "regret_geomean": float(np.exp(np.mean(np.log(regrets)))) if mm else float("nan"),
             "regret_max": float(regrets.max()) if mm else float("nan"),
         }
-    return {"per_matrix": per_matrix, "overall": overall}
+    return {"per_matrix": per_matrix, "overall": overall, "aligned_coo_layouts": layout_choices(rows)}
+
+
+def layout_groups(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
+    """aligned_coo candidates grouped by matrix and everything but the layout (the choice Algorithm 3 makes).
+
+    Example:
+        >>> rs = [Row("m", 1, "aligned_coo", f"aligned_coo(layout={l},order=none)", 1, 1, 1) for l in ("seg", "flat")]
+        >>> list(layout_groups(rs)) == [("m", "aligned_coo(order=none)")]
+        True
+    """
+    out: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        if r.family == "aligned_coo" and math.isfinite(r.measured_ms):
+            out.setdefault((r.matrix, re.sub(r"layout=\w+,?", "", r.candidate)), []).append(r)
+    return out
+
+
+def layout_choices(rows: list[Row]) -> dict:
+    """Algorithm 3 of paper 004 against the lookup model at choosing an aligned_coo layout, both judged by
+    measurement: per matrix and ordering the measured best layout and each chooser's pick, and overall how
+    often each pick is within 5 % of the best and its geometric-mean regret.
+
+    Example:
+        >>> rs = [Row("m", 1, "aligned_coo", f"aligned_coo(layout={l})", p, 0, t, l == "seg")
+        ...       for l, p, t in (("seg", 9.0, 10.0), ("hybrid", 1.0, 1.0))]
+        >>> c = layout_choices(rs)["overall"]
+        >>> c["algorithm3"]["within_5pct"], c["lookup"]["within_5pct"], round(c["algorithm3"]["regret_geomean"], 6)
+        (0.0, 1.0, 10.0)
+    """
+    groups = []
+    for (matrix, rest), rs in layout_groups(rows).items():
+        best = min(rs, key=lambda r: r.measured_ms)
+        paper = next((r for r in rs if r.paper_pick), None)
+        if paper is None:  # Algorithm 3 picked a layout that is not a candidate (a hybrid without long rows)
+            continue
+        lookup = min(rs, key=lambda r: r.predicted_ms)
+        groups.append({"matrix": matrix, "candidates": rest, "best": best.candidate, "best_ms": best.measured_ms,
+                       "algorithm3": paper.candidate, "algorithm3_ms": paper.measured_ms,
+                       "lookup": lookup.candidate, "lookup_ms": lookup.measured_ms})
+    overall = {}
+    for who in ("algorithm3", "lookup"):
+        regrets = np.array([g[f"{who}_ms"] / g["best_ms"] for g in groups])
+        overall[who] = {"within_5pct": float(np.mean(regrets <= WITHIN)) if groups else float("nan"),
+                        "regret_geomean": float(np.exp(np.mean(np.log(regrets)))) if groups else float("nan")}
+    return {"groups": groups, "overall": overall}
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
@@ -107,7 +158,8 @@ def read_csv(path: Path) -> list[Row]:
     with path.open() as f:
         return [Row(matrix=d["matrix"], nnz=int(d["nnz"]), family=d["family"], candidate=d["candidate"],
                     predicted_ms=float(d["predicted_ms"]), baseline_ms=float(d["baseline_ms"]),
-                    measured_ms=float(d["measured_ms"])) for d in csv.DictReader(f)]
+                    measured_ms=float(d["measured_ms"]), paper_pick=d.get("paper_pick") == "True")
+                for d in csv.DictReader(f)]
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -179,8 +231,27 @@ command: <code>{html.escape(meta.get('command', ''))}</code></p>
 error at most 15 %; the lookup model better than the bytes-over-bandwidth baseline on both.</p>
 <img src="{html.escape(png_name)}" alt="predicted versus measured" style="max-width:100%">
 <h2>Per matrix</h2><table><tr>{''.join(f'<th>{h}</th>' for h in mcols)}</tr>{''.join(mrows)}</table>
+{_layout_section(summary.get("aligned_coo_layouts"))}
 </body></html>"""
     path.write_text(page)
+
+
+def _layout_section(choices: dict | None) -> str:
+    """The aligned_coo layout table: paper 004's Algorithm 3 and the lookup model against measurement."""
+    if not choices or not choices["groups"]:
+        return ""
+    o = choices["overall"]
+    head = ["matrix", "candidates", "best layout (measured)", "best ms", "Algorithm 3", "its ms", "lookup",
+            "its ms"]
+    short = lambda c: re.search(r"layout=(\w+)", c).group(1)  # noqa: E731
+    body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in (
+        g["matrix"], g["candidates"], short(g["best"]), g["best_ms"], short(g["algorithm3"]), g["algorithm3_ms"],
+        short(g["lookup"]), g["lookup_ms"])) + "</tr>" for g in choices["groups"])
+    return f"""<h2>aligned_coo layout: paper 004's Algorithm 3 against measurement</h2>
+<p>Within 5 % of the measured best layout: Algorithm 3 {_fmt(o['algorithm3']['within_5pct'], True)}
+(regret {_fmt(o['algorithm3']['regret_geomean'])}), lookup model {_fmt(o['lookup']['within_5pct'], True)}
+(regret {_fmt(o['lookup']['regret_geomean'])}).</p>
+<table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{body}</table>"""
 
 
 def write_all(rows: list[Row], meta: dict, outdir: Path) -> dict:
@@ -194,6 +265,27 @@ def write_all(rows: list[Row], meta: dict, outdir: Path) -> dict:
     return summary
 
 
+def paper_pick(m, spec, max_threads: int) -> bool:
+    """True when ``spec`` is an aligned_coo candidate whose layout Algorithm 3 of paper 004 picks for its
+    ordering (MAX_THREADS: the GPU's resident threads).
+
+    Example:
+        >>> import numpy as np, scipy.sparse as sp
+        >>> from tuner.families import specializations
+        >>> from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.random(300, 300, density=0.02, format="csr", random_state=1, dtype=np.float32))
+        >>> sorted(s.params.layout for s in specializations(m, ["aligned_coo"]) if paper_pick(m, s, 132 * 2048))
+        ['flat', 'flat']
+    """
+    from .families.base import ordered_structure
+    from .model.aligned_coo import choose_hybrid
+
+    if spec.family != "aligned_coo":
+        return False
+    lengths = ordered_structure(m, spec.params.order).row_lengths
+    return choose_hybrid(lengths, max_threads, spec.params.block_size).layout == spec.params.layout
+
+
 def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint: Path | None = None
             ) -> tuple[list[Row], dict]:
     """Predict (both models) and time (exhaustively, on the GPU) every candidate of every matrix.
@@ -203,13 +295,14 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint
     """
     from . import codegen, families, gpu
     from .cache import Cache
-    from .compiler import measure
+    from .compiler import measure, predictable
     from .loaders import display_name, load
     from .matrix import canonicalize
     from .model import predict_baseline, predict_many
 
     info = gpu.device_info()
     cache = Cache(cache_dir)
+    max_threads = profile.constants["sm_count"] * profile.constants["max_warps_per_sm"] * 32
     rows, per = [], {}
     for source in (progress(suite) if progress else suite):
         name = display_name(source)
@@ -218,11 +311,12 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint
         t0 = time.perf_counter()
         predicted = predict_many(m, specs, profile)
         plan_seconds = time.perf_counter() - t0
+        specs, predicted = predictable(specs, predicted, info.name)
         baseline = [predict_baseline(m, s, profile) for s in specs]
         binaries = codegen.compile_many([families.render(s, m) for s in specs], info.arch, cache=cache)
         measured = measure(m, specs, binaries)
         per[name] = {"nnz": m.nnz, "n_rows": m.n_rows, "plan_seconds": plan_seconds}
-        rows += [Row(name, m.nnz, s.family, s.label(), p, b, t)
+        rows += [Row(name, m.nnz, s.family, s.label(), p, b, t, paper_pick(m, s, max_threads))
                  for s, p, b, t in zip(specs, predicted, baseline, measured)]
         if checkpoint is not None:
             checkpoint.parent.mkdir(parents=True, exist_ok=True)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from .. import codegen
 from ..matrix import CanonicalMatrix
-from . import binned, csr_vector
+from . import aligned_coo, binned, csr_vector
 from .base import CTYPES, Family, Launch, Specialization, params_dict
 
-REGISTRY: dict[str, Family] = {f.name: f for f in (csr_vector.FAMILY, binned.FAMILY)}
+REGISTRY: dict[str, Family] = {f.name: f for f in (csr_vector.FAMILY, binned.FAMILY, aligned_coo.FAMILY)}
 
 
 def get(name: str) -> Family:

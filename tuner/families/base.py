@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import weakref
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
 
-from ..formats.reorder import NONE, Ordering, Structure, make_ordering, permute, permuted_structure
+from ..formats.reorder import NONE, Ordering, Structure, check_order, make_ordering, permute, permuted_structure
 from ..matrix import CanonicalMatrix
 
 # Index loads issued ahead of their gathers in each lane's loop (templates' row_dot).
@@ -35,6 +35,7 @@ class Launch:
         block: threads per block.
         x_gather: column order of the plan (None: the caller's order).
         y_gather: the plan's row of each of the caller's rows (None: the caller's order).
+        zero_y: the kernel adds into y (atomically), so y is zeroed before it.
     """
 
     arrays: tuple[tuple[str, np.ndarray], ...]
@@ -43,6 +44,7 @@ class Launch:
     block: int
     x_gather: np.ndarray | None = None
     y_gather: np.ndarray | None = None
+    zero_y: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -92,6 +94,20 @@ class Family:
         plan_x = x if built.x_gather is None else x[built.x_gather]
         y_plan = self.evaluate(m, built, plan_x)
         return y_plan if built.y_gather is None else y_plan[built.y_gather]
+
+
+def check_launch(block_size: int, order: str) -> None:
+    """Validate the parameters every family shares: threads per block and the ordering.
+
+    Example:
+        >>> check_launch(100, "none")
+        Traceback (most recent call last):
+        ...
+        ValueError: block_size must be a multiple of 32 in [32, 1024], got 100
+    """
+    if block_size % 32 or not 32 <= block_size <= 1024:
+        raise ValueError(f"block_size must be a multiple of 32 in [32, 1024], got {block_size}")
+    check_order(order)
 
 
 def params_dict(params) -> dict:
@@ -150,8 +166,7 @@ def ordered_launch(m: CanonicalMatrix, order: str, build: Callable[[CanonicalMat
     if plan is m:
         return built
     o = ordering(m, order)
-    return Launch(built.arrays, built.scalars, built.grid, built.block, x_gather=o.col_order,
-                  y_gather=o.row_rank)
+    return replace(built, x_gather=o.col_order, y_gather=o.row_rank)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.binned import BinnedFormat, build_binned, evaluate_binned
-from ..formats.reorder import NONE, ORDERINGS, check_order
+from ..formats.reorder import NONE, ORDERINGS
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, ceil_div, csr_arrays, ordered_launch, shared_layout
+from .base import UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, ordered_launch, shared_layout
 
 SMALL_MAX = (4, 8)
 MEDIUM_MAX = (16, 32, 96)
@@ -52,9 +52,7 @@ class BinnedParams:
             raise ValueError(f"huge_min must be None or >= medium_max, got {self.huge_min}")
         if self.warp_division not in (1, 2, 4, 8, 16, 32):
             raise ValueError(f"warp_division must be a power of two up to 32, got {self.warp_division}")
-        if self.block_size % 32 or not 32 <= self.block_size <= 1024:
-            raise ValueError(f"block_size must be a multiple of 32 in [32, 1024], got {self.block_size}")
-        check_order(self.order)
+        check_launch(self.block_size, self.order)
 
     @property
     def medium_lanes(self) -> int:

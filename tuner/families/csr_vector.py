@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.csr import row_sums
-from ..formats.reorder import NONE, ORDERINGS, check_order
+from ..formats.reorder import NONE, ORDERINGS
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, ceil_div, csr_arrays, ordered_launch
+from .base import UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, ordered_launch
 
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32)
 BLOCK_SIZES = (128, 256)
@@ -35,9 +35,7 @@ class CsrVectorParams:
     def __post_init__(self):
         if self.threads_per_row not in THREADS_PER_ROW:
             raise ValueError(f"threads_per_row must be one of {THREADS_PER_ROW}, got {self.threads_per_row}")
-        if self.block_size % 32 or not 32 <= self.block_size <= 1024:
-            raise ValueError(f"block_size must be a multiple of 32 in [32, 1024], got {self.block_size}")
-        check_order(self.order)
+        check_launch(self.block_size, self.order)
 
 
 def space(m: CanonicalMatrix) -> list[CsrVectorParams]:

@@ -1,8 +1,10 @@
-"""ALIGNED_COO's segment-size heuristic and runtime-cost equations (paper 004, Algorithms 1 and 3, IV-D).
+"""ALIGNED_COO's runtime-cost equations and layout choice (paper 004, section IV-D, Algorithm 3).
 
-Pure functions over row lengths. The ``aligned_coo`` family (a later milestone) builds its layout from
-:func:`segment_size` and chooses hybrid, all-seg or all-flat by :func:`choose_hybrid`. The costs are in
-the paper's abstract units (instruction steps), used only to compare the three options.
+Pure functions over row lengths. The layout builder (:mod:`tuner.formats.aligned_coo`) holds Algorithm 1;
+:func:`choose_hybrid` is Algorithm 3, the paper's way of picking hybrid, all-seg or all-flat. The costs are
+in the paper's abstract units (instruction steps), good only for comparing the three layouts with each
+other: the planner ranks the ``aligned_coo`` family's layouts by the lookup model like every other
+candidate, and ``report`` shows how often Algorithm 3 picks the layout that measures fastest.
 """
 from __future__ import annotations
 
@@ -11,44 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..formats.aligned_coo import Segmentation, segment_size  # noqa: F401 (Algorithm 1, re-exported)
+
 WARP_SIZE = 32
 WARP_SCHEDULE_TIME = 1.0  # the paper leaves it symbolic; one step per scheduled warp
-
-
-@dataclass(frozen=True)
-class Segmentation:
-    """Output of Algorithm 1.
-
-    Attributes:
-        seg_size: entries per segment (rows a segment can hold, one entry per row).
-        num_segs: number of segments (the longest row's length).
-    """
-
-    seg_size: int
-    num_segs: int
-
-
-def segment_size(row_lengths: np.ndarray) -> Segmentation:
-    """Algorithm 1 of paper 004: segment size and number of segments.
-
-    The number of segments is the longest row; the size starts at max(nnz / segments, rows at least as long
-    as the mean) and grows while two consecutive rows from that position together still fill a segment.
-
-    Example (the 6 x 5 matrix of paper 004's Fig. 2):
-        >>> segment_size(np.array([3, 1, 2, 2, 1, 1]))
-        Segmentation(seg_size=4, num_segs=3)
-    """
-    L = np.asarray(row_lengths, dtype=np.int64)
-    nr, nnz = L.size, int(L.sum())
-    if nr == 0 or nnz == 0:
-        return Segmentation(0, 0)
-    avg = nnz / nr
-    avg_rows = int(np.count_nonzero(L >= avg))
-    num_segs = int(L.max())
-    size = max(nnz // num_segs, avg_rows)
-    while size + 1 < nr and L[size] + L[size + 1] >= num_segs:
-        size += 1
-    return Segmentation(min(size, nr), num_segs)
 
 
 def cost_coo_flat(nnz: int, max_threads: int, blocksize: int) -> float:

@@ -109,18 +109,26 @@ def gather_ms(n: int, index_bytes: int, value_bytes: int, constants: dict) -> fl
     return constants["launch_overhead_ms"] + nbytes / (constants["copy_bandwidth_gbs"] * 1e6)
 
 
-def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profile) -> list[float]:
-    """:func:`predict_lookup` of every candidate, their warp segments built first, in parallel.
+def can_predict(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> bool:
+    """True when ``profile`` measured every kernel shape the candidate's warps are looked up in (a profile
+    made before a family existed lacks its shapes; ``python -m tuner profile`` resumes and adds them)."""
+    return all(profile.has(_table(profile, key)[0]) for key, _ in SEGMENTS[spec.family](m, spec.params))
+
+
+def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profile) -> list[float | None]:
+    """:func:`predict_lookup` of every candidate, their warp segments built first, in parallel; None for a
+    candidate the profile cannot predict (:func:`can_predict`).
 
     Example: see tests/test_model.py (needs a profile).
     """
+    ok = [can_predict(m, spec, profile) for spec in specs]
     by_order: dict[str, list] = {}
-    for spec in specs:
+    for spec in (s for s, k in zip(specs, ok) if k):
         by_order.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
     for order, group in by_order.items():
         mv = ordered_structure(m, order)
         prebuild(mv, [s for spec in group for _, s in SEGMENTS[spec.family](mv, spec.params)])
-    return [predict_lookup(m, spec, profile) for spec in specs]
+    return [predict_lookup(m, spec, profile) if k else None for spec, k in zip(specs, ok)]
 
 
 def _segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -> tuple[float, float, float]:

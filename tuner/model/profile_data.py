@@ -62,7 +62,9 @@ class Profile:
         return int(self.tables[key]["max_active_warps"])
 
     def has(self, key: str) -> bool:
-        return key in self.tables and all(self.tables[key]["points"].get(r) for r in REGIMES)
+        """True when the kernel shape ``key`` was measured: its table in every regime and its lone-row times."""
+        return (key in self.tables and all(self.tables[key]["points"].get(r) for r in REGIMES)
+                and key in (self.alone or {}))
 
     def performance(self, key: str, regime: str, w: np.ndarray) -> np.ndarray:
         """Table performance at row lengths ``w``: log-log interpolation, clamped to the measured range."""

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..families.aligned_coo import AlignedCooParams
 from ..families.base import shared_layout
 from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
+from ..formats.aligned_coo import sizes, split_lengths
 from ..matrix import CanonicalMatrix
 from .profile_data import kernel_key
 
@@ -70,19 +72,22 @@ class SegmentSpec:
 
     Attributes:
         lo, hi: rows with lo <= length < hi (hi None: no upper bound).
-        group: lanes per row (1..32), or 'block' for a row per block.
+        group: lanes per row (1..32), 'block' for a row per block, or an ALIGNED_COO part: 'seg' (a lane
+            per thread), 'flat' (COO warps that may cross rows) or 'hflat' (the hybrid's one-row warps).
         block: threads per block.
+        layout: the ALIGNED_COO layout the part belongs to ('' for row-wise kernels).
     """
 
     lo: int
     hi: int | None
     group: object
     block: int
+    layout: str = ""
 
     @property
     def ident(self) -> tuple:
         # Block size matters to the warps only for block rows: other shapes share one histogram.
-        return (self.lo, self.hi, self.group, self.block if self.group == "block" else 0)
+        return (self.lo, self.hi, self.group, self.block if self.group == "block" else 0, self.layout)
 
 
 @dataclass(frozen=True)
@@ -157,9 +162,46 @@ def class_lengths(m: CanonicalMatrix, lo: int, hi: int | None) -> np.ndarray:
     return L[keep]
 
 
+def seg_histogram(row_lengths: np.ndarray, layout: str) -> WarpHistogram:
+    """ALIGNED_COO's seg part: every lane holds seg_len slots, so its warps all have that one shape.
+
+    Example (paper 004's Fig. 2: 4 lanes of 3 slots make one warp streaming 10 entries):
+        >>> h = seg_histogram(np.array([3, 1, 2, 2, 1, 1]), "hybrid")
+        >>> h.w.tolist(), h.count.tolist(), h.size.tolist()
+        ([3], [1.0], [10.0])
+    """
+    g = sizes(row_lengths, layout)
+    if g.lanes == 0:
+        return EMPTY
+    return WarpHistogram(np.array([g.seg_len]), np.array([float(-(-g.lanes // WARP))]), np.array([float(g.n_seg)]))
+
+
+def flat_histogram(row_lengths: np.ndarray, layout: str) -> WarpHistogram:
+    """ALIGNED_COO's flat part: 32 entries per warp, looked up by the flat length F of the row they come
+    from (the profile measures rows of one length); a row contributes F / 32 warps.
+
+    Example:
+        >>> h = flat_histogram(np.array([70, 5, 64, 64]), "hybrid")
+        >>> h.w.tolist(), h.count.tolist(), h.size.tolist()
+        ([64], [6.0], [192.0])
+    """
+    flat, _ = split_lengths(row_lengths, layout)
+    rows = np.bincount(flat).astype(np.float64)
+    w = np.flatnonzero(rows[1:]) + 1
+    if w.size == 0:
+        return EMPTY
+    return WarpHistogram(w, rows[w] * w / WARP, rows[w] * w)
+
+
+# ALIGNED_COO parts by their ``group`` name: (row lengths, layout) -> histogram.
+ALIGNED_PARTS = {"seg": seg_histogram, "flat": flat_histogram, "hflat": flat_histogram}
+
+
 def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
     """The warps of one segment of ``m`` (memoised per matrix: candidates share segments)."""
     def build():
+        if s.group in ALIGNED_PARTS:
+            return ALIGNED_PARTS[s.group](m.row_lengths, s.layout)
         if s.group == "block":
             return per_row_histogram(m, s.lo, s.hi, s.block // WARP)
         if s.group == WARP:
@@ -190,7 +232,15 @@ def binned_segments(m: CanonicalMatrix, p: BinnedParams) -> list[tuple[str, Segm
             for lo, hi, g in shapes]
 
 
-SEGMENTS = {"csr_vector": csr_vector_segments, "binned": binned_segments}
+def aligned_coo_segments(m: CanonicalMatrix, p: AlignedCooParams) -> list[tuple[str, SegmentSpec]]:
+    # The seg part's blocks come first, then the flat part's; the hybrid's flat warps never cross rows.
+    flat = "hflat" if p.layout == "hybrid" else "flat"
+    return [(kernel_key("aligned_coo", part, p.block_size, m.value_free), SegmentSpec(0, None, part, p.block_size,
+                                                                                     p.layout))
+            for part in ("seg", flat)]
+
+
+SEGMENTS = {"csr_vector": csr_vector_segments, "binned": binned_segments, "aligned_coo": aligned_coo_segments}
 
 
 def warp_segments(m: CanonicalMatrix, family: str, params) -> list[WarpSegment]:

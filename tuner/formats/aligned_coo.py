@@ -1,0 +1,212 @@
+"""ALIGNED_COO (paper 004, section IV): a seg part of equal lanes stored column-major, and a flat COO part.
+
+Each row's entries go to the two parts by the layout: ``hybrid`` puts the warp-multiple head of a row in
+the flat part and its trailing ``length % 32`` entries in the seg part (section IV-D), ``seg`` puts every
+entry in the seg part and ``flat`` every entry in the flat part.
+
+The seg part lays its entries out, in row order, over lanes of ``seg_len`` slots, where ``seg_len`` is
+Algorithm 1's number of segments (the longest seg row); slot s of lane l is stored at ``s * lanes + l``
+(segment s is one column of the lane x segment grid: one coalesced load per step of the kernel). A row is
+never longer than a lane, so a segment holds at most one entry of each row, even where a row runs from the
+end of one lane into the start of the next. Every lane is full except the last, so exactly
+``ceil(n_seg / seg_len)`` lanes are needed; Algorithm 1's seg_size is the paper's estimate for its own
+packing, which keeps rows whole, and is not used for the lane count.
+
+Padding: the slots after the last entry hold row -1, column -1 and value 0. No row means no thread of a
+segment writes a row another thread of it holds, and no column means no extra fetch of x (value-free
+kernels, which have no values to zero, skip it too). The paper's substitution of x values for J (Fig.
+2c) needs x when the layout is built and is left out.
+
+The flat part is COO in row order, padded to whole warps of 32 entries the same way; under ``hybrid`` each
+warp's 32 entries belong to one row (the kernel reduces them with a plain warp sum), under ``flat`` a warp
+may cross rows (a segmented warp sum). Both parts add into y atomically: y is zeroed before the kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+WARP = 32
+LAYOUTS = ("hybrid", "seg", "flat")
+
+
+@dataclass(frozen=True)
+class Segmentation:
+    """Output of Algorithm 1.
+
+    Attributes:
+        seg_size: entries per segment (the paper's lane count for its own packing).
+        num_segs: number of segments (the longest row's length).
+    """
+
+    seg_size: int
+    num_segs: int
+
+
+def segment_size(row_lengths: np.ndarray) -> Segmentation:
+    """Algorithm 1 of paper 004: segment size and number of segments.
+
+    The number of segments is the longest row; the size starts at max(nnz / segments, rows at least as long
+    as the mean) and grows while two consecutive rows from that position together still fill a segment
+    (the first position where they do not is found in one vectorised pass).
+
+    Example (the 6 x 5 matrix of paper 004's Fig. 2):
+        >>> segment_size(np.array([3, 1, 2, 2, 1, 1]))
+        Segmentation(seg_size=4, num_segs=3)
+    """
+    L = np.asarray(row_lengths, dtype=np.int64)
+    nr, nnz = L.size, int(L.sum())
+    if nr == 0 or nnz == 0:
+        return Segmentation(0, 0)
+    num_segs = int(L.max())
+    size = max(nnz // num_segs, int(np.count_nonzero(L >= nnz / nr)))
+    if size + 1 < nr:
+        stops = np.flatnonzero(L[size:-1] + L[size + 1:] < num_segs)
+        size = size + int(stops[0]) if stops.size else nr - 1
+    return Segmentation(min(size, nr), num_segs)
+
+
+def split_lengths(row_lengths: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, how many entries go to the flat part (the head) and to the seg part (the rest).
+
+    Example:
+        >>> [a.tolist() for a in split_lengths(np.array([70, 5, 32]), "hybrid")]
+        [[64, 0, 32], [6, 5, 0]]
+    """
+    L = np.asarray(row_lengths, dtype=np.int64)
+    if layout == "hybrid":
+        flat = L - L % WARP
+    elif layout == "seg":
+        flat = np.zeros_like(L)
+    elif layout == "flat":
+        flat = L
+    else:
+        raise ValueError(f"unknown ALIGNED_COO layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    return flat, L - flat
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The geometry of an ALIGNED_COO layout, from row lengths alone (what the model reads).
+
+    Attributes:
+        seg_len: slots per lane (Algorithm 1's number of segments: the longest seg row).
+        lanes: lanes of the seg part (one thread each).
+        n_seg: entries in the seg part.
+        n_flat: entries in the flat part.
+    """
+
+    seg_len: int
+    lanes: int
+    n_seg: int
+    n_flat: int
+
+    @property
+    def chunks(self) -> int:
+        """Warps of 32 flat entries (the last one padded)."""
+        return -(-self.n_flat // WARP)
+
+
+def sizes(row_lengths: np.ndarray, layout: str) -> Sizes:
+    """Geometry of ``layout`` over rows of these lengths.
+
+    Example (Fig. 2 of paper 004: 10 entries, longest row 3, so 4 lanes of 3 slots):
+        >>> sizes(np.array([3, 1, 2, 2, 1, 1]), "hybrid")
+        Sizes(seg_len=3, lanes=4, n_seg=10, n_flat=0)
+    """
+    flat, seg = split_lengths(row_lengths, layout)
+    n_seg = int(seg.sum())
+    seg_len = segment_size(seg).num_segs
+    return Sizes(seg_len, -(-n_seg // seg_len) if seg_len else 0, n_seg, int(flat.sum()))
+
+
+@dataclass(frozen=True)
+class AlignedCoo:
+    """An ALIGNED_COO layout (arrays in the matrix's index and value dtypes; values None when value-free).
+
+    Attributes:
+        seg_rows, seg_cols, seg_vals: the seg part, ``lanes * seg_len`` slots, slot s of lane l at
+            ``s * lanes + l``; padding is row -1, column -1, value 0.
+        flat_rows, flat_cols, flat_vals: the flat part in row order, padded to a multiple of 32 likewise.
+        sizes: the geometry.
+        layout: 'hybrid', 'seg' or 'flat'.
+    """
+
+    seg_rows: np.ndarray
+    seg_cols: np.ndarray
+    seg_vals: np.ndarray | None
+    flat_rows: np.ndarray
+    flat_cols: np.ndarray
+    flat_vals: np.ndarray | None
+    sizes: Sizes
+    layout: str
+
+
+def build_aligned_coo(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None, layout: str,
+                      index_dtype=np.int32) -> AlignedCoo:
+    """The ALIGNED_COO layout of a CSR matrix (vectorised: a few passes over the entries).
+
+    Example (paper 004's Fig. 2 matrix, 0-based):
+        >>> import scipy.sparse as sp
+        >>> A = sp.csr_matrix(np.array([[0, 2, 0, 4, 5], [1, 0, 0, 0, 0], [0, 3, 6, 0, 0], [0, 7, 0, 8, 0],
+        ...                             [0, 0, 0, 9, 0], [10, 0, 0, 0, 0]], dtype=np.float32))
+        >>> f = build_aligned_coo(A.indptr, A.indices, A.data, "hybrid")
+        >>> f.seg_rows.reshape(3, 4).tolist()  # segment by segment: lanes 0-3
+        [[0, 1, 3, 5], [0, 2, 3, -1], [0, 2, 4, -1]]
+        >>> f.seg_vals.reshape(3, 4).tolist()
+        [[2.0, 1.0, 7.0, 10.0], [4.0, 3.0, 8.0, 0.0], [5.0, 6.0, 9.0, 0.0]]
+    """
+    indptr = np.asarray(indptr)
+    lengths = np.diff(indptr).astype(np.int64)
+    flat_len, _ = split_lengths(lengths, layout)
+    geometry = sizes(lengths, layout)
+    nnz = int(indptr[-1])
+    rows = np.repeat(np.arange(lengths.size, dtype=index_dtype), lengths)
+    # An entry is flat when its offset in its row is inside the row's flat head.
+    offset = np.arange(nnz, dtype=np.int64) - np.repeat(indptr[:-1].astype(np.int64), lengths)
+    is_flat = offset < np.repeat(flat_len, lengths)
+    del offset
+    parts = []
+    for mask, slots, where in ((~is_flat, geometry.lanes * geometry.seg_len, _column_major(geometry)),
+                               (is_flat, geometry.chunks * WARP, None)):
+        parts.append(_padded(rows[mask], indices[mask].astype(index_dtype, copy=False),
+                             None if data is None else data[mask], slots, where, index_dtype))
+    (sr, sc, sv), (fr, fc, fv) = parts
+    return AlignedCoo(sr, sc, sv, fr, fc, fv, geometry, layout)
+
+
+def _column_major(g: Sizes):
+    """Storage position of the i-th seg entry: lane i // seg_len, slot i % seg_len, stored slot-major."""
+    def where(i: np.ndarray) -> np.ndarray:
+        return (i % g.seg_len) * g.lanes + i // g.seg_len
+    return where
+
+
+def _padded(rows, cols, vals, slots: int, where, index_dtype):
+    """Entries placed into ``slots`` positions (``where``: entry number -> position; None: in order)."""
+    out_r = np.full(slots, -1, dtype=index_dtype)
+    out_c = np.full(slots, -1, dtype=index_dtype)
+    out_v = None if vals is None else np.zeros(slots, dtype=vals.dtype)
+    pos = slice(0, rows.size) if where is None else where(np.arange(rows.size, dtype=np.int64))
+    out_r[pos], out_c[pos] = rows, cols
+    if vals is not None:
+        out_v[pos] = vals
+    return out_r, out_c, out_v
+
+
+def evaluate_aligned_coo(f: AlignedCoo, x: np.ndarray, n_rows: int, pattern_value: float = 1.0) -> np.ndarray:
+    """y = A x from the built arrays as the kernel reads them: y zeroed, every non-pad slot added to its row.
+
+    Example:
+        >>> f = build_aligned_coo(np.array([0, 2, 3]), np.array([0, 1, 1]), None, "seg")
+        >>> evaluate_aligned_coo(f, np.array([1.0, 2.0]), 2).tolist()
+        [3.0, 2.0]
+    """
+    y = np.zeros(n_rows)
+    for rows, cols, vals in ((f.seg_rows, f.seg_cols, f.seg_vals), (f.flat_rows, f.flat_cols, f.flat_vals)):
+        live = cols >= 0
+        v = x[cols[live]].astype(np.float64)
+        v = v * (pattern_value if vals is None else vals[live])
+        y += np.bincount(rows[live].astype(np.int64), weights=v, minlength=n_rows)
+    return y
