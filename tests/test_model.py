@@ -364,3 +364,18 @@ def test_a_profile_without_a_familys_tables_predicts_none_for_it():
     from tuner.compiler import predictable
     kept, kept_pred = predictable(specs, pred, "Fake GPU")
     assert {s.family for s in kept} == {"csr_vector", "binned"} and None not in kept_pred
+
+
+def test_a_long_row_in_binneds_last_class_starts_after_the_earlier_classes(profile):
+    # 4000 rows of 2 entries (small class) then one row of 6400 (large class: one warp, launched last).
+    rows = np.concatenate([np.repeat(np.arange(4000), 2), np.full(6400, 4000)])
+    cols = np.concatenate([np.tile([0, 1], 4000), np.arange(6400)])
+    m = canonicalize(sp.csr_matrix((np.ones(rows.size, np.float32), (rows, cols)), shape=(4001, 6400)))
+    bulk = canonicalize(sp.csr_matrix((np.ones(8000, np.float32), (rows[:8000], cols[:8000])), shape=(4000, 6400)))
+    p = BinnedParams(small_max=8, medium_max=16, warp_division=8, huge_min=None)
+    spec = Specialization("binned", p, m.value_dtype, m.index_dtype, True)
+    small_work = predict_lookup(bulk, spec, profile) - 0.004  # the bulk alone is bound by its work
+    from tuner.model.lookup import _blended, gather_fractions
+    long_work = 6400 / _blended(profile, "binned:32:256:vf", np.array([6400]), gather_fractions(m, profile))[0]
+    alone = 4e-4 * 6400 / 32  # the fake profile's lone warp; its tail factor is 1
+    assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + small_work + long_work / 2 + alone, rel=1e-6)

@@ -11,7 +11,7 @@ from .profile_data import REGIMES, Profile
 from .warps import SEGMENTS, WarpHistogram, prebuild, warp_segments
 
 DEFAULT_TAIL_FACTOR = 1.0  # a profile without the measured factor: the slowest warp as fast as alone
-TAIL_START = 0.5  # rows come in no particular order: on average the slowest warp starts halfway through
+TAIL_START = 0.5  # rows of a segment come in no particular order: its slowest warp starts halfway through it
 
 # Tables are measured with float32 values and int32 indices; other types scale by the bytes each entry
 # streams (an approximation: the gathers of x move whole 32-byte sectors either way). A profile without
@@ -45,8 +45,10 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     :func:`~tuner.model.waves.wave_time` then reduce to each warp's entries at its own rate, summed over all
     warps whatever the waves, so each segment of warps is summed once per matrix, by shape, and shared by
     every candidate. The kernel also lasts at least as long as the slot time of its warps alone, and as
-    its slowest warp: started halfway through the work, it runs for its time alone times the profile's
-    tail factor (the slowdown among other warps, ``profile.measure_tail``).
+    the slowest warp of each launch segment: blocks are dispatched in index order, so that warp starts
+    after the work of the segments launched before it plus, on average, half of its own segment's work,
+    and runs for its time alone times the profile's tail factor (the slowdown among other warps,
+    ``profile.measure_tail``). A long row in binned's last class therefore starts near the end.
 
     A relabelled candidate is predicted on the permuted matrix's lengths (its hot columns packed into
     few sectors) plus its two gathers, of x into its order and of y back (:func:`reorder_ms`).
@@ -61,7 +63,8 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
         m = ordered_structure(m, order)
     fractions = gather_fractions(m, profile)
     entry_bytes = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
-    work, alone_sum, alone_max, max_active = 0.0, 0.0, 0.0, 1
+    tail_factor = profile.constants.get("tail_factor", DEFAULT_TAIL_FACTOR)
+    work, alone_sum, tail, max_active = 0.0, 0.0, 0.0, 1
     for seg in warp_segments(m, spec.family, spec.params):
         if seg.warps.w.size == 0:
             continue
@@ -69,11 +72,12 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
         max_active = profile.max_active_warps(key)  # one launch: the same occupancy for all its warps
         w_sum, a_sum, a_max = shared_layout(m, ("segment", seg.ident, key, profile.digest),
                                             lambda: _segment_sums(profile, key, seg.warps, fractions))
-        work += w_sum * entry_bytes / profiled_bytes
-        alone_sum, alone_max = alone_sum + a_sum, max(alone_max, a_max)
-    # The slowest warp starts somewhere among the others and runs slower than alone (the profile's tail
-    # factor); the kernel ends when it does, if that is after the bulk.
-    tail = TAIL_START * work + profile.constants.get("tail_factor", DEFAULT_TAIL_FACTOR) * alone_max
+        seg_work = w_sum * entry_bytes / profiled_bytes
+        # The segment's slowest warp starts after the earlier segments' work and somewhere in its own,
+        # and runs slower than alone (the tail factor); the kernel ends when it does, if after the bulk.
+        tail = max(tail, work + TAIL_START * seg_work + tail_factor * a_max)
+        work += seg_work
+        alone_sum += a_sum
     t = max(work, alone_sum / max_active, tail)
     return float(profile.constants["launch_overhead_ms"] + t + gathers)
 
