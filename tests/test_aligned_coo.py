@@ -109,7 +109,7 @@ def test_evaluation_matches_scipy_in_float64(layout, index_dtype):
     f = build_aligned_coo(m.indptr, m.indices, m.data, layout, m.index_dtype)
     assert f.seg_rows.dtype == f.flat_cols.dtype == np.dtype(index_dtype)
     x = np.random.default_rng(1).uniform(-1, 1, m.n_cols)
-    np.testing.assert_allclose(evaluate_aligned_coo(f, x, m.n_rows), A @ x, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(evaluate_aligned_coo(f.parts, x, m.n_rows), A @ x, rtol=1e-12, atol=1e-12)
 
 
 def test_empty_matrix_builds_an_empty_layout_and_yields_zeros():
@@ -117,7 +117,7 @@ def test_empty_matrix_builds_an_empty_layout_and_yields_zeros():
     f = build_aligned_coo(m.indptr, m.indices, m.data, "hybrid", m.index_dtype)
     assert f.sizes.lanes == f.sizes.chunks == 0 and f.seg_rows.size == 0
     assert grid(f.sizes, 256) == (0, 0)
-    assert evaluate_aligned_coo(f, np.arange(30.0), 40).tolist() == [0.0] * 40
+    assert evaluate_aligned_coo(f.parts, np.arange(30.0), 40).tolist() == [0.0] * 40
 
 
 def test_space_drops_the_hybrid_when_no_row_reaches_a_warp():

@@ -79,21 +79,33 @@ class Variant:
 
     def params(self, w: int):
         """Parameters that run every row of length w through this shape; None when it cannot."""
-        if self.family == "csr_vector":
-            return CsrVectorParams(self.group, self.block)
-        if self.family == "aligned_coo":
-            # Rows of one length w: all-seg gives lanes of w slots, all-flat COO warps over rows of w, and
-            # the hybrid (w a warp multiple) warps that each lie in one row.
-            if self.group == "hflat":
-                return AlignedCooParams("hybrid", self.block) if w % 32 == 0 else None
-            return AlignedCooParams(self.group, self.block)
-        if self.group == 1:
-            return BinnedParams(small_max=w + 1, medium_max=w + 2, block_size=self.block)
-        if self.group == "block":
-            return BinnedParams(1, w, 8, w, self.block) if w >= 2 else None
-        if self.group == 32:
-            return BinnedParams(1, w, 8, None, self.block) if w >= 2 else None
-        return BinnedParams(1, w + 1, 32 // self.group, None, self.block)
+        return SHAPE_PARAMS[self.family](self.group, self.block, w)
+
+
+def _binned_shape(group, block: int, w: int) -> BinnedParams | None:
+    if group == 1:
+        return BinnedParams(small_max=w + 1, medium_max=w + 2, block_size=block)
+    if group == "block":
+        return BinnedParams(1, w, 8, w, block) if w >= 2 else None
+    if group == 32:
+        return BinnedParams(1, w, 8, None, block) if w >= 2 else None
+    return BinnedParams(1, w + 1, 32 // group, None, block)
+
+
+def _aligned_coo_shape(group: str, block: int, w: int) -> AlignedCooParams | None:
+    # Rows of one length w: all-seg gives lanes of w slots, all-flat COO warps over rows of w, and the
+    # hybrid (w a warp multiple) warps that each lie in one row.
+    if group == "hflat":
+        return AlignedCooParams("hybrid", block) if w % 32 == 0 else None
+    return AlignedCooParams(group, block)
+
+
+# family -> (group, block, w) -> parameters that run rows of length w through that kernel shape, or None.
+SHAPE_PARAMS = {
+    "csr_vector": lambda group, block, w: CsrVectorParams(group, block),
+    "binned": _binned_shape,
+    "aligned_coo": _aligned_coo_shape,
+}
 
 
 def variants(value_free: tuple) -> list[Variant]:

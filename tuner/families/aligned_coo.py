@@ -85,10 +85,9 @@ def context(m: CanonicalMatrix, p: AlignedCooParams) -> dict:
 
 
 def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
-    a, s = dict(built.arrays), dict(built.scalars)
-    f = AlignedCoo(a["seg_rows"], a["seg_cols"], a.get("seg_vals"), a["flat_rows"], a["flat_cols"],
-                   a.get("flat_vals"), Sizes(s["seg_len"], s["lanes"], -1, -1), "")
-    return evaluate_aligned_coo(f, x, m.n_rows, m.pattern_value if m.value_free else 1.0)
+    a = dict(built.arrays)
+    parts = [(a[f"{p}_rows"], a[f"{p}_cols"], a.get(f"{p}_vals")) for p in ("seg", "flat")]
+    return evaluate_aligned_coo(parts, x, m.n_rows, m.pattern_value if m.value_free else 1.0)
 
 
 FAMILY = Family(name="aligned_coo", template="aligned_coo.cu.j2", params_type=AlignedCooParams, space=space,

@@ -142,6 +142,11 @@ class AlignedCoo:
     sizes: Sizes
     layout: str
 
+    @property
+    def parts(self) -> tuple[tuple, tuple]:
+        """(rows, cols, values) of the seg part and of the flat part."""
+        return (self.seg_rows, self.seg_cols, self.seg_vals), (self.flat_rows, self.flat_cols, self.flat_vals)
+
 
 def build_aligned_coo(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None, layout: str,
                       index_dtype=np.int32) -> AlignedCoo:
@@ -195,16 +200,17 @@ def _padded(rows, cols, vals, slots: int, where, index_dtype):
     return out_r, out_c, out_v
 
 
-def evaluate_aligned_coo(f: AlignedCoo, x: np.ndarray, n_rows: int, pattern_value: float = 1.0) -> np.ndarray:
-    """y = A x from the built arrays as the kernel reads them: y zeroed, every non-pad slot added to its row.
+def evaluate_aligned_coo(parts, x: np.ndarray, n_rows: int, pattern_value: float = 1.0) -> np.ndarray:
+    """y = A x from the built (rows, cols, values) parts as the kernel reads them: y zeroed, every non-pad
+    slot added to its row (values None: a pattern matrix of ``pattern_value``).
 
     Example:
         >>> f = build_aligned_coo(np.array([0, 2, 3]), np.array([0, 1, 1]), None, "seg")
-        >>> evaluate_aligned_coo(f, np.array([1.0, 2.0]), 2).tolist()
+        >>> evaluate_aligned_coo(f.parts, np.array([1.0, 2.0]), 2).tolist()
         [3.0, 2.0]
     """
     y = np.zeros(n_rows)
-    for rows, cols, vals in ((f.seg_rows, f.seg_cols, f.seg_vals), (f.flat_rows, f.flat_cols, f.flat_vals)):
+    for rows, cols, vals in parts:
         live = cols >= 0
         v = x[cols[live]].astype(np.float64)
         v = v * (pattern_value if vals is None else vals[live])
