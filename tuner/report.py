@@ -277,13 +277,16 @@ def paper_pick(m, spec, max_threads: int) -> bool:
         >>> sorted(s.params.layout for s in specializations(m, ["aligned_coo"]) if paper_pick(m, s, 132 * 2048))
         ['flat', 'flat']
     """
-    from .families.base import ordered_structure
+    from .families.base import ordered_structure, shared_layout
     from .model.aligned_coo import choose_hybrid
 
     if spec.family != "aligned_coo":
         return False
-    lengths = ordered_structure(m, spec.params.order).row_lengths
-    return choose_hybrid(lengths, max_threads, spec.params.block_size).layout == spec.params.layout
+    p = spec.params
+    # One choice per ordering, shared by its three layout candidates.
+    choice = shared_layout(m, ("algorithm3", p.order, max_threads, p.block_size), lambda: choose_hybrid(
+        ordered_structure(m, p.order).row_lengths, max_threads, p.block_size).layout)
+    return choice == p.layout
 
 
 def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint: Path | None = None
