@@ -7,7 +7,7 @@ import pytest
 
 from tuner import codegen, families
 from tuner.cache import Cache
-from tuner.families import aligned_coo, binned, csr_vector
+from tuner.families import aligned_coo, binned, csr_vector, tile_composite, tile_coo
 from tuner.families.base import Specialization
 
 TRAITS = list(itertools.product(["float32", "float64"], ["int32", "int64"], [False, True]))
@@ -17,6 +17,8 @@ PARAMS = {
     "binned": [binned.BinnedParams(s, md, w, h) for s in binned.SMALL_MAX for md in binned.MEDIUM_MAX
                for w in binned.WARP_DIVISION for h in (md, *binned.HUGE_MIN)],
     "aligned_coo": [aligned_coo.AlignedCooParams(lay) for lay in aligned_coo.LAYOUTS],
+    "tile_coo": [tile_coo.TileCooParams(w) for w in (0, 4096)],
+    "tile_composite": [tile_composite.TileCompositeParams(w, (64,), pad) for w in (0, 4096) for pad in (False, True)],
 }
 
 
@@ -28,11 +30,11 @@ def all_specializations():
 def test_every_template_specialisation_compiles_for_sm_90(tmp_path):
     specs = all_specializations()
     sources = [families.render(s) for s in specs]
-    # Parameters that only shape the layout (binned's thresholds, aligned_coo's seg or flat) share a kernel;
-    # everything else differs.
+    # Parameters that only shape the layout (binned's thresholds, aligned_coo's seg or flat, the tiles and
+    # workload sizes) share a kernel; everything else differs.
     kernel_identity = {(s.family, tuple(sorted(families.get(s.family).context(None, s.params).items())),
                         s.value_dtype, s.index_dtype, s.value_free) for s in specs}
-    assert len(set(sources)) == len(kernel_identity) == 12 * 8 + 2 * 8 + 2 * 8
+    assert len(set(sources)) == len(kernel_identity) == 12 * 8 + 2 * 8 + 2 * 8 + 8 + 8
     binaries = codegen.compile_many(sources, arch="sm_90", cache=Cache(tmp_path))
     for spec, b in zip(specs, binaries):
         assert b.cubin[:4] == b"\x7fELF", spec.label()

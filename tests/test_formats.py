@@ -135,4 +135,4 @@ def test_binned_parameters_are_validated(bad):
 
 def test_unknown_family_names_the_known_ones():
     with pytest.raises(KeyError, match="csr_vector"):
-        families.get("tile_coo")
+        families.get("tile_ell")

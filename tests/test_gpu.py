@@ -24,10 +24,11 @@ def rel_error(y, ref):
     return np.linalg.norm(y - ref) / denom if denom else np.linalg.norm(y - ref)
 
 
-def check_every_candidate(m, tol):
-    """Build every candidate of every family for ``m``, run on a random x with poisoned y, compare."""
+def check_every_candidate(m, tol, specs=None):
+    """Build every candidate of every family for ``m`` (or ``specs``), run on a random x with poisoned y,
+    compare."""
     arch = gpu.device_info().arch
-    specs = families.specializations(m)
+    specs = families.specializations(m) if specs is None else specs
     binaries = codegen.compile_many([families.render(s, m) for s in specs], arch=arch)
     arrays = DeviceArrays()
     x = random_vector(m.n_cols, m.value_dtype, seed=11)
@@ -54,6 +55,35 @@ def test_every_candidate_matches_scipy_on_fixture(name):
     m = canonicalize(A)
     tol = 1e-12 if m.value_dtype == np.float64 else 1e-5
     assert check_every_candidate(m, tol) >= 2
+
+
+def tiled_specs(m):
+    """tile_coo and tile_composite over many narrow tiles (the fixtures' x fits one L1-sized tile), with
+    one-row, small and GPU-filling workloads, with and without the camping pad."""
+    from tuner.families.base import Specialization, ordered_matrix
+    from tuner.families.tile_composite import TileCompositeParams, fill_workload, ranked_tile_lengths
+    from tuner.families.tile_coo import TileCooParams
+    plan = ordered_matrix(m, "degree")
+    out = []
+    for width in (16, 256):
+        out.append(TileCooParams(width))
+        ranked = ranked_tile_lengths(plan, width)
+        for wl in ((1,) * len(ranked), (64,) * len(ranked), tuple(fill_workload(r, 512) for r in ranked)):
+            out += [TileCompositeParams(width, wl, pad) for pad in (False, True)]
+    return [Specialization("tile_coo" if isinstance(p, TileCooParams) else "tile_composite", p, m.value_dtype,
+                           m.index_dtype, m.value_free) for p in out]
+
+
+@pytest.mark.parametrize("name", ["power_law", "rectangular_wide", "rectangular_tall", "one_dense_row",
+                                  "empty_rows", "pattern", "float64", "long_rows", "tiny", "all_empty"])
+def test_tiled_families_match_scipy_across_many_tiles(name):
+    m = canonicalize(FIXTURES[name])
+    check_every_candidate(m, 1e-12 if m.value_dtype == np.float64 else 1e-5, tiled_specs(m))
+
+
+def test_tiled_families_match_scipy_on_rmat_with_int64_indices():
+    for m in (canonicalize(tuner.load("rmat:16")), canonicalize(FIXTURES["power_law"], index_dtype=np.int64)):
+        check_every_candidate(m, 1e-5, tiled_specs(m))
 
 
 @pytest.mark.parametrize("name", ["power_law", "one_dense_row", "pattern", "rectangular_tall"])

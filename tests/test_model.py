@@ -278,7 +278,7 @@ def test_valued_kernels_fall_back_to_value_free_tables_scaled_by_bytes():
 
 
 def test_lookup_work_term_is_the_wave_model_with_work_weighted_means(profile):
-    from tuner.model.lookup import _blended, gather_fractions
+    from tuner.model.lookup import blended, gather_fractions
     m = canonicalize(power_law(4000, seed=11))
     spec = Specialization("binned", BinnedParams(4, 32, 8, 64), m.value_dtype, m.index_dtype, m.value_free)
     segs = [s for s in warp_segments(m, "binned", spec.params) if s.warps.w.size]
@@ -286,7 +286,7 @@ def test_lookup_work_term_is_the_wave_model_with_work_weighted_means(profile):
     key = lambda s: s.key if s.key in profile.tables else s.key + "f"  # noqa: E731
     per_warp = [s.warps.expand() for s in segs]
     sizes = np.concatenate([size for _, size in per_warp])
-    perf = np.concatenate([_blended(profile, key(s), w, fr) for s, (w, _) in zip(segs, per_warp)])
+    perf = np.concatenate([blended(profile, key(s), w, fr) for s, (w, _) in zip(segs, per_warp)])
     waves = wave_time(sizes, perf, profile.max_active_warps(key(segs[0])))
     # The fake profile's curves are so fast that the work term dominates the slot bound here; the slowest
     # warp, started halfway through the work, may outlast it (tail factor 1 in the fake profile).
@@ -358,12 +358,13 @@ def test_a_profile_without_a_familys_tables_predicts_none_for_it():
         del raw["tables"][key]
     prof = Profile.from_json(json.dumps(raw))
     m = canonicalize(power_law(500, seed=2))
-    specs = families.specializations(m)
+    specs = families.specializations(m, profile=prof)
     pred = predict_many(m, specs, prof)
-    assert all((p is None) == (s.family == "aligned_coo") for s, p in zip(specs, pred))
+    # tile_coo runs ALIGNED_COO's flat kernel and reads its tables.
+    assert all((p is None) == (s.family in ("aligned_coo", "tile_coo")) for s, p in zip(specs, pred))
     from tuner.compiler import predictable
     kept, kept_pred = predictable(specs, pred, "Fake GPU")
-    assert {s.family for s in kept} == {"csr_vector", "binned"} and None not in kept_pred
+    assert {s.family for s in kept} == {"csr_vector", "binned", "tile_composite"} and None not in kept_pred
 
 
 def test_a_long_row_in_binneds_last_class_starts_after_the_earlier_classes(profile):
@@ -375,7 +376,7 @@ def test_a_long_row_in_binneds_last_class_starts_after_the_earlier_classes(profi
     p = BinnedParams(small_max=8, medium_max=16, warp_division=8, huge_min=None)
     spec = Specialization("binned", p, m.value_dtype, m.index_dtype, True)
     small_work = predict_lookup(bulk, spec, profile) - 0.004  # the bulk alone is bound by its work
-    from tuner.model.lookup import _blended, gather_fractions
-    long_work = 6400 / _blended(profile, "binned:32:256:vf", np.array([6400]), gather_fractions(m, profile))[0]
+    from tuner.model.lookup import blended, gather_fractions
+    long_work = 6400 / blended(profile, "binned:32:256:vf", np.array([6400]), gather_fractions(m, profile))[0]
     alone = 4e-4 * 6400 / 32  # the fake profile's lone warp; its tail factor is 1
     assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + small_work + long_work / 2 + alone, rel=1e-6)

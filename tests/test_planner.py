@@ -75,7 +75,7 @@ def test_all_failed_no_candidates_or_missing_predictions_are_errors():
 def test_fake_benchmark_over_real_candidates_of_every_family():
     m = canonicalize(power_law())
     specs = families.specializations(m)
-    assert {s.family for s in specs} == {"csr_vector", "binned", "aligned_coo"}
+    assert {s.family for s in specs} == {"csr_vector", "binned", "aligned_coo", "tile_coo", "tile_composite"}
     target = families.get("binned").params_type(small_max=8, medium_max=32, warp_division=4, huge_min=32)
     best, ranking = planner.select("exhaustive", specs, [None] * len(specs),
                                    lambda ss: [1.0 if s.params == target else 2.0 + 0.01 * i

@@ -26,7 +26,7 @@ def test_every_binned_shape_puts_all_rows_in_its_class(w):
     classes = {1: 0, 4: 1, 8: 1, 32: 2, "block": 3}
     for v in profile.variants((True,)):
         params = v.params(w)
-        if v.family == "aligned_coo":
+        if v.family in ("aligned_coo", "tile_composite"):
             continue
         if v.family != "binned":
             assert params.threads_per_row == v.group and params.block_size == v.block
@@ -35,6 +35,22 @@ def test_every_binned_shape_puts_all_rows_in_its_class(w):
         assert counts[classes[v.group]] == 10, (v, params)
         if v.group in (4, 8):
             assert params.medium_lanes == v.group
+
+
+@pytest.mark.parametrize("w", [1, 5, 31, 32, 64, 96, 4096])
+def test_tile_composite_shapes_pack_rows_of_one_length_into_their_kind(w):
+    from tuner.formats.tile_composite import pack
+    for v in (v for v in profile.variants((True,)) if v.family == "tile_composite"):
+        params = v.params(w)
+        if v.group == "col" and w > profile.COL_MAJOR_MAX_W:
+            assert params is None
+            continue
+        p = pack(np.full(1000, w), params.workloads[0])
+        assert params.tile_width == 0 and params.order == "none"
+        if v.group == "row":
+            assert p.row_major.all() and (p.h == 1).all() and (p.w == -(-w // 32) * 32).all()
+        else:  # column-major warps of a warp multiple of rows, taller than wide
+            assert not p.row_major[:-1].any() and (p.h % 32 == 0).all() and (p.h[:-1] > w).all()
 
 
 @pytest.mark.parametrize("w", [1, 5, 32, 96, 4096])
@@ -54,14 +70,15 @@ def test_aligned_coo_shapes_give_one_warp_shape_per_width(w):
 
 def test_shapes_cover_every_kernel_the_families_generate():
     keys = {v.key for v in profile.variants((True, False))}
-    assert len(keys) == 2 * (12 + 5 + 3)
+    assert len(keys) == 2 * (12 + 5 + 3 + 2)
     from tuner.matrix import canonicalize
+    from tuner.families.base import ordered_structure
     from tuner.model.warps import warp_segments
     from .conftest import fixture_matrices
     for A in fixture_matrices().values():
         m = canonicalize(A)
         for s in families.specializations(m):
-            for seg in warp_segments(m, s.family, s.params):
+            for seg in warp_segments(ordered_structure(m, s.params.order), s.family, s.params):
                 assert seg.key in keys
 
 
@@ -115,8 +132,10 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     assert prof["constants"] == again["constants"]
 
 
-# The H200 profile was measured before aligned_coo existed (the planner leaves that family out there).
-@pytest.mark.parametrize("gpu_name,families_", [("NVIDIA H100 80GB HBM3", ("csr_vector", "binned", "aligned_coo")),
+# The H200 profile was measured before aligned_coo and the tiled families existed (the planner leaves them
+# out there).
+@pytest.mark.parametrize("gpu_name,families_", [("NVIDIA H100 80GB HBM3", ("csr_vector", "binned", "aligned_coo",
+                                                                          "tile_composite")),
                                                 ("NVIDIA H200", ("csr_vector", "binned"))])
 def test_shipped_profiles_load_with_measured_constants(gpu_name, families_):
     loaded = load_profile(gpu_name)

@@ -151,7 +151,7 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
         if binary is None:  # binary evicted or corrupt: rebuild it, keep the plan
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
         return SpMV(m, spec, binary.cubin, plan)
-    specs = families.specializations(m)
+    specs = families.specializations(m, profile=prof)
     predicted = predict_many(m, specs, prof) if prof else [None] * len(specs)
     if prof and tune != "exhaustive":
         specs, predicted = predictable(specs, predicted, info.name)

@@ -23,6 +23,9 @@ from .families.aligned_coo import AlignedCooParams
 from .families.base import Specialization
 from .families.binned import BinnedParams
 from .families.csr_vector import BLOCK_SIZES, THREADS_PER_ROW, CsrVectorParams
+from .families.tile_composite import TileCompositeParams
+from .formats.reorder import NONE
+from .formats.tile_composite import col_shape_height
 from .kernel import DeviceArrays, SpMV, copy_bandwidth_gbs, time_spmv
 from .matrix import CanonicalMatrix
 from .model.locality import SECTOR_BYTES, fit_capacity
@@ -100,11 +103,26 @@ def _aligned_coo_shape(group: str, block: int, w: int) -> AlignedCooParams | Non
     return AlignedCooParams(group, block)
 
 
+COL_MAJOR_MAX_W = 64  # column-major workloads are narrower than tall: wider ones would need 2,000-row warps
+
+
+def _tile_composite_shape(group: str, block: int, w: int) -> TileCompositeParams | None:
+    # One tile of rows of length w: workload size w gives row-major warps of one row (h = 1); w x h with h
+    # the next warp multiple above w gives column-major warps of h rows.
+    if group == "row":
+        return TileCompositeParams(0, (w,), False, block, NONE)
+    if w > COL_MAJOR_MAX_W:
+        return None
+    return TileCompositeParams(0, (w * int(col_shape_height(w)),), False, block, NONE)
+
+
 # family -> (group, block, w) -> parameters that run rows of length w through that kernel shape, or None.
+# (tile_coo runs ALIGNED_COO's flat kernel and reads its tables.)
 SHAPE_PARAMS = {
     "csr_vector": lambda group, block, w: CsrVectorParams(group, block),
     "binned": _binned_shape,
     "aligned_coo": _aligned_coo_shape,
+    "tile_composite": _tile_composite_shape,
 }
 
 
@@ -114,6 +132,7 @@ def variants(value_free: tuple) -> list[Variant]:
         out += [Variant("csr_vector", g, b, vf) for g in THREADS_PER_ROW for b in BLOCK_SIZES]
         out += [Variant("binned", g, 256, vf) for g in (1, 4, 8, 32, "block")]
         out += [Variant("aligned_coo", g, 256, vf) for g in ("seg", "flat", "hflat")]
+        out += [Variant("tile_composite", g, 256, vf) for g in ("row", "col")]
     return out
 
 

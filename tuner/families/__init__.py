@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from .. import codegen
 from ..matrix import CanonicalMatrix
-from . import aligned_coo, binned, csr_vector
+from . import aligned_coo, binned, csr_vector, tile_composite, tile_coo
 from .base import CTYPES, Family, Launch, Specialization, params_dict
 
-REGISTRY: dict[str, Family] = {f.name: f for f in (csr_vector.FAMILY, binned.FAMILY, aligned_coo.FAMILY)}
+REGISTRY: dict[str, Family] = {f.name: f for f in (csr_vector.FAMILY, binned.FAMILY, aligned_coo.FAMILY,
+                                                   tile_coo.FAMILY, tile_composite.FAMILY)}
 
 
 def get(name: str) -> Family:
@@ -22,8 +23,9 @@ def get(name: str) -> Family:
         raise KeyError(f"unknown kernel family {name!r}; known: {', '.join(REGISTRY)}") from None
 
 
-def specializations(m: CanonicalMatrix, families: list[str] | None = None) -> list[Specialization]:
-    """Every valid (family, parameters) candidate for ``m``, with its type traits.
+def specializations(m: CanonicalMatrix, families: list[str] | None = None, profile=None) -> list[Specialization]:
+    """Every valid (family, parameters) candidate for ``m``, with its type traits; ``profile`` (the GPU's,
+    or None) sets the tiled families' widths and workload sizes.
 
     Example:
         >>> import scipy.sparse as sp
@@ -34,7 +36,8 @@ def specializations(m: CanonicalMatrix, families: list[str] | None = None) -> li
     out = []
     for name in families or list(REGISTRY):
         fam = get(name)
-        out.extend(Specialization(name, p, m.value_dtype, m.index_dtype, m.value_free) for p in fam.space(m))
+        out.extend(Specialization(name, p, m.value_dtype, m.index_dtype, m.value_free)
+                   for p in fam.candidates(m, profile))
     return out
 
 

@@ -67,8 +67,12 @@ def launch(m: CanonicalMatrix, p: AlignedCooParams) -> Launch:
 
 
 def _launch(m: CanonicalMatrix, p: AlignedCooParams) -> Launch:
-    f = layout_of(m, p.layout)
-    seg_blocks, blocks = grid(f.sizes, p.block_size)
+    return layout_launch(layout_of(m, p.layout), p.block_size)
+
+
+def layout_launch(f: AlignedCoo, block: int) -> Launch:
+    """The launch of a built layout: seg blocks first, then flat warps; y zeroed before it."""
+    seg_blocks, blocks = grid(f.sizes, block)
     arrays = [("seg_rows", f.seg_rows), ("seg_cols", f.seg_cols)]
     if f.seg_vals is not None:
         arrays.append(("seg_vals", f.seg_vals))
@@ -77,7 +81,7 @@ def _launch(m: CanonicalMatrix, p: AlignedCooParams) -> Launch:
         arrays.append(("flat_vals", f.flat_vals))
     scalars = (("lanes", f.sizes.lanes), ("seg_len", f.sizes.seg_len), ("chunks", f.sizes.chunks),
                ("seg_blocks", seg_blocks))
-    return Launch(arrays=tuple(arrays), scalars=scalars, grid=blocks, block=p.block_size, zero_y=True)
+    return Launch(arrays=tuple(arrays), scalars=scalars, grid=blocks, block=block, zero_y=True)
 
 
 def context(m: CanonicalMatrix, p: AlignedCooParams) -> dict:

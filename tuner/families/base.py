@@ -1,6 +1,7 @@
 """What every SpMV kernel family provides, and the launch description its format builder produces."""
 from __future__ import annotations
 
+import hashlib
 import weakref
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
@@ -66,6 +67,7 @@ class Family:
             kernel_name).
         evaluate: (matrix, launch, x) -> y computed in NumPy from the built arrays exactly as the kernel
             reads them; the CPU tests check it against SciPy.
+        uses_profile: ``space`` also takes the GPU's profile (or None), e.g. for tile widths from its L1.
     """
 
     name: str
@@ -75,6 +77,11 @@ class Family:
     launch: Callable[[CanonicalMatrix, object], Launch]
     context: Callable[[CanonicalMatrix, object], dict]
     evaluate: Callable[[CanonicalMatrix, Launch, np.ndarray], np.ndarray]
+    uses_profile: bool = False
+
+    def candidates(self, m: CanonicalMatrix, profile=None) -> list:
+        """The family's parameter sets for ``m`` (on the GPU ``profile`` describes, for families that ask)."""
+        return self.space(m, profile) if self.uses_profile else self.space(m)
 
     def params_from_dict(self, values: dict):
         return self.params_type(**values)
@@ -156,7 +163,18 @@ def ordered_structure(m: CanonicalMatrix, order: str) -> CanonicalMatrix | Struc
     """What the model reads of ``m`` relabelled by ``order``: lengths only, no permuted arrays."""
     if order == NONE:
         return m
-    return shared_layout(m, ("structure", order), lambda: permuted_structure(m, ordering(m, order)))
+    source = weakref.ref(m)  # not m: the memo's value must not keep its key alive
+    return shared_layout(m, ("structure", order), lambda: permuted_structure(
+        m, ordering(m, order), lambda: ordered_matrix(source(), order)))
+
+
+def plan_matrix(m: CanonicalMatrix | Structure) -> CanonicalMatrix:
+    """The matrix itself behind what the model reads: ``m``, or the permuted matrix a Structure stands for."""
+    if isinstance(m, CanonicalMatrix):
+        return m
+    if m.matrix is None:
+        raise ValueError("this structure holds lengths only: its permuted matrix cannot be built")
+    return m.matrix()
 
 
 def ordered_launch(m: CanonicalMatrix, order: str, build: Callable[[CanonicalMatrix], Launch]) -> Launch:
@@ -192,5 +210,20 @@ class Specialization:
         return f"spmv_{self.family}"
 
     def label(self) -> str:
-        parts = ",".join(f"{k}={v}" for k, v in params_dict(self.params).items())
+        """``family(k=v,...)``; a long tuple (a workload size per tile) shows as its length, range and digest.
+
+        Example:
+            >>> from tuner.families.csr_vector import CsrVectorParams
+            >>> Specialization("csr_vector", CsrVectorParams(8, 128), np.dtype("float32"), np.dtype("int32"),
+            ...                False).label()
+            'csr_vector(threads_per_row=8,block_size=128,order=none)'
+        """
+        parts = ",".join(f"{k}={_shown(v)}" for k, v in params_dict(self.params).items())
         return f"{self.family}({parts})"
+
+
+def _shown(v):
+    if isinstance(v, (tuple, list)) and len(v) > 4:
+        digest = hashlib.sha256(repr(tuple(v)).encode()).hexdigest()[:8]
+        return f"[{len(v)}:{min(v)}..{max(v)}#{digest}]"
+    return v

@@ -131,6 +131,8 @@ class Structure(Shaped):
 
     The model needs the permuted row and column lengths, not the permuted arrays: a reordered candidate
     is predicted without building its layout. Same attribute names as :class:`CanonicalMatrix`.
+    ``matrix`` builds the permuted matrix itself, for the model of a family whose warps depend on where
+    the entries lie (the tiled families read its tiles); None when nobody can.
     """
 
     shape: tuple[int, int]
@@ -140,9 +142,10 @@ class Structure(Shaped):
     value_free: bool
     row_lengths: np.ndarray
     col_lengths: np.ndarray
+    matrix: Callable[[], CanonicalMatrix] | None = None
 
 
-def permuted_structure(m: CanonicalMatrix, o: Ordering) -> Structure:
+def permuted_structure(m: CanonicalMatrix, o: Ordering, matrix: Callable[[], CanonicalMatrix] | None = None) -> Structure:
     """The lengths of ``permute(m, o)`` without building it.
 
     Example:
@@ -154,4 +157,4 @@ def permuted_structure(m: CanonicalMatrix, o: Ordering) -> Structure:
     """
     return Structure(shape=m.shape, nnz=m.nnz, index_dtype=m.index_dtype, value_dtype=m.value_dtype,
                      value_free=m.value_free, row_lengths=m.row_lengths[o.row_order],
-                     col_lengths=m.col_lengths[o.col_order])
+                     col_lengths=m.col_lengths[o.col_order], matrix=matrix)

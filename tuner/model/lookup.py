@@ -16,21 +16,24 @@ TAIL_START = 0.5  # rows of a segment come in no particular order: its slowest w
 # Tables are measured with float32 values and int32 indices; other types scale by the bytes each entry
 # streams (an approximation: the gathers of x move whole 32-byte sectors either way). A profile without
 # the valued tables (a reduced grid) serves valued kernels from the value-free ones the same way.
-def _table(profile: Profile, key: str) -> tuple[str, int]:
+def table_for(profile: Profile, key: str) -> tuple[str, int]:
     """The table to read for ``key`` and the bytes per entry it was measured with."""
     if key.endswith(":v") and key not in profile.tables and key + "f" in profile.tables:
         return key + "f", 4
     return key, 4 if key.endswith(":vf") else 8
 
 
-def gather_fractions(m: CanonicalMatrix, profile: Profile) -> np.ndarray:
-    """Shares of the gathers of x served by L1, L2 and memory (see :mod:`tuner.model.locality`)."""
+def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int] | None = None) -> np.ndarray:
+    """Shares of the gathers of x served by L1, L2 and memory (see :mod:`tuner.model.locality`), for the
+    whole matrix or for the columns ``cols`` = (first, end) of one tile, whose warps gather from its slice
+    of x alone."""
     c = profile.constants
-    return shared_layout(m, ("gather_fractions", profile.digest), lambda: regime_fractions(
-        m.col_lengths, m.value_dtype.itemsize, cache_sectors(c, "l1"), cache_sectors(c, "l2")))
+    lengths = m.col_lengths if cols is None else m.col_lengths[cols[0]:cols[1]]
+    return shared_layout(m, ("gather_fractions", profile.digest, cols), lambda: regime_fractions(
+        lengths, m.value_dtype.itemsize, cache_sectors(c, "l1"), cache_sectors(c, "l2")))
 
 
-def _blended(profile: Profile, key: str, w: np.ndarray, fractions) -> np.ndarray:
+def blended(profile: Profile, key: str, w: np.ndarray, fractions) -> np.ndarray:
     # Times add across regimes, so performances blend harmonically.
     w = np.asarray(w, dtype=np.float64)
     inv = sum(f / profile.performance(key, r, w) for f, r in zip(fractions, REGIMES) if f > 0)
@@ -61,15 +64,15 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
         gathers = reorder_ms(m.n_rows, m.n_cols, m.index_dtype.itemsize, m.value_dtype.itemsize,
                              profile.constants)
         m = ordered_structure(m, order)
-    fractions = gather_fractions(m, profile)
     entry_bytes = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
     tail_factor = profile.constants.get("tail_factor", DEFAULT_TAIL_FACTOR)
     work, alone_sum, tail, max_active = 0.0, 0.0, 0.0, 1
     for seg in warp_segments(m, spec.family, spec.params):
         if seg.warps.w.size == 0:
             continue
-        key, profiled_bytes = _table(profile, seg.key)
+        key, profiled_bytes = table_for(profile, seg.key)
         max_active = profile.max_active_warps(key)  # one launch: the same occupancy for all its warps
+        fractions = gather_fractions(m, profile, seg.cols)
         w_sum, a_sum, a_max = shared_layout(m, ("segment", seg.ident, key, profile.digest),
                                             lambda: _segment_sums(profile, key, seg.warps, fractions))
         seg_work = w_sum * entry_bytes / profiled_bytes
@@ -116,7 +119,8 @@ def gather_ms(n: int, index_bytes: int, value_bytes: int, constants: dict) -> fl
 def can_predict(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> bool:
     """True when ``profile`` measured every kernel shape the candidate's warps are looked up in (a profile
     made before a family existed lacks its shapes; ``python -m tuner profile`` resumes and adds them)."""
-    return all(profile.has(_table(profile, key)[0]) for key, _ in SEGMENTS[spec.family](m, spec.params))
+    view = ordered_structure(m, getattr(spec.params, "order", NONE))  # the tiled families read its columns
+    return all(profile.has(table_for(profile, key)[0]) for key, _ in SEGMENTS[spec.family](view, spec.params))
 
 
 def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profile) -> list[float | None]:
@@ -137,7 +141,11 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
 
 def _segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -> tuple[float, float, float]:
     """Sum of S_j / P_j at the profiled bytes, and the sum and maximum of the warps' times alone."""
-    perf = _blended(profile, key, warps.w, fractions)
-    # A block row appears as block / 32 warps, each holding its slot for the block's time alone.
+    perf = blended(profile, key, warps.w, fractions)
+    # A block row appears as block / 32 warps, each holding its slot for the block's time alone; a warp that
+    # repeats its shape (rounds) holds it that many times longer.
     alone = sum(f * profile.alone_time(key, r, warps.w) for f, r in zip(fractions, REGIMES) if f > 0)
-    return float((warps.size / perf).sum()), float((warps.count * alone).sum()), float(alone.max())
+    if warps.rounds is None:
+        return float((warps.size / perf).sum()), float((warps.count * alone).sum()), float(alone.max())
+    total, most = warps.rounds
+    return float((warps.size / perf).sum()), float((total * alone).sum()), float((most * alone).max())

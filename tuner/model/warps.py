@@ -18,10 +18,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..families.aligned_coo import AlignedCooParams
-from ..families.base import shared_layout
+from ..families.base import plan_matrix, shared_layout
 from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
+from ..families.tile_composite import TileCompositeParams, ranked_tile_lengths
+from ..families.tile_coo import TileCooParams
+from ..families.tiles import tiling
 from ..formats.aligned_coo import sizes, split_lengths
+from ..formats.tile_composite import pack
+from ..formats.tiles import tile_bounds
 from ..matrix import CanonicalMatrix
 from .profile_data import kernel_key
 
@@ -36,22 +41,37 @@ class WarpHistogram:
         w: distinct row lengths the warps are looked up with (their longest row; a block row's length).
         count: warps of each shape.
         size: entries those warps stream, summed.
+        rounds: for warps that repeat their profiled shape several times in turn (a TILE-Composite
+            workload of h rows), the repeats summed per shape and their maximum; None: once each.
     """
 
     w: np.ndarray
     count: np.ndarray
     size: np.ndarray
+    rounds: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
-    def of_warps(cls, w: np.ndarray, size: np.ndarray) -> "WarpHistogram":
-        """Group per-warp shapes and sizes."""
+    def of_warps(cls, w: np.ndarray, size: np.ndarray, rounds: np.ndarray | None = None) -> "WarpHistogram":
+        """Group per-warp shapes, sizes and (optionally) repeats of the shape.
+
+        Example:
+            >>> h = WarpHistogram.of_warps(np.array([4, 4, 9]), np.array([8, 4, 9]), rounds=np.array([2, 1, 1]))
+            >>> h.w.tolist(), h.count.tolist(), h.size.tolist(), [r.tolist() for r in h.rounds]
+            ([4, 9], [2.0, 1.0], [12.0, 9.0], [[3.0, 1.0], [2.0, 1.0]])
+        """
         w = np.asarray(w, dtype=np.int64)
         if w.size == 0:
             return EMPTY
         count = np.bincount(w)
         total = np.bincount(w, weights=np.asarray(size, dtype=np.float64))
         keep = np.flatnonzero(count)
-        return cls(keep, count[keep].astype(np.float64), total[keep])
+        reps = None
+        if rounds is not None:
+            rounds = np.asarray(rounds, dtype=np.float64)
+            most = np.zeros(count.size)
+            np.maximum.at(most, w, rounds)
+            reps = (np.bincount(w, weights=rounds)[keep], most[keep])
+        return cls(keep, count[keep].astype(np.float64), total[keep], reps)
 
     @property
     def warps(self) -> int:
@@ -76,6 +96,9 @@ class SegmentSpec:
             per thread), 'flat' (COO warps that may cross rows) or 'hflat' (the hybrid's one-row warps).
         block: threads per block.
         layout: the ALIGNED_COO layout the part belongs to ('' for row-wise kernels).
+        tile: for a tiled family's part (group 'tile_flat', 'tile_row' or 'tile_col'): (tile width, workload
+            sizes or (), tile number).
+        cols: the columns (first, end) the segment's warps gather from (None: all of them).
     """
 
     lo: int
@@ -83,11 +106,14 @@ class SegmentSpec:
     group: object
     block: int
     layout: str = ""
+    tile: tuple = ()
+    cols: tuple | None = None
 
     @property
     def ident(self) -> tuple:
         # Block size matters to the warps only for block rows: other shapes share one histogram.
-        return (self.lo, self.hi, self.group, self.block if self.group == "block" else 0, self.layout)
+        return (self.lo, self.hi, self.group, self.block if self.group == "block" else 0, self.layout, self.tile,
+                self.cols)
 
 
 @dataclass(frozen=True)
@@ -97,6 +123,7 @@ class WarpSegment:
     key: str
     warps: WarpHistogram
     ident: tuple = ()
+    cols: tuple | None = None
 
 
 def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
@@ -197,9 +224,33 @@ def flat_histogram(row_lengths: np.ndarray, layout: str) -> WarpHistogram:
 ALIGNED_PARTS = {"seg": seg_histogram, "flat": flat_histogram, "hflat": flat_histogram}
 
 
+def tile_flat_histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
+    """TILE-COO: one tile's entries through the COO kernel, looked up by the rows' lengths inside the tile."""
+    width, _, t = s.tile
+    return flat_histogram(tiling(m, width).tile_lengths(t), "flat")
+
+
+def tile_workload_histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
+    """TILE-Composite: one tile's row-major or column-major workloads, looked up by their first row's
+    length and charged their unpadded rectangle (:meth:`~tuner.formats.tile_composite.Workloads.rectangles`)."""
+    width, workloads, t = s.tile
+    ranked = ranked_tile_lengths(m, width)[t]
+    p = pack(ranked, workloads[t])
+    w, size = p.rectangles(ranked)
+    keep = p.row_major == (s.group == "tile_row")
+    return WarpHistogram.of_warps(w[keep], size[keep], p.rounds(ranked)[keep])
+
+
+# Tiled families' parts by ``group``: (plan matrix, spec) -> histogram.
+TILE_PARTS = {"tile_flat": tile_flat_histogram, "tile_row": tile_workload_histogram,
+              "tile_col": tile_workload_histogram}
+
+
 def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
     """The warps of one segment of ``m`` (memoised per matrix: candidates share segments)."""
     def build():
+        if s.group in TILE_PARTS:
+            return TILE_PARTS[s.group](plan_matrix(m), s)
         if s.group in ALIGNED_PARTS:
             return ALIGNED_PARTS[s.group](m.row_lengths, s.layout)
         if s.group == "block":
@@ -240,7 +291,31 @@ def aligned_coo_segments(m: CanonicalMatrix, p: AlignedCooParams) -> list[tuple[
             for part in ("seg", flat)]
 
 
-SEGMENTS = {"csr_vector": csr_vector_segments, "binned": binned_segments, "aligned_coo": aligned_coo_segments}
+def _tile_cols(m: CanonicalMatrix, width: int) -> list[tuple[int, int]]:
+    bounds = tile_bounds(m.col_lengths, width)  # lengths only: listing the segments builds no tiling
+    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def tile_coo_segments(m: CanonicalMatrix, p: TileCooParams) -> list[tuple[str, SegmentSpec]]:
+    # The COO kernel is ALIGNED_COO's flat kernel: its table serves; a tile's warps gather from its columns.
+    key = kernel_key("aligned_coo", "flat", p.block_size, m.value_free)
+    return [(key, SegmentSpec(0, None, "tile_flat", p.block_size, tile=(p.tile_width, (), t), cols=c))
+            for t, c in enumerate(_tile_cols(m, p.tile_width))]
+
+
+def tile_composite_segments(m: CanonicalMatrix, p: TileCompositeParams) -> list[tuple[str, SegmentSpec]]:
+    # Tile by tile, a tile's row-major workloads (its longest rows) before its column-major ones.
+    cols = _tile_cols(m, p.tile_width)
+    if len(cols) != len(p.workloads):
+        raise ValueError(f"tile_composite with tile_width={p.tile_width} cuts this matrix into {len(cols)} tiles, "
+                         f"but {len(p.workloads)} workload sizes were given")
+    return [(kernel_key("tile_composite", part[5:], p.block_size, m.value_free),
+             SegmentSpec(0, None, part, p.block_size, tile=(p.tile_width, p.workloads, t), cols=c))
+            for t, c in enumerate(cols) for part in ("tile_row", "tile_col")]
+
+
+SEGMENTS = {"csr_vector": csr_vector_segments, "binned": binned_segments, "aligned_coo": aligned_coo_segments,
+            "tile_coo": tile_coo_segments, "tile_composite": tile_composite_segments}
 
 
 def warp_segments(m: CanonicalMatrix, family: str, params) -> list[WarpSegment]:
@@ -252,4 +327,4 @@ def warp_segments(m: CanonicalMatrix, family: str, params) -> list[WarpSegment]:
         >>> [s.warps.warps for s in warp_segments(m, "csr_vector", CsrVectorParams(16, 128))]
         [3]
     """
-    return [WarpSegment(key, histogram(m, s), s.ident) for key, s in SEGMENTS[family](m, params)]
+    return [WarpSegment(key, histogram(m, s), s.ident, s.cols) for key, s in SEGMENTS[family](m, params)]

@@ -1,0 +1,220 @@
+"""TILE-COO and TILE-Composite (paper 003): tiling rule, workload packing, layouts against SciPy, and
+Algorithms 2-3 over a profile."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tuner import families
+from tuner.families.base import Specialization, ordered_matrix
+from tuner.families.tile_composite import TileCompositeParams, fill_workload
+from tuner.families.tile_coo import TileCooParams
+from tuner.families.tiles import tiling
+from tuner.formats.tile_composite import CAMPING_PAD, build_tile_composite, evaluate_tile_composite, pack
+from tuner.formats.tile_coo import build_tile_coo
+from tuner.formats.aligned_coo import evaluate_aligned_coo
+from tuner.formats.tiles import tile_bounds, tile_entries, tile_widths
+from tuner.matrix import canonicalize
+from tuner.model import Profile, predict_lookup, predict_many
+from tuner.model import tile_composite as tc_model
+
+from .conftest import fixture_matrices, power_law
+from .fake_profile import fake_profile_json
+
+
+@pytest.fixture
+def profile():
+    return Profile.from_json(fake_profile_json())
+
+
+def plan_of(A):
+    return ordered_matrix(canonicalize(A), "degree")
+
+
+def test_tiles_stop_at_the_first_tile_without_a_column_of_two_entries():
+    # Algorithm 1, lines 6-7: the third tile would start with a column of one entry.
+    assert tile_bounds(np.array([9, 7, 3, 2, 1, 1, 1, 1, 0]), 2).tolist() == [0, 2, 4, 9]
+    assert tile_bounds(np.array([1, 1, 1]), 1).tolist() == [0, 3]  # no reuse: one tile
+    assert tile_bounds(np.array([5, 4]), 0).tolist() == [0, 2]
+    assert tile_bounds(np.zeros(0, np.int64), 8).tolist() == [0, 0]
+    with pytest.raises(ValueError, match="width"):
+        tile_bounds(np.array([3]), -1)
+
+
+def test_tile_widths_are_shares_of_the_measured_l1_in_whole_sectors():
+    assert tile_widths(4096, 4, 1 << 20) == [8192, 16384, 32768]
+    assert tile_widths(4096, 8, 1 << 20) == [4096, 8192, 16384]  # float64: half the columns per sector
+    assert tile_widths(4096, 4, 100) == [0]  # x fits whole: one tile
+
+
+def test_tiled_entries_visit_every_entry_once_tile_major_rows_ascending():
+    b = plan_of(power_law(3000, seed=11))
+    t = tiling(b, 64)
+    assert t.n_tiles > 3
+    assert np.array_equal(np.sort(t.order), np.arange(b.nnz))
+    tile_of_entry = np.searchsorted(t.bounds, b.indices[t.order], side="right") - 1
+    assert np.all(np.diff(tile_of_entry) >= 0)
+    assert t.run_lengths.sum() == b.nnz
+    for k in range(t.n_tiles):
+        rows = t.run_rows[t.tile_runs[k]:t.tile_runs[k + 1]]
+        assert np.all(np.diff(rows) > 0)  # each row once per tile, ascending
+    # The run lengths are the rows' entries inside each tile.
+    dense = b.to_scipy()
+    k = 1
+    sub = dense[:, t.bounds[k]:t.bounds[k + 1]]
+    lengths = np.diff(sub.indptr)
+    assert np.array_equal(t.tile_lengths(k), lengths[lengths > 0])
+
+
+def test_packing_follows_algorithm_3_and_figure_1d():
+    # Fig. 1(d): rows ranked 3, 2, 2, 1, 1, 1, 1 with WL = 4: the first row alone, then two rows of 2
+    # row-major, then the single-entry rows column-major (their 4 rows padded to a warp of 32).
+    p = pack(np.array([3, 2, 2, 1, 1, 1, 1]), 4)
+    assert p.start.tolist() == [0, 1, 3]
+    assert p.row_major.tolist() == [True, True, False]
+    assert p.h.tolist() == [1, 2, 32] and p.w.tolist() == [32, 32, 1]
+    # Runs of equal rows: workloads of w x WL // w; the fourth takes the last row of 40 and two rows of 3
+    # (padded to 40), then the rows of 3 go column-major, 40 rows padded to 64, the last warp part padding.
+    p = pack(np.array([40] * 10 + [3] * 100), 120)
+    assert p.row_major[:4].all() and p.h[:4].tolist() == [3, 3, 3, 3] and p.start[:4].tolist() == [0, 3, 6, 9]
+    assert not p.row_major[4:].any() and p.w[4:].tolist() == [3, 3]
+    assert p.start[4:].tolist() == [12, 76] and p.h[4:].tolist() == [64, 64]
+    assert pack(np.zeros(5, np.int64), 8).count == 0  # empty rows make no workloads
+    with pytest.raises(ValueError, match="decreasing"):
+        pack(np.array([1, 2]), 4)
+    with pytest.raises(ValueError, match=">= 1"):
+        pack(np.array([2, 1]), 0)
+
+
+@pytest.mark.parametrize("name", ["power_law", "rectangular_wide", "rectangular_tall", "one_dense_row",
+                                  "empty_rows", "pattern", "float64", "long_rows", "tiny", "all_empty"])
+@pytest.mark.parametrize("width", [0, 16, 256])
+def test_multi_tile_layouts_compute_the_scipy_product(name, width):
+    A = fixture_matrices()[name]
+    b = plan_of(A)
+    x = np.random.default_rng(3).uniform(-1, 1, b.n_cols)
+    ref = b.to_scipy().astype(np.float64) @ x
+    t = tiling(b, width)
+    data = None if b.value_free else b.data
+    pv = b.pattern_value if b.value_free else 1.0
+    coo = build_tile_coo(b.indptr, b.indices, data, t)
+    assert coo.flat_rows.size % 32 == 0
+    np.testing.assert_allclose(evaluate_aligned_coo(coo.parts, x, b.n_rows, pv), ref, rtol=1e-9, atol=1e-9)
+    for wl in (1, 5, 64, 3000):
+        for pad in (False, True):
+            f = build_tile_composite(b.indices, data, t, (wl,) * t.n_tiles, pad)
+            np.testing.assert_allclose(evaluate_tile_composite(f, x, b.n_rows, pv), ref, rtol=1e-9, atol=1e-9,
+                                       err_msg=f"{name} width={width} wl={wl} pad={pad}")
+
+
+def test_no_coo_warp_mixes_two_tiles():
+    b = plan_of(power_law(2000, seed=12))
+    t = tiling(b, 32)
+    coo = build_tile_coo(b.indptr, b.indices, b.data, t)
+    cols = coo.flat_cols.reshape(-1, 32)
+    live = cols >= 0
+    tile = np.where(live, np.searchsorted(t.bounds, np.where(live, cols, 0), side="right") - 1, -1)
+    lo = np.where(live, tile, np.iinfo(np.int64).max).min(axis=1)
+    hi = tile.max(axis=1)
+    assert np.all((hi == -1) | (lo == hi))
+
+
+def test_workload_slots_hold_their_shape_and_padding_fetches_nothing():
+    b = plan_of(power_law(3000, seed=13))
+    t = tiling(b, 128)
+    f = build_tile_composite(b.indices, b.data, t, (48,) * t.n_tiles)
+    rm = f.wl_h > 0
+    assert np.all(f.wl_w[rm] % 32 == 0)  # row-major rows padded to a warp multiple
+    assert np.all((-f.wl_h[~rm]) % 32 == 0)  # column-major rows padded to a warp multiple
+    assert np.all(f.wl_w[~rm] < -f.wl_h[~rm])  # column-major workloads are taller than wide
+    assert (f.cols >= 0).sum() == b.nnz and np.all(f.vals[f.cols < 0] == 0)
+    assert f.tile_warps[-1] == f.warps and np.all(np.diff(f.tile_warps) >= 0)
+
+
+def test_camping_pad_leaves_256_bytes_after_workloads_of_512_multiples_only():
+    b = plan_of(power_law(3000, seed=14))
+    t = tiling(b, 0)
+    plain = build_tile_composite(b.indices, b.data, t, (512,))
+    padded = build_tile_composite(b.indices, b.data, t, (512,), camping_pad=True)
+    slots = plain.wl_w.astype(np.int64) * np.abs(plain.wl_h)
+    hit = slots % 512 == 0
+    assert hit.any() and not hit.all()
+    gaps = np.diff(padded.wl_slot) - slots[:-1]
+    assert set(gaps.tolist()) <= {0, CAMPING_PAD} and np.array_equal(gaps == CAMPING_PAD, hit[:-1])
+    x = np.random.default_rng(4).uniform(-1, 1, b.n_cols)
+    np.testing.assert_allclose(evaluate_tile_composite(padded, x, b.n_rows),
+                               evaluate_tile_composite(plain, x, b.n_rows), rtol=1e-12)
+
+
+def test_workload_count_must_match_the_tiles():
+    m = canonicalize(power_law(3000, seed=15))
+    fam = families.get("tile_composite")
+    n_tiles = tiling(ordered_matrix(m, "degree"), 64).n_tiles
+    with pytest.raises(ValueError, match=f"into {n_tiles} tiles, but 2 workload sizes"):
+        fam.launch(m, TileCompositeParams(64, (8, 8)))
+    with pytest.raises(ValueError, match="workloads"):
+        TileCompositeParams(64, ())
+    with pytest.raises(ValueError, match="tile_width"):
+        TileCooParams(-5)
+    # A plan read back from JSON gives a list: it becomes the same (hashable) parameters.
+    assert TileCompositeParams(64, [8, 9]) == TileCompositeParams(64, (8, 9))
+
+
+def test_a_long_workload_tuple_gets_a_short_unique_label():
+    a = Specialization("tile_composite", TileCompositeParams(64, tuple(range(1, 40))), np.dtype("float32"),
+                       np.dtype("int32"), False)
+    b = Specialization("tile_composite", TileCompositeParams(64, tuple(range(2, 41))), np.dtype("float32"),
+                       np.dtype("int32"), False)
+    assert "workloads=[39:1..39#" in a.label() and a.label() != b.label() and len(a.label()) < 120
+
+
+def test_without_a_profile_each_tile_fills_the_gpu_once():
+    r = np.array([10, 5, 5] + [1] * 10_000)
+    assert fill_workload(r, 100) == 100  # 10,020 entries over 100 warps, a multiple of the first row
+    assert fill_workload(np.array([300, 2]), 100) == 300  # never below the longest row
+
+
+def test_algorithm_2_picks_the_workload_size_of_least_modelled_time(profile):
+    b = plan_of(power_law(6000, seed=16))
+    ranked = np.sort(tiling(b, 0).tile_lengths(0))[::-1]
+    keys = tc_model.tile_keys(profile, False)
+    fr = np.array([0.2, 0.5, 0.3])
+    options = tc_model.candidates(ranked, profile.max_active_warps(keys["row"]))
+    assert all(o % ranked[0] == 0 or (o < ranked[0] and o % 32 == 0) for o in options) and ranked[0] in options
+    times = {wl: tc_model.tile_time(ranked, wl, profile, keys, fr) for wl in options}
+    wl, t = tc_model.partition(ranked, profile, keys, fr)
+    assert t == min(times.values()) and times[wl] == t
+
+
+def test_tile_time_is_equations_1_to_5_over_the_packed_workloads(profile):
+    # Rows of 64 with WL = 64: one-row row-major warps of 64 entries, table 1e6 (l1) -> 64 / 1e6 ms each.
+    ranked = np.full(4000, 64)
+    keys = tc_model.tile_keys(profile, False)
+    t = tc_model.tile_time(ranked, 64, profile, keys, np.array([1.0, 0.0, 0.0]))
+    assert t == pytest.approx(4000 * 64 / 1e6)
+
+
+def test_the_model_sees_the_locality_that_narrow_tiles_buy(profile):
+    # Each tile's warps gather from its own columns: tiles of 256 columns (32 sectors) fit an L1 of 64
+    # sectors and hit it always; all 2,048 columns (256 sectors) hit it a quarter of the time. With rows of
+    # 64 entries per tile either way on the table's plateau, the L1's doubled rate shows.
+    prof = Profile.from_json(fake_profile_json(l1_sectors=64.0, l2_sectors=1e6))
+    m = canonicalize(sp.random(500, 2048, density=0.25, format="csr", random_state=5, dtype=np.float32))
+    spec = lambda w: Specialization("tile_coo", TileCooParams(w), m.value_dtype, m.index_dtype, False)
+    assert predict_lookup(m, spec(256), prof) < 0.8 * predict_lookup(m, spec(0), prof)
+
+
+def test_with_a_profile_the_space_uses_its_l1_and_algorithm_2(profile):
+    prof = Profile.from_json(fake_profile_json(l1_sectors=128.0))
+    m = canonicalize(power_law(6000, seed=17))
+    specs = families.specializations(m, ["tile_coo", "tile_composite"], profile=prof)
+    widths = sorted({s.params.tile_width for s in specs})
+    assert widths == [256, 512, 1024]  # a quarter, half and all of 128 sectors of 8 floats
+    # Predicted on the relabelled matrix's tiles (the caller's order cuts different ones).
+    assert all(p is not None and p > 0 for p in predict_many(m, specs, prof))
+    b = ordered_matrix(m, "degree")
+    for s in specs:
+        if s.family == "tile_composite":
+            n = tiling(b, s.params.tile_width).n_tiles
+            ranked = [np.sort(tiling(b, s.params.tile_width).tile_lengths(k))[::-1] for k in range(n)]
+            assert all(wl in tc_model.candidates(r, prof.max_active_warps("tile_composite:row:256:v"))
+                       for wl, r in zip(s.params.workloads, ranked) if r.size)

@@ -1,0 +1,133 @@
+"""tile_composite: paper 003's TILE-Composite (section 3.1, Solutions 1-3; appendix E, Algorithms 1-3).
+
+Columns by decreasing length, cut into tiles whose slice of x fits the L1 (Algorithm 1's tiles, widths from
+the profiled L1: :mod:`tuner.families.tiles`); inside every tile the rows by decreasing length packed into
+workloads of one size, each a warp's rectangle stored row-major (CSR-vector) or column-major (ELL)
+(:mod:`tuner.formats.tile_composite`). The workload size of every tile comes from Algorithm 2 over the
+lookup model (:func:`tuner.model.tile_composite.partition`); without a profile, from Algorithm 2's bounds
+alone (the largest multiple of the tile's longest row that still fills the GPU once).
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats.tile_composite import TileComposite, build_tile_composite, evaluate_tile_composite
+from ..matrix import CanonicalMatrix
+from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_matrix, shared_layout
+from .base import ordered_launch
+from .tiles import TILE_ORDER, tiling, widths
+
+BLOCK_SIZE = 256
+PARALLEL_NNZ = 1 << 22  # tile the widths in parallel from this many entries on
+NOMINAL_ACTIVE_WARPS = 132 * 64  # an H100's resident warps: Algorithm 2's bound when there is no profile
+
+
+@dataclass(frozen=True)
+class TileCompositeParams:
+    """Parameters of tile_composite.
+
+    Attributes:
+        tile_width: columns per tile (0: one tile).
+        workloads: the workload size (entries per warp) of each tile, in tile order.
+        camping_pad: leave 256 bytes after every workload whose size is a multiple of 512 entries (paper
+            003's guard against partition camping), so that the report can measure whether it pays.
+        block_size: threads per block.
+        order: relabelling the tiles are cut in ('degree': columns by decreasing length).
+    """
+
+    tile_width: int = 0
+    workloads: tuple = ()
+    camping_pad: bool = False
+    block_size: int = BLOCK_SIZE
+    order: str = TILE_ORDER
+
+    def __post_init__(self):
+        object.__setattr__(self, "workloads", tuple(int(w) for w in self.workloads))  # lists from JSON plans
+        if not isinstance(self.tile_width, int) or self.tile_width < 0:
+            raise ValueError(f"tile_width must be an integer >= 0, got {self.tile_width!r}")
+        if not self.workloads or min(self.workloads) < 1:
+            raise ValueError(f"workloads must give each tile a size >= 1, got {self.workloads!r}")
+        check_launch(self.block_size, self.order)
+
+
+def ranked_tile_lengths(m: CanonicalMatrix, width: int) -> list[np.ndarray]:
+    """Every tile's row lengths ranked in decreasing order (what Algorithms 2 and 3 read), per plan matrix."""
+    def build():
+        t = tiling(m, width)
+        return [np.sort(t.tile_lengths(k))[::-1] for k in range(t.n_tiles)]
+    return shared_layout(m, ("ranked_tiles", width), build)
+
+
+def fill_workload(ranked: np.ndarray, active_warps: int) -> int:
+    """Algorithm 2's bounds without a model: the largest multiple of the longest row that is at most the
+    tile's entries over the GPU's resident warps (so the tile still fills the GPU), at least that row.
+
+    Example:
+        >>> fill_workload(np.array([10, 5, 5] + [1] * 10_000), 100)
+        100
+    """
+    first = int(ranked[0]) if ranked.size else 1
+    upper = int(ranked.sum()) // max(active_warps, 1)
+    return max(first, upper // first * first) if first else 1
+
+
+def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
+    """Per tile width from the L1: the workload sizes of Algorithm 2 (over the lookup model when the profile
+    has this family's tables). The camping pad is not offered: on the H100 it changed nothing measurable
+    (models/README.md); ``camping_pad=True`` remains for measuring it."""
+    from ..model.tile_composite import partition_tiles  # here: the model imports the families
+    plan = ordered_matrix(m, TILE_ORDER)
+
+    def one(width: int) -> TileCompositeParams:
+        ranked = ranked_tile_lengths(plan, width) or [np.zeros(0, np.int64)]
+        wl = partition_tiles(plan, width, ranked, profile)
+        if wl is None:
+            wl = tuple(fill_workload(r, NOMINAL_ACTIVE_WARPS) for r in ranked)
+        return TileCompositeParams(width, wl, False, BLOCK_SIZE, TILE_ORDER)
+
+    ws = widths(m, profile)
+    if m.nnz < PARALLEL_NNZ or len(ws) < 2:
+        return [one(w) for w in ws]
+    # The widths' tilings are independent passes over the entries (NumPy releases the GIL in them).
+    with ThreadPoolExecutor(max_workers=len(ws)) as pool:
+        return list(pool.map(one, ws))
+
+
+def layout_of(m: CanonicalMatrix, p: TileCompositeParams) -> TileComposite:
+    """The layout of plan matrix ``m``, built once per matrix and parameters."""
+    t = tiling(m, p.tile_width)
+    if len(p.workloads) != t.n_tiles:
+        raise ValueError(f"tile_composite with tile_width={p.tile_width} cuts this matrix into {t.n_tiles} "
+                         f"tiles, but {len(p.workloads)} workload sizes were given")
+    return shared_layout(m, ("tile_composite", p.tile_width, p.workloads, p.camping_pad), lambda: build_tile_composite(
+        m.indices, None if m.value_free else m.data, t, p.workloads, p.camping_pad, m.index_dtype))
+
+
+def launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:
+    return ordered_launch(m, p.order, lambda b: _launch(b, p))
+
+
+def _launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:
+    f = layout_of(m, p)
+    arrays = [("cols", f.cols)] + ([("vals", f.vals)] if f.vals is not None else [])
+    arrays += [("rows", f.rows), ("wl_slot", f.wl_slot), ("wl_row", f.wl_row), ("wl_w", f.wl_w), ("wl_h", f.wl_h)]
+    return Launch(arrays=tuple(arrays), scalars=(("warps", f.warps),), grid=ceil_div(f.warps * 32, p.block_size),
+                  block=p.block_size, zero_y=True)
+
+
+def context(m: CanonicalMatrix, p: TileCompositeParams) -> dict:
+    return {"block_size": p.block_size, "unroll": UNROLL}
+
+
+def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
+    a = dict(built.arrays)
+    f = TileComposite(cols=a["cols"], vals=a.get("vals"), rows=a["rows"], wl_slot=a["wl_slot"], wl_row=a["wl_row"],
+                      wl_w=a["wl_w"], wl_h=a["wl_h"], tile_warps=np.zeros(0, np.int64))
+    return evaluate_tile_composite(f, x, m.n_rows, m.pattern_value if m.value_free else 1.0)
+
+
+FAMILY = Family(name="tile_composite", template="tile_composite.cu.j2", params_type=TileCompositeParams,
+                space=space, launch=launch, context=context, evaluate=evaluate, uses_profile=True)

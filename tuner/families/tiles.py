@@ -1,0 +1,35 @@
+"""What the tiled families (tile_coo, tile_composite) share: tile widths from the GPU's L1, and the
+tiling of a plan's matrix, built once per matrix and width."""
+from __future__ import annotations
+
+from ..formats.tiles import TiledEntries, tile_bounds, tile_entries, tile_widths
+from ..matrix import CanonicalMatrix
+from .base import shared_layout
+
+NOMINAL_L1_BYTES = 256 * 1024  # sm_90's L1/texture per SM, for planning without a profile
+NOMINAL_SHARE = 0.5  # of it left to x (as tuner.model.locality assumes without a measurement)
+TILE_ORDER = "degree"  # tiling presumes columns numbered by decreasing length (paper 003, Solution 2)
+
+
+def l1_sectors(profile=None) -> float:
+    """The L1 capacity for gathers, in 32-byte sectors: the profile's measurement, else half of 256 KB.
+
+    Example:
+        >>> l1_sectors()
+        4096.0
+    """
+    if profile is not None:
+        from ..model.locality import cache_sectors  # here, not at the top: the model imports the families
+        return cache_sectors(profile.constants, "l1")
+    return NOMINAL_L1_BYTES * NOMINAL_SHARE / 32
+
+
+def widths(m: CanonicalMatrix, profile=None) -> list[int]:
+    """Tile widths worth trying on ``m``: a quarter, half and all of the L1's columns of x (0: one tile)."""
+    return tile_widths(l1_sectors(profile), m.value_dtype.itemsize, m.n_cols)
+
+
+def tiling(m: CanonicalMatrix, width: int) -> TiledEntries:
+    """``m``'s entries cut into tiles of ``width`` columns (Algorithm 1's rule), once per matrix and width."""
+    return shared_layout(m, ("tiles", width), lambda: tile_entries(
+        m.indptr, m.indices, m.n_cols, tile_bounds(m.col_lengths, width)))

@@ -1,0 +1,139 @@
+"""Column tiles of paper 003 (section 3.1, Solutions 1-2, appendix E Algorithm 1).
+
+The columns are numbered by decreasing length (the plan's degree ordering), so the hot entries of x come
+first. Tiles of ``width`` consecutive columns are cut from column 0 while a tile still has a column of more
+than one entry (the reuse that tiling buys; Algorithm 1, lines 6-7); everything after the last full tile
+is the sparse remainder, one more tile. A kernel that visits the entries tile by tile gathers from one
+slice of x at a time, small enough to stay in each SM's L1.
+
+:func:`tile_entries` regroups a CSR matrix's entries tile-major (CSR order kept inside a tile, so a tile's
+entries are sorted by row) and finds each tile's rows: the runs of one (tile, row). Vectorised: a
+division, a radix sort on the tile ids and a few passes over the entries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def tile_bounds(col_lengths: np.ndarray, width: int) -> np.ndarray:
+    """Column bounds of the tiles: tile t holds columns ``bounds[t]`` to ``bounds[t + 1] - 1``.
+
+    Full tiles of ``width`` columns are cut while the tile's longest column has more than one entry (with
+    columns sorted by length that is the paper's test on the tile's first column); the rest of the columns
+    form the last tile. ``width`` 0 or at least the column count gives one tile.
+
+    Example (columns by decreasing length, tiles of 2: the third tile would start at a column of one entry):
+        >>> tile_bounds(np.array([5, 4, 3, 2, 1, 1, 1, 0]), 2).tolist()
+        [0, 2, 4, 8]
+    """
+    col_lengths = np.asarray(col_lengths)
+    n = col_lengths.size
+    if width < 0:
+        raise ValueError(f"tile width must be >= 0, got {width}")
+    if n == 0:
+        return np.array([0, 0], dtype=np.int64)
+    if width == 0 or width >= n:
+        return np.array([0, n], dtype=np.int64)
+    full = n // width
+    longest = np.maximum.reduceat(col_lengths[:full * width], np.arange(0, full * width, width))
+    stop = np.flatnonzero(longest <= 1)
+    n_tiles = int(stop[0]) if stop.size else full
+    bounds = np.arange(n_tiles + 1, dtype=np.int64) * width
+    if bounds[-1] < n:
+        bounds = np.append(bounds, n)
+    return bounds
+
+
+@dataclass(frozen=True, eq=False)
+class TiledEntries:
+    """A matrix's entries regrouped tile-major.
+
+    Attributes:
+        bounds: column bounds of the tiles (:func:`tile_bounds`).
+        order: entry numbers (positions in the CSR arrays) in tile-major order, CSR order inside a tile.
+        tile_starts: position in ``order`` where each tile's entries begin (n_tiles + 1 values).
+        run_rows: row of each (tile, row) run, tile by tile, rows ascending inside a tile.
+        run_lengths: entries in each run (the row's length inside the tile).
+        run_starts: position in ``order`` where each run begins.
+        tile_runs: index in the runs where each tile's runs begin (n_tiles + 1 values).
+    """
+
+    bounds: np.ndarray
+    order: np.ndarray
+    tile_starts: np.ndarray
+    run_rows: np.ndarray
+    run_lengths: np.ndarray
+    run_starts: np.ndarray
+    tile_runs: np.ndarray
+
+    @property
+    def n_tiles(self) -> int:
+        return self.bounds.size - 1
+
+    def tile_lengths(self, t: int) -> np.ndarray:
+        """Lengths of tile ``t``'s rows inside the tile, in row order."""
+        return self.run_lengths[self.tile_runs[t]:self.tile_runs[t + 1]]
+
+
+def tile_entries(indptr: np.ndarray, indices: np.ndarray, n_cols: int, bounds: np.ndarray) -> TiledEntries:
+    """Regroup the entries of a CSR matrix tile-major and find every tile's rows.
+
+    Example (two tiles of columns {0, 1} and {2, 3}):
+        >>> t = tile_entries(np.array([0, 3, 4]), np.array([0, 2, 3, 1]), 4, np.array([0, 2, 4]))
+        >>> t.order.tolist(), t.run_rows.tolist(), t.run_lengths.tolist(), t.tile_runs.tolist()
+        ([0, 3, 1, 2], [0, 1, 0], [1, 1, 2], [0, 2, 3])
+    """
+    indptr = np.asarray(indptr)
+    bounds = np.asarray(bounds, dtype=np.int64)
+    n_tiles = bounds.size - 1
+    nnz = int(indptr[-1])
+    lengths = np.diff(indptr)
+    key_dtype = np.uint16 if n_tiles <= np.iinfo(np.uint16).max else np.uint32
+    width = int(bounds[1] - bounds[0]) if n_tiles > 1 else 0
+    if n_tiles == 1:
+        tile = np.zeros(nnz, dtype=key_dtype)
+    elif np.all(np.diff(bounds[:-1]) == width):
+        # Equal tiles then the remainder: a division instead of a search.
+        tile = np.minimum(np.asarray(indices) // width, n_tiles - 1).astype(key_dtype)
+    else:
+        tile = (np.searchsorted(bounds, indices, side="right") - 1).astype(key_dtype)
+    # Stable sort of small integers is a radix sort: linear in the entries.
+    order = np.argsort(tile, kind="stable")
+    tile_counts = np.bincount(tile, minlength=n_tiles)
+    del tile
+    tile_starts = np.concatenate([[0], np.cumsum(tile_counts)]).astype(np.int64)
+    row_dtype = np.int32 if lengths.size < np.iinfo(np.int32).max else np.int64
+    rows = np.repeat(np.arange(lengths.size, dtype=row_dtype), lengths)[order]
+    # A run starts at every tile start and wherever the row changes inside a tile.
+    new = np.ones(nnz, dtype=bool)
+    if nnz:
+        new[1:] = rows[1:] != rows[:-1]
+        new[tile_starts[1:-1][tile_starts[1:-1] < nnz]] = True
+    run_starts = np.flatnonzero(new)
+    run_rows = rows[run_starts].astype(np.int64)
+    run_lengths = np.diff(np.append(run_starts, nnz))
+    tile_runs = np.searchsorted(run_starts, tile_starts).astype(np.int64)
+    return TiledEntries(bounds=bounds, order=order, tile_starts=tile_starts, run_rows=run_rows,
+                        run_lengths=run_lengths, run_starts=run_starts, tile_runs=tile_runs)
+
+
+def tile_widths(l1_sectors: float, itemsize: int, n_cols: int, shares=(0.25, 0.5, 1.0)) -> list[int]:
+    """Tile widths to try: shares of the columns of x that fit the measured (effective) L1, in whole
+    32-byte sectors; widths that would make a single tile of the matrix collapse into one (no tiling).
+
+    Example (the H100's measured 5,666 sectors of L1 for float32: about 45K columns):
+        >>> tile_widths(5666, 4, 10_000_000)
+        [11328, 22664, 45328]
+        >>> tile_widths(5666, 4, 20_000)
+        [11328, 0]
+    """
+    per_sector = max(32 // int(itemsize), 1)
+    out = []
+    for s in shares:
+        w = int(l1_sectors * s) * per_sector
+        w = 0 if w >= n_cols or w <= 0 else w
+        if w not in out:
+            out.append(w)
+    return out
