@@ -100,3 +100,14 @@ def test_default_suites_scale_real_graphs_beyond_50m_for_bench_and_report(tmp_pa
     report = [s for s in bench.default_suite(tmp_path, report=True) if s.startswith("kron:")]
     assert len(report) == 3 and bench.large_sources(report) == []
     assert bench.large_sources(bench.default_suite(tmp_path))[-1].endswith("cnr-2000.npz:4")
+
+
+def test_bench_resume_keeps_rows_of_the_same_setup_and_refuses_another(tmp_path):
+    from tuner import bench
+    out = tmp_path / "bench.json"
+    out.write_text(json.dumps({"gpu": {"name": "H100"}, "tune": "model", "repeats": 100, "command": "python -m tuner bench",
+                               "rows": [{"name": "rmat:20", "nnz": 5}]}))
+    rows, command = bench.resumed_rows(out, "H100", "model", 100)
+    assert rows == {"rmat:20": {"name": "rmat:20", "nnz": 5}} and command == "python -m tuner bench"
+    with pytest.raises(ValueError, match="cannot resume .* measured with"):
+        bench.resumed_rows(out, "H100", "exhaustive", 100)

@@ -217,9 +217,28 @@ def format_table(rows: list[BenchRow]) -> str:
     return "\n".join(lines)
 
 
+def resumed_rows(out: Path | None, gpu_name: str, tune: str, repeats: int) -> tuple[dict, str]:
+    """Rows an interrupted run left in ``out`` by matrix name, and its command; refused when that run used
+    another GPU, tune mode or repeat count (its rows would not compare).
+
+    Example:
+        >>> resumed_rows(None, "H100", "model", 100)
+        ({}, '')
+    """
+    if out is None or not Path(out).is_file():
+        return {}, ""
+    old = json.loads(Path(out).read_text())
+    theirs = (old.get("gpu", {}).get("name"), old.get("tune"), old.get("repeats"))
+    if theirs != (gpu_name, tune, repeats):
+        raise ValueError(f"cannot resume {out}: it was measured with (GPU, tune, repeats) = {theirs}, this run "
+                         f"uses {(gpu_name, tune, repeats)}; pass another --out or drop --resume")
+    return {r["name"]: r for r in old.get("rows", [])}, old.get("command", "")
+
+
 def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, progress=None,
-        tune: str = "model") -> dict:
-    """Benchmark every matrix of ``suite`` on the GPU and write the JSON report to ``out``."""
+        tune: str = "model", resume: bool = False) -> dict:
+    """Benchmark every matrix of ``suite`` on the GPU and write the JSON report to ``out``; with
+    ``resume``, the matrices an interrupted run already wrote to ``out`` keep their rows."""
     cp = _cupy()
     info = gpu.device_info()
     copy_gbs = copy_bandwidth_gbs()
@@ -240,8 +259,16 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
                   "and y; layout_s: host time to build the chosen layout (relabelling included)",
         "suite": list(suite), "rows": [],
     }
+    done, before = resumed_rows(out, info.name, tune, repeats) if resume else ({}, "")
+    if done:
+        report["command"] = f"{before} (interrupted); resumed by: {report['command']}"
     for source in (progress(suite) if progress else suite):
-        rows.append(bench_one(source, repeats=repeats, cp=cp, copy_gbs=copy_gbs, cache_dir=cache_dir, tune=tune))
+        kept = done.get(loaders.display_name(source))
+        if kept is not None:
+            rows.append(BenchRow(**kept))
+        else:
+            rows.append(bench_one(source, repeats=repeats, cp=cp, copy_gbs=copy_gbs, cache_dir=cache_dir,
+                                  tune=tune))
         report["rows"] = [asdict(r) for r in rows]
         if out is not None:  # after every matrix: an interrupted run keeps what it measured
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ def cmd_bench(args) -> int:
         return _dry_run([s for s in suite if s not in skipped], args.arch, args.cache_dir)
     out = Path(args.out) if args.out else bench.default_out()
     report = bench.run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir, tune=args.tune,
-                       progress=lambda s: tqdm(s, desc="bench", unit="matrix", file=sys.stderr))
+                       progress=lambda s: tqdm(s, desc="bench", unit="matrix", file=sys.stderr), resume=args.resume)
     rows = [bench.BenchRow(**r) for r in report["rows"]]
     print(f"\n{report['gpu']['name']}: copy bandwidth {report['copy_bandwidth_gbs']:.0f} GB/s; "
           f"cuSPARSE via {report['cusparse']}")
@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of real .npz matrices (default: $TUNER_DATA_DIR or ../shared/data)")
     p.add_argument("--out", default=None, help="JSON report (default: models/<gpu-slug>/bench-spmv.json)")
     p.add_argument("--repeats", type=int, default=100, help="timed runs per measurement (default %(default)s)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows an interrupted run wrote to --out (same GPU, tune mode and repeats) and "
+                        "measure only the matrices it did not reach")
     tuning(p)
     common(p)
     p.set_defaults(func=cmd_bench)
