@@ -1,4 +1,5 @@
 """The command line and the bench helpers, on the no-GPU path (the GPU path runs in .ci/gpu-run)."""
+import json
 import subprocess
 import sys
 
