@@ -12,7 +12,7 @@ from tuner.families.tiles import tiling
 from tuner.formats.tile_composite import CAMPING_PAD, build_tile_composite, evaluate_tile_composite, pack
 from tuner.formats.tile_coo import build_tile_coo
 from tuner.formats.aligned_coo import evaluate_aligned_coo
-from tuner.formats.tiles import tile_bounds, tile_entries, tile_widths
+from tuner.formats.tiles import tile_bounds, tile_widths
 from tuner.matrix import canonicalize
 from tuner.model import Profile, predict_lookup, predict_many
 from tuner.model import tile_composite as tc_model

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.tile_composite import TileComposite, build_tile_composite, evaluate_tile_composite
+from ..formats.tile_composite import TileComposite, build_tile_composite, evaluate_tile_composite, tile_ranks
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_matrix, shared_layout
-from .base import ordered_launch
+from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_launch, ordered_matrix, shared_layout
 from .tiles import TILE_ORDER, tiling, widths
 
 BLOCK_SIZE = 256
@@ -53,11 +52,18 @@ class TileCompositeParams:
         check_launch(self.block_size, self.order)
 
 
+def ranking(m: CanonicalMatrix, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~tuner.formats.tile_composite.tile_ranks` of ``m``'s tiles, once per plan matrix and width
+    (the model reads the ranked lengths, the layout the ranks)."""
+    return shared_layout(m, ("tile_ranks", width), lambda: tile_ranks(tiling(m, width)))
+
+
 def ranked_tile_lengths(m: CanonicalMatrix, width: int) -> list[np.ndarray]:
     """Every tile's row lengths ranked in decreasing order (what Algorithms 2 and 3 read), per plan matrix."""
     def build():
         t = tiling(m, width)
-        return [np.sort(t.tile_lengths(k))[::-1] for k in range(t.n_tiles)]
+        ranked = t.run_lengths[ranking(m, width)[0]]
+        return [ranked[a:b] for a, b in zip(t.tile_runs[:-1], t.tile_runs[1:])]
     return shared_layout(m, ("ranked_tiles", width), build)
 
 
@@ -82,7 +88,7 @@ def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
     plan = ordered_matrix(m, TILE_ORDER)
 
     def one(width: int) -> TileCompositeParams:
-        ranked = ranked_tile_lengths(plan, width) or [np.zeros(0, np.int64)]
+        ranked = ranked_tile_lengths(plan, width)
         wl = partition_tiles(plan, width, ranked, profile)
         if wl is None:
             wl = tuple(fill_workload(r, NOMINAL_ACTIVE_WARPS) for r in ranked)
@@ -103,7 +109,8 @@ def layout_of(m: CanonicalMatrix, p: TileCompositeParams) -> TileComposite:
         raise ValueError(f"tile_composite with tile_width={p.tile_width} cuts this matrix into {t.n_tiles} "
                          f"tiles, but {len(p.workloads)} workload sizes were given")
     return shared_layout(m, ("tile_composite", p.tile_width, p.workloads, p.camping_pad), lambda: build_tile_composite(
-        m.indices, None if m.value_free else m.data, t, p.workloads, p.camping_pad, m.index_dtype))
+        m.indices, None if m.value_free else m.data, t, p.workloads, p.camping_pad, m.index_dtype,
+        ranking(m, p.tile_width)))
 
 
 def launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:

@@ -203,9 +203,11 @@ def tile_ranks(tiled: TiledEntries) -> tuple[np.ndarray, np.ndarray]:
 
 
 def build_tile_composite(indices: np.ndarray, data: np.ndarray | None, tiled: TiledEntries,
-                         workload_sizes: tuple, camping_pad: bool = False, index_dtype=np.int32) -> TileComposite:
+                         workload_sizes: tuple, camping_pad: bool = False, index_dtype=np.int32,
+                         ranks: tuple[np.ndarray, np.ndarray] | None = None) -> TileComposite:
     """The TILE-Composite layout: every tile packed with its workload size (vectorised but for a loop
-    over tiles and, inside :func:`pack`, over distinct row lengths).
+    over tiles and, inside :func:`pack`, over distinct row lengths). ``ranks``: ``tile_ranks(tiled)``,
+    when already computed.
 
     Example (one tile; rows of 3, 1 and 2 entries with WL = 3: rows 0 and 2 are row-major workloads of one
     row each, row 1 (w = 1, h = 3) a column-major one padded to 32 rows):
@@ -217,7 +219,7 @@ def build_tile_composite(indices: np.ndarray, data: np.ndarray | None, tiled: Ti
     """
     if len(workload_sizes) != tiled.n_tiles:
         raise ValueError(f"need one workload size per tile ({tiled.n_tiles}), got {len(workload_sizes)}")
-    order, rank = tile_ranks(tiled)
+    order, rank = tile_ranks(tiled) if ranks is None else ranks
     tile_of_run = np.repeat(np.arange(tiled.n_tiles), np.diff(tiled.tile_runs))
     packs = []
     for t in range(tiled.n_tiles):
@@ -229,7 +231,7 @@ def build_tile_composite(indices: np.ndarray, data: np.ndarray | None, tiled: Ti
     start, w, h = cat(lambda p: p.start), cat(lambda p: p.w), cat(lambda p: p.h)
     row_major = cat(lambda p: p.row_major).astype(bool)
     slots = w * h
-    gap = np.where(camping_pad & (slots % CAMPING_PERIOD == 0), CAMPING_PAD, 0) if camping_pad else 0
+    gap = np.where(slots % CAMPING_PERIOD == 0, CAMPING_PAD, 0) if camping_pad else 0
     wl_slot = np.concatenate([[0], np.cumsum(slots + gap)]).astype(np.int64)
     wl_row = np.concatenate([[0], np.cumsum(h)]).astype(np.int64)
     n_slots, n_row_slots = int(wl_slot[-1]), int(wl_row[-1])

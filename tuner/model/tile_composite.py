@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..families.tile_composite import BLOCK_SIZE
 from ..formats.tile_composite import pack, run_ends
 from ..formats.tiles import tile_bounds
 from ..matrix import CanonicalMatrix
@@ -18,7 +19,6 @@ from .profile_data import REGIMES, Profile, kernel_key
 from .waves import wave_time
 
 MAX_CANDIDATES = 16  # workload sizes tried per tile (Algorithm 2 tries every multiple of the first row)
-BLOCK_SIZE = 256
 
 
 def tile_keys(profile: Profile, value_free: bool, block: int = BLOCK_SIZE) -> dict | None:
