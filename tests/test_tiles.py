@@ -218,3 +218,12 @@ def test_with_a_profile_the_space_uses_its_l1_and_algorithm_2(profile):
             ranked = [np.sort(tiling(b, s.params.tile_width).tile_lengths(k))[::-1] for k in range(n)]
             assert all(wl in tc_model.candidates(r, prof.max_active_warps("tile_composite:row:256:v"))
                        for wl, r in zip(s.params.workloads, ranked) if r.size)
+
+
+def test_a_tile_composite_plan_equals_itself_read_back_from_json():
+    import json
+    from tuner.families.base import params_dict
+    p = TileCompositeParams(64, (8, 16, 24))
+    d = params_dict(p)
+    assert json.loads(json.dumps(d)) == d
+    assert families.get("tile_composite").params_from_dict(json.loads(json.dumps(d))) == p

@@ -118,8 +118,15 @@ def check_launch(block_size: int, order: str) -> None:
 
 
 def params_dict(params) -> dict:
-    """Parameters as a plain dict (for plans, JSON and explain())."""
-    return asdict(params)
+    """Parameters as a plain dict of JSON values (for plans, JSON and explain()): a tuple becomes a list,
+    so that a plan equals itself read back from the cache.
+
+    Example:
+        >>> from tuner.families.tile_composite import TileCompositeParams
+        >>> params_dict(TileCompositeParams(64, (8, 16)))["workloads"]
+        [8, 16]
+    """
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(params).items()}
 
 
 def csr_arrays(m: CanonicalMatrix) -> tuple[tuple[str, np.ndarray], ...]:
