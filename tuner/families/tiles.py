@@ -7,7 +7,6 @@ from ..matrix import CanonicalMatrix
 from .base import shared_layout
 
 NOMINAL_L1_BYTES = 256 * 1024  # sm_90's L1/texture per SM, for planning without a profile
-NOMINAL_SHARE = 0.5  # of it left to x (as tuner.model.locality assumes without a measurement)
 TILE_ORDER = "degree"  # tiling presumes columns numbered by decreasing length (paper 003, Solution 2)
 
 
@@ -18,10 +17,9 @@ def l1_sectors(profile=None) -> float:
         >>> l1_sectors()
         4096.0
     """
-    if profile is not None:
-        from ..model.locality import cache_sectors  # here, not at the top: the model imports the families
-        return cache_sectors(profile.constants, "l1")
-    return NOMINAL_L1_BYTES * NOMINAL_SHARE / 32
+    from ..model.locality import cache_sectors  # here, not at the top: the model imports the families
+    # Without a measurement cache_sectors takes the model's usual share of the nominal size.
+    return cache_sectors(profile.constants if profile is not None else {"l1_bytes": NOMINAL_L1_BYTES}, "l1")
 
 
 def widths(m: CanonicalMatrix, profile=None) -> list[int]:
