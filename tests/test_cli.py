@@ -112,3 +112,20 @@ def test_bench_resume_keeps_rows_of_the_same_setup_and_refuses_another(tmp_path)
     assert rows == {"rmat:20": {"name": "rmat:20", "nnz": 5}} and command == "python -m tuner bench"
     with pytest.raises(ValueError, match="cannot resume .* measured with"):
         bench.resumed_rows(out, "H100", "exhaustive", 100)
+
+
+def test_report_repredict_rewrites_predictions_from_a_csv_without_gpu(tmp_path, capsys):
+    from tuner.report import Row, read_csv, write_csv
+    from .fake_profile import fake_profile_json
+    (tmp_path / "profile.json").write_text(fake_profile_json())
+    params = {"threads_per_row": 4, "block_size": 128, "order": "none"}
+    rows = [Row("rmat:9", 0, "csr_vector", "csr_vector(x)", 99.0, 1.0, 0.02, params=json.dumps(params)),
+            Row("rmat:9", 0, "csr_vector", "csr_vector(y)", 99.0, 1.0, 0.03,
+                params=json.dumps({**params, "threads_per_row": 32}))]
+    write_csv(rows, tmp_path / "report.csv")
+    out = tmp_path / "again"
+    assert cli.main(["report", "rmat:9", "--from-csv", str(tmp_path / "report.csv"), "--repredict",
+                     "--out", str(out)]) == 0  # the profile beside the CSV is the default
+    again = read_csv(out / "report.csv")
+    assert [r.measured_ms for r in again] == [0.02, 0.03] and all(0 < r.predicted_ms < 1 for r in again)
+    assert "lookup" in capsys.readouterr().out

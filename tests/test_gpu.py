@@ -61,7 +61,8 @@ def tiled_specs(m):
     """tile_coo and tile_composite over many narrow tiles (the fixtures' x fits one L1-sized tile), with
     one-row, small and GPU-filling workloads, with and without the camping pad."""
     from tuner.families.base import Specialization, ordered_matrix
-    from tuner.families.tile_composite import TileCompositeParams, fill_workload, ranked_tile_lengths
+    from tuner.families.tile_composite import TileCompositeParams, fill_workload
+    from tuner.families.tiles import ranked_tile_lengths
     from tuner.families.tile_coo import TileCooParams
     plan = ordered_matrix(m, "degree")
     out = []

@@ -78,3 +78,71 @@ def test_layout_section_and_paper_picks_survive_the_csv(tmp_path):
     assert read_csv(tmp_path / "report.csv") == rs
     page = (tmp_path / "report.html").read_text()
     assert "Algorithm 3" in page and "<td>seg</td>" in page and "<td>flat</td>" in page
+
+
+class FakeTimer:
+    """Times candidates by a fixed rule (no GPU); stops the run after ``stop_after`` candidates like a killed job."""
+
+    name = "Fake GPU"
+
+    def __init__(self, stop_after=None):
+        self.stop_after, self.timed = stop_after, []
+
+    def times(self, m, specs):
+        for s in specs:
+            if self.stop_after is not None and len(self.timed) == self.stop_after:
+                raise KeyboardInterrupt("killed")
+            self.timed.append(s.label())
+            yield 0.01 + 1e-4 * len(s.label())
+
+
+@pytest.fixture
+def fake_profile():
+    from tuner.model import Profile
+    from .fake_profile import fake_profile_json
+    return Profile.from_json(fake_profile_json())
+
+
+SUITE = ["rmat:9", "rmat:10"]
+
+
+def test_interrupted_report_resumes_measuring_only_what_is_missing(tmp_path, fake_profile):
+    from tuner.report import PROGRESS, collect
+    whole, _ = collect(SUITE, fake_profile, timer=FakeTimer(), command="whole")
+    first = FakeTimer(stop_after=len(whole) // 2 + 3)  # dies inside the second matrix
+    with pytest.raises(KeyboardInterrupt):
+        collect(SUITE, fake_profile, outdir=tmp_path, timer=first, command="first")
+    kept = read_csv(tmp_path / "report.csv")
+    assert len(kept) == len(first.timed) and json.loads((tmp_path / PROGRESS).read_text())["matrices"]["rmat:9"][
+        "complete"]
+    second = FakeTimer()
+    rows, meta = collect(SUITE, fake_profile, outdir=tmp_path, resume=True, timer=second, command="second")
+    # Nothing is timed twice, nothing is missing, and the result equals an uninterrupted run's.
+    assert not set(second.timed) & set(first.timed[len([r for r in whole if r.matrix == "rmat:9"]):])
+    assert len(first.timed) + len(second.timed) == len(whole)
+    key = lambda r: (r.matrix, r.candidate)  # noqa: E731
+    assert sorted(rows, key=key) == sorted(whole, key=key) == sorted(read_csv(tmp_path / "report.csv"), key=key)
+    assert meta["command"] == "first ; then second" and set(meta["matrices"]) == set(SUITE)
+
+
+def test_resume_refuses_a_report_of_another_gpu_or_profile(tmp_path, fake_profile):
+    from tuner.report import collect
+    collect(SUITE[:1], fake_profile, outdir=tmp_path, timer=FakeTimer())
+    other = FakeTimer()
+    other.name = "Other GPU"
+    with pytest.raises(ValueError, match="Other GPU"):
+        collect(SUITE, fake_profile, outdir=tmp_path, resume=True, timer=other)
+
+
+def test_repredict_recomputes_predictions_from_params_and_keeps_measurements(tmp_path, fake_profile):
+    from dataclasses import replace
+    from tuner.report import collect, repredict
+    rows, _ = collect(SUITE, fake_profile, outdir=tmp_path, timer=FakeTimer())
+    stale = [replace(r, predicted_ms=1.0, paper_pick=not r.paper_pick) for r in read_csv(tmp_path / "report.csv")]
+    again = repredict(stale, SUITE, fake_profile)
+    assert again == rows  # the same model and profile give the same predictions back
+    assert any(r.family == "tile_composite" for r in again)  # params carry the per-tile workload tuples
+    with pytest.raises(ValueError, match="rmat:10"):
+        repredict(stale, SUITE[:1], fake_profile)
+    with pytest.raises(ValueError, match="no params"):
+        repredict([replace(r, params="") for r in stale], SUITE, fake_profile)

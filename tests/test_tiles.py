@@ -46,6 +46,30 @@ def test_tile_widths_are_shares_of_the_measured_l1_in_whole_sectors():
     assert tile_widths(4096, 4, 100) == [0]  # x fits whole: one tile
 
 
+@pytest.mark.parametrize("width", [0, 16, 64, 100_000])
+def test_counted_ranked_lengths_equal_the_tiling_runs_ranked(width):
+    # The model counts each tile's runs from the CSR arrays; the layout regroups the entries: same lengths.
+    from tuner.formats.tile_composite import tile_ranks
+    from tuner.formats.tiles import ranked_run_lengths, tile_entries
+    for A in [power_law(3000, seed=11), power_law(500, n_cols=4000, seed=2), *fixture_matrices().values()]:
+        b = plan_of(A)
+        bounds = tile_bounds(b.col_lengths, width)
+        ranked, offsets = ranked_run_lengths(b.indptr, b.indices, bounds)
+        t = tile_entries(b.indptr, b.indices, b.n_cols, bounds)
+        assert np.array_equal(offsets, t.tile_runs)
+        assert np.array_equal(ranked, t.run_lengths[tile_ranks(t)[0]])
+
+
+def test_ranking_falls_back_to_a_sort_when_counting_bins_would_be_too_many():
+    from tuner.formats.tiles import ranked_run_lengths
+    # A row of 3 x 10^6 entries beside rows of one: 6 x 10^6 counting bins for 5 runs.
+    n = 3_000_000
+    indptr = np.array([0, 1, n + 1, n + 2, n + 3])
+    indices = np.concatenate([[5], np.arange(n), [7], [n - 1]])
+    ranked, offsets = ranked_run_lengths(indptr, indices, np.array([0, 10, n]))
+    assert ranked.tolist() == [10, 1, 1, n - 10, 1] and offsets.tolist() == [0, 3, 5]
+
+
 def test_tiled_entries_visit_every_entry_once_tile_major_rows_ascending():
     b = plan_of(power_law(3000, seed=11))
     t = tiling(b, 64)

@@ -96,19 +96,25 @@ def cmd_report(args) -> int:
 
     from . import bench, report
     from .model import load_profile
+    command = "python -m tuner " + " ".join(sys.argv[1:])
+    bar = lambda s: tqdm(s, desc="report", unit="matrix", file=sys.stderr)  # noqa: E731
     if args.from_csv:
         rows = report.read_csv(Path(args.from_csv))
-        meta = {"command": "python -m tuner " + " ".join(sys.argv[1:])}
+        meta = {"command": command}
+        if args.repredict:  # default profile: the one beside the CSV, as under models/<gpu-slug>/
+            prof = load_profile("", args.profile or Path(args.from_csv).parent / "profile.json")
+            suite = args.suite or bench.default_suite(args.data_dir, report=True)
+            rows = report.repredict(rows, suite, prof, progress=bar)
+            meta["profile_digest"] = prof.digest
     else:
         suite = args.suite or bench.default_suite(args.data_dir, report=True)
         if not gpu.available():
             return _dry_run(suite, args.arch, args.cache_dir)
         prof = load_profile(gpu.device_info().name, args.profile)
         outdir = Path(args.out) if args.out else report_dir()
-        rows, meta = report.collect(suite, prof, cache_dir=args.cache_dir, checkpoint=outdir / "report.csv",
-                                    progress=lambda s: tqdm(s, desc="report", unit="matrix", file=sys.stderr))
-        meta.update(created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), profile_digest=prof.digest,
-                    command="python -m tuner " + " ".join(sys.argv[1:]))
+        rows, meta = report.collect(suite, prof, cache_dir=args.cache_dir, outdir=outdir, resume=args.resume,
+                                    progress=bar, command=command)
+        meta.update(created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), profile_digest=prof.digest)
     outdir = Path(args.out) if args.out else report_dir()
     summary = report.write_all(rows, meta, outdir)
     print(f"{'model':<10}{'MdAPE':>8}{'Spearman':>10}{'top-1':>8}{'within 5%':>11}{'regret gm':>11}{'worst':>8}")
@@ -199,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default: models/<gpu-slug>/)")
     p.add_argument("--profile", default=None, help="profile file (default: the one of this GPU under models/)")
     p.add_argument("--from-csv", default=None, help="re-summarise and re-plot an existing report.csv (no GPU)")
+    p.add_argument("--repredict", action="store_true",
+                   help="with --from-csv: predict every candidate again with the current model and --profile "
+                        "(default: profile.json beside the CSV); no GPU; the suite, or the default one, gives "
+                        "the matrices' sources")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the candidates an interrupted report already measured in --out and time only the "
+                        "rest (refused if it ran on another GPU or read another profile)")
     common(p)
     p.set_defaults(func=cmd_report)
     return parser

@@ -80,22 +80,26 @@ def predictable(specs: list[Specialization], predicted: list, gpu_name: str) -> 
     return [specs[i] for i in keep], [predicted[i] for i in keep]
 
 
-def measure(m: CanonicalMatrix, specs: list[Specialization], binaries: list, seed: int = 0) -> list[float]:
-    """Median milliseconds of every candidate on the GPU (CUDA events, warm-up, adaptive repeats).
+def measure_each(m: CanonicalMatrix, specs: list[Specialization], binaries: list, seed: int = 0):
+    """Median milliseconds of every candidate on the GPU (CUDA events, warm-up, adaptive repeats), yielded
+    one by one as each is timed, so that a long run can record them as they come.
 
     The matrix arrays are uploaded once and shared; a candidate that fails to load or run gets NaN.
     """
     arrays = DeviceArrays()
-    out = []
     for spec, binary in zip(specs, binaries):
         try:
             k = SpMV(m, spec, binary.cubin, plan=None, arrays=arrays)
             first = float(np.median(time_spmv(k, repeats=3, warmup=1, seed=seed)))
-            out.append(float(np.median(time_spmv(k, adaptive_repeats(first), warmup=2, seed=seed))))
+            yield float(np.median(time_spmv(k, adaptive_repeats(first), warmup=2, seed=seed)))
         except gpu.GpuError as exc:  # e.g. a launch the device refuses: rank it last, keep tuning
             log.warning("candidate %s failed on the GPU: %s", spec.label(), exc)
-            out.append(float("nan"))
-    return out
+            yield float("nan")
+
+
+def measure(m: CanonicalMatrix, specs: list[Specialization], binaries: list, seed: int = 0) -> list[float]:
+    """:func:`measure_each` as a list."""
+    return list(measure_each(m, specs, binaries, seed))
 
 
 def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int = 3, trials: int = 24,

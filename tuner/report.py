@@ -12,7 +12,7 @@ import json
 import math
 import re
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,8 @@ WITHIN = 1.05  # "the chosen plan is within 5 % of the exhaustive best"
 class Row:
     """One candidate of one matrix: both models' predictions and the measured median (ms).
 
-    ``paper_pick`` marks the aligned_coo layout that paper 004's Algorithm 3 (its runtime-cost equations)
+    ``params`` is the candidate's parameters as JSON (the label abbreviates long tuples), so that a report
+    can be predicted again by a changed model without a GPU (:func:`repredict`). ``paper_pick`` marks the aligned_coo layout that paper 004's Algorithm 3 (its runtime-cost equations)
     picks for the candidate's ordering, so that the report can set the paper's choice against measurement.
     """
 
@@ -38,6 +39,7 @@ class Row:
     baseline_ms: float
     measured_ms: float
     paper_pick: bool = False
+    params: str = ""
 
 
 def _by_matrix(rows: list[Row]) -> dict[str, list[Row]]:
@@ -158,7 +160,8 @@ def read_csv(path: Path) -> list[Row]:
     with path.open() as f:
         return [Row(matrix=d["matrix"], nnz=int(d["nnz"]), family=d["family"], candidate=d["candidate"],
                     predicted_ms=float(d["predicted_ms"]), baseline_ms=float(d["baseline_ms"]),
-                    measured_ms=float(d["measured_ms"]), paper_pick=d.get("paper_pick") == "True")
+                    measured_ms=float(d["measured_ms"]), paper_pick=d.get("paper_pick") == "True",
+                    params=d.get("params", ""))
                 for d in csv.DictReader(f)]
 
 
@@ -289,42 +292,146 @@ def paper_pick(m, spec, max_threads: int) -> bool:
     return choice == p.layout
 
 
-def collect(suite: list[str], profile, cache_dir=None, progress=None, checkpoint: Path | None = None
-            ) -> tuple[list[Row], dict]:
+PROGRESS = "report-progress.json"  # beside report.csv while a report runs: its GPU, profile and matrices
+
+
+class GpuTimer:
+    """Times candidates on this process's GPU: compiles them (through the cache), then yields each median."""
+
+    def __init__(self, cache_dir=None):
+        from . import gpu
+        from .cache import Cache
+        info = gpu.device_info()
+        self.name, self.arch, self.cache = info.name, info.arch, Cache(cache_dir)
+
+    def times(self, m, specs):
+        from . import codegen, families
+        from .compiler import measure_each
+        binaries = codegen.compile_many([families.render(s, m) for s in specs], self.arch, cache=self.cache)
+        yield from measure_each(m, specs, binaries)
+
+
+def resume_state(outdir: Path, gpu_name: str, profile_digest: str) -> tuple[list[Row], dict, list[str]]:
+    """The rows, per-matrix records and commands of an interrupted report in ``outdir``; refused when it ran
+    on another GPU or read another profile (its rows would not compare).
+
+    Example:
+        >>> resume_state(Path("/nonexistent"), "H100", "abc")
+        ([], {}, [])
+    """
+    progress, table = outdir / PROGRESS, outdir / "report.csv"
+    if not progress.is_file():
+        return [], {}, []
+    old = json.loads(progress.read_text())
+    theirs = (old.get("gpu"), old.get("profile_digest"))
+    if theirs != (gpu_name, profile_digest):
+        raise ValueError(f"cannot resume the report in {outdir}: it was measured with (GPU, profile) = {theirs}, "
+                         f"this run has {(gpu_name, profile_digest)}; pass another --out or drop --resume")
+    rows = read_csv(table) if table.is_file() else []
+    return rows, old.get("matrices", {}), old.get("commands", [])
+
+
+def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Path | None = None,
+            resume: bool = False, timer=None, command: str = "") -> tuple[list[Row], dict]:
     """Predict (both models) and time (exhaustively, on the GPU) every candidate of every matrix.
 
-    With ``checkpoint``, the rows so far are written there as CSV after every matrix, so an interrupted
-    run keeps what it measured (``report --from-csv`` turns it into the report).
+    With ``outdir``, every measured candidate is appended to ``outdir/report.csv`` at once and the matrices'
+    records go to ``report-progress.json``, so an interrupted run keeps what it measured: with ``resume``
+    it measures only what is missing (a matrix's candidates are enumerated again and those already in the
+    CSV skipped). ``timer`` (default :class:`GpuTimer`) has a ``name`` and ``times(m, specs)`` yielding
+    each candidate's median milliseconds in order; tests pass a fake one. The returned record's
+    ``command`` joins the commands of every run that contributed.
     """
-    from . import codegen, families, gpu
-    from .cache import Cache
-    from .compiler import measure, predictable
+    from . import families
+    from .compiler import predictable
     from .loaders import display_name, load
     from .matrix import canonicalize
     from .model import predict_baseline, predict_many
 
-    info = gpu.device_info()
-    cache = Cache(cache_dir)
+    timer = timer or GpuTimer(cache_dir)
     max_threads = profile.constants["sm_count"] * profile.constants["max_warps_per_sm"] * 32
-    rows, per = [], {}
-    for source in (progress(suite) if progress else suite):
-        name = display_name(source)
-        m = canonicalize(load(source))
-        t0 = time.perf_counter()
-        # The candidates: the tiled families cut their tiles (layout) and run Algorithm 2 (planning) here.
-        specs = families.specializations(m, profile=profile)
-        t1 = time.perf_counter()
+    rows, per, commands = (resume_state(outdir, timer.name, profile.digest) if outdir is not None and resume
+                           else ([], {}, []))
+    commands = commands + [command]
+    table = None
+    if outdir is not None:
+        outdir.mkdir(parents=True, exist_ok=True)
+        table = (outdir / "report.csv").open("a" if rows else "w", newline="")
+        if not rows:
+            csv.writer(table).writerow([fl.name for fl in fields(Row)])
+
+    def save_progress():
+        if outdir is not None:
+            (outdir / PROGRESS).write_text(json.dumps(
+                {"gpu": timer.name, "profile_digest": profile.digest, "commands": commands, "matrices": per},
+                indent=1))
+
+    try:
+        for source in (progress(suite) if progress else suite):
+            name = display_name(source)
+            if per.get(name, {}).get("complete"):
+                continue
+            m = canonicalize(load(source))
+            t0 = time.perf_counter()
+            # The candidates: the tiled families cut their tiles (layout) and run Algorithm 2 (planning) here.
+            specs = families.specializations(m, profile=profile)
+            t1 = time.perf_counter()
+            predicted = predict_many(m, specs, profile)
+            plan_seconds = time.perf_counter() - t1
+            specs, predicted = predictable(specs, predicted, timer.name)
+            done = {r.candidate for r in rows if r.matrix == name}
+            todo = [(s, p) for s, p in zip(specs, predicted) if s.label() not in done]
+            per[name] = {"source": str(source), "nnz": m.nnz, "n_rows": m.n_rows, "plan_seconds": plan_seconds,
+                         "space_seconds": t1 - t0, "complete": False}
+            save_progress()
+            for (s, p), t in zip(todo, timer.times(m, [s for s, _ in todo])):
+                row = Row(name, m.nnz, s.family, s.label(), p, predict_baseline(m, s, profile), t,
+                          paper_pick(m, s, max_threads), json.dumps(families.params_dict(s.params)))
+                rows.append(row)
+                if table is not None:
+                    csv.writer(table).writerow(list(asdict(row).values()))
+                    table.flush()
+            per[name]["complete"] = True
+            save_progress()
+            del m
+    finally:
+        if table is not None:
+            table.close()
+    return rows, {"gpu": timer.name, "matrices": per, "command": " ; then ".join(c for c in commands if c)}
+
+
+def repredict(rows: list[Row], suite: list[str], profile, progress=None) -> list[Row]:
+    """``rows`` with the lookup model's predictions (and Algorithm 3's picks) made again from each
+    candidate's parameters by the current model and ``profile``; the measured times stay, and so does the
+    baseline, which reads only each layout's bytes (building every layout again would cost minutes on the
+    largest graphs). No GPU: this is how a model change is judged against a committed report. ``suite``
+    names the matrices' sources.
+
+    Example: see tests/test_report.py.
+    """
+    from . import families
+    from .families.base import Specialization
+    from .loaders import display_name, load
+    from .matrix import canonicalize
+    from .model import predict_many
+
+    by_name = {display_name(s): s for s in suite}
+    groups = _by_matrix(rows)
+    unknown = sorted(set(groups) - set(by_name))
+    if unknown:
+        raise ValueError(f"repredict needs the sources of {', '.join(unknown)}: name them in the suite")
+    if any(not r.params for r in rows):
+        raise ValueError("this report.csv has no params column (it predates it): measure it again to repredict")
+    max_threads = profile.constants["sm_count"] * profile.constants["max_warps_per_sm"] * 32
+    out = []
+    for name in (progress(list(groups)) if progress else groups):
+        rs = groups[name]
+        m = canonicalize(load(by_name[name]))
+        specs = [Specialization(r.family, families.get(r.family).params_from_dict(json.loads(r.params)),
+                                m.value_dtype, m.index_dtype, m.value_free) for r in rs]
         predicted = predict_many(m, specs, profile)
-        plan_seconds = time.perf_counter() - t1
-        specs, predicted = predictable(specs, predicted, info.name)
-        baseline = [predict_baseline(m, s, profile) for s in specs]
-        binaries = codegen.compile_many([families.render(s, m) for s in specs], info.arch, cache=cache)
-        measured = measure(m, specs, binaries)
-        per[name] = {"nnz": m.nnz, "n_rows": m.n_rows, "plan_seconds": plan_seconds, "space_seconds": t1 - t0}
-        rows += [Row(name, m.nnz, s.family, s.label(), p, b, t, paper_pick(m, s, max_threads))
-                 for s, p, b, t in zip(specs, predicted, baseline, measured)]
-        if checkpoint is not None:
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            write_csv(rows, checkpoint)
-        del m, binaries
-    return rows, {"gpu": info.name, "matrices": per}
+        for r, s, p in zip(rs, specs, predicted):
+            out.append(replace(r, predicted_ms=float("nan") if p is None else p,
+                               paper_pick=paper_pick(m, s, max_threads)))
+        del m
+    return out

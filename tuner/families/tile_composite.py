@@ -17,7 +17,7 @@ import numpy as np
 from ..formats.tile_composite import TileComposite, build_tile_composite, evaluate_tile_composite, tile_ranks
 from ..matrix import CanonicalMatrix
 from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_launch, ordered_matrix, shared_layout
-from .tiles import TILE_ORDER, tiling, widths
+from .tiles import TILE_ORDER, ranked_tile_lengths, tiling, widths
 
 BLOCK_SIZE = 256
 PARALLEL_NNZ = 1 << 22  # tile the widths in parallel from this many entries on
@@ -54,17 +54,8 @@ class TileCompositeParams:
 
 def ranking(m: CanonicalMatrix, width: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`~tuner.formats.tile_composite.tile_ranks` of ``m``'s tiles, once per plan matrix and width
-    (the model reads the ranked lengths, the layout the ranks)."""
+    (the layout's order of the rows inside each tile)."""
     return shared_layout(m, ("tile_ranks", width), lambda: tile_ranks(tiling(m, width)))
-
-
-def ranked_tile_lengths(m: CanonicalMatrix, width: int) -> list[np.ndarray]:
-    """Every tile's row lengths ranked in decreasing order (what Algorithms 2 and 3 read), per plan matrix."""
-    def build():
-        t = tiling(m, width)
-        ranked = t.run_lengths[ranking(m, width)[0]]
-        return [ranked[a:b] for a, b in zip(t.tile_runs[:-1], t.tile_runs[1:])]
-    return shared_layout(m, ("ranked_tiles", width), build)
 
 
 def fill_workload(ranked: np.ndarray, active_warps: int) -> int:

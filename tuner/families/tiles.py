@@ -2,7 +2,9 @@
 tiling of a plan's matrix, built once per matrix and width."""
 from __future__ import annotations
 
-from ..formats.tiles import TiledEntries, tile_bounds, tile_entries, tile_widths
+import numpy as np
+
+from ..formats.tiles import TiledEntries, ranked_run_lengths, tile_bounds, tile_entries, tile_widths
 from ..matrix import CanonicalMatrix
 from .base import shared_layout
 
@@ -31,3 +33,12 @@ def tiling(m: CanonicalMatrix, width: int) -> TiledEntries:
     """``m``'s entries cut into tiles of ``width`` columns (Algorithm 1's rule), once per matrix and width."""
     return shared_layout(m, ("tiles", width), lambda: tile_entries(
         m.indptr, m.indices, m.n_cols, tile_bounds(m.col_lengths, width)))
+
+
+def ranked_tile_lengths(m: CanonicalMatrix, width: int) -> list[np.ndarray]:
+    """Every tile's row lengths ranked in decreasing order (what the model and Algorithms 2-3 read), once
+    per plan matrix and width: counted from the CSR arrays, without the tiling a layout needs."""
+    def build():
+        ranked, offsets = ranked_run_lengths(m.indptr, m.indices, tile_bounds(m.col_lengths, width))
+        return [ranked[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    return shared_layout(m, ("ranked_tiles", width), build)

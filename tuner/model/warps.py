@@ -21,9 +21,9 @@ from ..families.aligned_coo import AlignedCooParams
 from ..families.base import plan_matrix, shared_layout
 from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
-from ..families.tile_composite import TileCompositeParams, ranked_tile_lengths
+from ..families.tile_composite import TileCompositeParams
 from ..families.tile_coo import TileCooParams
-from ..families.tiles import tiling
+from ..families.tiles import ranked_tile_lengths
 from ..formats.aligned_coo import sizes, split_lengths
 from ..formats.tile_composite import pack
 from ..formats.tiles import tile_bounds
@@ -227,7 +227,7 @@ ALIGNED_PARTS = {"seg": seg_histogram, "flat": flat_histogram, "hflat": flat_his
 def tile_flat_histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
     """TILE-COO: one tile's entries through the COO kernel, looked up by the rows' lengths inside the tile."""
     width, _, t = s.tile
-    return flat_histogram(tiling(m, width).tile_lengths(t), "flat")
+    return flat_histogram(ranked_tile_lengths(m, width)[t], "flat")
 
 
 def tile_workload_histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
