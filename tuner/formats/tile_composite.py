@@ -92,7 +92,8 @@ def col_shape_height(w):
 
 def run_ends(lengths: np.ndarray) -> np.ndarray:
     """For rows ranked by decreasing length: the rank of the first shorter row, for every live row (what
-    :func:`pack` steps by; computed once when one tile is packed with many workload sizes).
+    :func:`pack` steps by; computed once when one tile is packed with many workload sizes). Linear: the
+    end of each run of equal lengths, repeated over the run.
 
     Example:
         >>> run_ends(np.array([5, 5, 2, 1, 1, 0])).tolist()
@@ -100,7 +101,10 @@ def run_ends(lengths: np.ndarray) -> np.ndarray:
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     live = lengths[:int(np.count_nonzero(lengths))]
-    return np.searchsorted(-live, -live, side="right")
+    if live.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.append(np.flatnonzero(live[1:] != live[:-1]) + 1, live.size)
+    return np.repeat(ends, np.diff(ends, prepend=0))
 
 
 def pack(lengths: np.ndarray, wl: int, ends: np.ndarray | None = None) -> Workloads:
@@ -124,7 +128,8 @@ def pack(lengths: np.ndarray, wl: int, ends: np.ndarray | None = None) -> Worklo
         raise ValueError(f"workload size must be >= 1, got {wl}")
     live = int(np.count_nonzero(lengths))
     run_end = run_ends(lengths) if ends is None else ends
-    starts, ws, hs, major = [], [], [], []
+    # One step per run of equal lengths, in scalars; the workloads' arrays are built once at the end.
+    firsts, counts, steps, widths, majors = [], [], [], [], []
     i = 0
     while i < live:
         w = int(lengths[i])
@@ -132,16 +137,21 @@ def pack(lengths: np.ndarray, wl: int, ends: np.ndarray | None = None) -> Worklo
         row_major = w >= h
         step = h if row_major else _up(h)
         k = -(-(int(run_end[i]) - i) // step)  # workloads starting in this run
-        s = i + step * np.arange(k, dtype=np.int64)
-        starts.append(s)
-        ws.append(np.full(k, _up(w) if row_major else w, dtype=np.int64))
-        hs.append(np.full(k, step, dtype=np.int64))
-        major.append(np.full(k, row_major))
+        firsts.append(i)
+        counts.append(k)
+        steps.append(step)
+        widths.append(_up(w) if row_major else w)
+        majors.append(row_major)
         i += step * k
-    if not starts:
+    if not firsts:
         z = np.zeros(0, dtype=np.int64)
         return Workloads(z, z, z, np.zeros(0, dtype=bool))
-    start, w, h, row_major = (np.concatenate(a) for a in (starts, ws, hs, major))
+    counts = np.array(counts, dtype=np.int64)
+    h = np.repeat(np.array(steps, dtype=np.int64), counts)
+    nth = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    start = np.repeat(np.array(firsts, dtype=np.int64), counts) + h * nth
+    w = np.repeat(np.array(widths, dtype=np.int64), counts)
+    row_major = np.repeat(np.array(majors, dtype=bool), counts)
     # A row-major workload that runs past the tile's last row holds only the rows that are left.
     h = np.where(row_major, np.minimum(h, live - start), h)
     return Workloads(start, w, h, row_major)
