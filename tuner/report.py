@@ -27,8 +27,9 @@ class Row:
     """One candidate of one matrix: both models' predictions and the measured median (ms).
 
     ``params`` is the candidate's parameters as JSON (the label abbreviates long tuples), so that a report
-    can be predicted again by a changed model without a GPU (:func:`repredict`). ``paper_pick`` marks the aligned_coo layout that paper 004's Algorithm 3 (its runtime-cost equations)
-    picks for the candidate's ordering, so that the report can set the paper's choice against measurement.
+    can be predicted again by a changed model without a GPU (:func:`repredict`). ``paper_pick`` marks the
+    aligned_coo layout that paper 004's Algorithm 3 (its runtime-cost equations) picks for the candidate's
+    ordering, so that the report can set the paper's choice against measurement.
     """
 
     matrix: str

@@ -107,8 +107,9 @@ def ranked_run_lengths(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarr
     The lengths equal those of :func:`tile_entries`' runs ranked per tile.
 
     Example (rows [0, 1 | 2, 3] and [2]: tile 0 has a run of 2, tile 1 runs of 2 and 1):
-        >>> [a.tolist() for a in ranked_run_lengths(np.array([0, 4, 5]), np.array([0, 1, 2, 3, 2]), np.array([0, 2, 4]))]
-        [[2, 2, 1], [0, 1, 3]]
+        >>> ranked, offsets = ranked_run_lengths(np.array([0, 4, 5]), np.array([0, 1, 2, 3, 2]), np.array([0, 2, 4]))
+        >>> ranked.tolist(), offsets.tolist()
+        ([2, 2, 1], [0, 1, 3])
     """
     indptr = np.asarray(indptr)
     bounds = np.asarray(bounds, dtype=np.int64)
