@@ -148,12 +148,20 @@ def layout_choices(rows: list[Row]) -> dict:
     return {"groups": groups, "overall": overall}
 
 
+def csv_header(f) -> None:
+    """The column names of a report CSV into the open file ``f``."""
+    csv.writer(f).writerow([fl.name for fl in fields(Row)])
+
+
+def csv_append(f, rows: list[Row]) -> None:
+    """``rows`` as CSV lines into the open file ``f`` (after :func:`csv_header`)."""
+    csv.writer(f).writerows(list(asdict(r).values()) for r in rows)
+
+
 def write_csv(rows: list[Row], path: Path) -> None:
     with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow([fl.name for fl in fields(Row)])
-        for r in rows:
-            w.writerow(list(asdict(r).values()))
+        csv_header(f)
+        csv_append(f, rows)
 
 
 def read_csv(path: Path) -> list[Row]:
@@ -359,7 +367,7 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
         outdir.mkdir(parents=True, exist_ok=True)
         table = (outdir / "report.csv").open("a" if rows else "w", newline="")
         if not rows:
-            csv.writer(table).writerow([fl.name for fl in fields(Row)])
+            csv_header(table)
 
     def save_progress():
         if outdir is not None:
@@ -374,7 +382,7 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
                 continue
             m = canonicalize(load(source))
             t0 = time.perf_counter()
-            # The candidates: the tiled families cut their tiles (layout) and run Algorithm 2 (planning) here.
+            # The candidates: the tiled families count their tiles' rows and run Algorithm 2 here.
             specs = families.specializations(m, profile=profile)
             t1 = time.perf_counter()
             predicted = predict_many(m, specs, profile)
@@ -390,7 +398,7 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
                           paper_pick(m, s, max_threads), json.dumps(families.params_dict(s.params)))
                 rows.append(row)
                 if table is not None:
-                    csv.writer(table).writerow(list(asdict(row).values()))
+                    csv_append(table, [row])
                     table.flush()
             per[name]["complete"] = True
             save_progress()
