@@ -61,15 +61,16 @@ def tiled_specs(m):
     """tile_coo and tile_composite over many narrow tiles (the fixtures' x fits one L1-sized tile), with
     one-row, small and GPU-filling workloads, with and without the camping pad."""
     from tuner.families.base import Specialization, ordered_matrix
-    from tuner.families.tile_composite import TileCompositeParams, fill_workload
-    from tuner.families.tiles import ranked_tile_lengths
+    from tuner.families.tile_composite import TileCompositeParams, fill_workload, tile_extent
+    from tuner.families.tiles import ranked_tile_runs
     from tuner.families.tile_coo import TileCooParams
     plan = ordered_matrix(m, "degree")
     out = []
     for width in (16, 256):
         out.append(TileCooParams(width))
-        ranked = ranked_tile_lengths(plan, width)
-        for wl in ((1,) * len(ranked), (64,) * len(ranked), tuple(fill_workload(r, 512) for r in ranked)):
+        runs = ranked_tile_runs(plan, width)
+        n = runs.n_tiles
+        for wl in ((1,) * n, (64,) * n, tuple(fill_workload(*tile_extent(runs, t), 512) for t in range(n))):
             out += [TileCompositeParams(width, wl, pad) for pad in (False, True)]
     return [Specialization("tile_coo" if isinstance(p, TileCooParams) else "tile_composite", p, m.value_dtype,
                            m.index_dtype, m.value_free) for p in out]

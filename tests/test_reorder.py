@@ -112,3 +112,11 @@ def test_degree_ordering_of_empty_matrix_is_empty():
     m = canonicalize(sp.csr_matrix((0, 0), dtype=np.float32))
     o = degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
     assert o.row_order.size == 0 and permute(m, o).nnz == 0
+
+
+def test_a_relabelled_matrix_knows_its_lengths_without_counting_them_again():
+    m = canonicalize(power_law(2000, n_cols=3000, seed=8))
+    b = permute(m, degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype))
+    assert np.array_equal(b.col_lengths, np.bincount(b.indices, minlength=b.n_cols))
+    assert np.array_equal(b.row_lengths, np.diff(b.indptr))
+    assert b.col_lengths[0] == m.col_lengths.max() and np.all(np.diff(b.col_lengths) <= 0)

@@ -47,27 +47,33 @@ def test_tile_widths_are_shares_of_the_measured_l1_in_whole_sectors():
 
 
 @pytest.mark.parametrize("width", [0, 16, 64, 100_000])
-def test_counted_ranked_lengths_equal_the_tiling_runs_ranked(width):
-    # The model counts each tile's runs from the CSR arrays; the layout regroups the entries: same lengths.
+@pytest.mark.parametrize("workers", [1, 3])
+def test_counted_ranked_runs_equal_the_tiling_runs_ranked(width, workers):
+    # The model counts each tile's runs from the CSR arrays (in row chunks on several threads); the layout
+    # regroups the entries: same lengths, tile by tile.
     from tuner.formats.tile_composite import tile_ranks
-    from tuner.formats.tiles import ranked_run_lengths, tile_entries
+    from tuner.formats.tiles import ranked_runs, tile_entries
     for A in [power_law(3000, seed=11), power_law(500, n_cols=4000, seed=2), *fixture_matrices().values()]:
         b = plan_of(A)
         bounds = tile_bounds(b.col_lengths, width)
-        ranked, offsets = ranked_run_lengths(b.indptr, b.indices, bounds)
+        runs = ranked_runs(b.indptr, b.indices, bounds, workers=workers)
         t = tile_entries(b.indptr, b.indices, b.n_cols, bounds)
-        assert np.array_equal(offsets, t.tile_runs)
-        assert np.array_equal(ranked, t.run_lengths[tile_ranks(t)[0]])
+        ranked = t.run_lengths[tile_ranks(t)[0]]
+        assert runs.n_tiles == t.n_tiles
+        for k in range(t.n_tiles):
+            assert np.array_equal(runs.ranked(k), ranked[t.tile_runs[k]:t.tile_runs[k + 1]])
+            assert np.all(np.diff(runs.tile(k)[0]) < 0)  # distinct lengths, decreasing
 
 
-def test_ranking_falls_back_to_a_sort_when_counting_bins_would_be_too_many():
-    from tuner.formats.tiles import ranked_run_lengths
-    # A row of 3 x 10^6 entries beside rows of one: 6 x 10^6 counting bins for 5 runs.
+def test_runs_too_long_for_the_counting_table_are_counted_by_sorting():
+    from tuner.formats.tiles import COUNTED_LENGTHS, ranked_runs
+    # A row of 3 x 10^6 entries beside rows of one; chunked so that the long row's tile spans two chunks.
     n = 3_000_000
-    indptr = np.array([0, 1, n + 1, n + 2, n + 3])
-    indices = np.concatenate([[5], np.arange(n), [7], [n - 1]])
-    ranked, offsets = ranked_run_lengths(indptr, indices, np.array([0, 10, n]))
-    assert ranked.tolist() == [10, 1, 1, n - 10, 1] and offsets.tolist() == [0, 3, 5]
+    indptr = np.array([0, 1, n + 1, n + 2, n + 3, 2 * n + 3])
+    indices = np.concatenate([[5], np.arange(n), [7], [n - 1], np.arange(n)])
+    runs = ranked_runs(indptr, indices, np.array([0, 10, n]), workers=2)
+    assert [runs.ranked(0).tolist(), runs.ranked(1).tolist()] == [[10, 10, 1, 1], [n - 10, n - 10, 1]]
+    assert runs.counts.tolist() == [2, 2, 2, 1] and n - 10 > COUNTED_LENGTHS
 
 
 def test_tiled_entries_visit_every_entry_once_tile_major_rows_ascending():
@@ -87,6 +93,26 @@ def test_tiled_entries_visit_every_entry_once_tile_major_rows_ascending():
     sub = dense[:, t.bounds[k]:t.bounds[k + 1]]
     lengths = np.diff(sub.indptr)
     assert np.array_equal(t.tile_lengths(k), lengths[lengths > 0])
+
+
+@pytest.mark.parametrize("wl", [1, 4, 33, 120, 1000])
+def test_packed_runs_spelt_out_are_the_workloads_of_the_ranked_rows(wl):
+    # The model sums over runs of equal workloads; the layout needs each: the same partition either way.
+    from tuner.formats.tile_composite import pack_runs
+    rng = np.random.default_rng(wl)
+    for _ in range(20):
+        ranked = np.sort(np.concatenate([rng.zipf(1.6, rng.integers(1, 400)) % 500, [0] * 3]))[::-1]
+        lengths, counts = np.unique(ranked, return_counts=True)
+        s = pack_runs(lengths[::-1], counts[::-1], wl)
+        p = pack(ranked, wl)
+        n = s.count
+        assert s.workloads == p.count
+        assert np.array_equal(np.repeat(s.first, n) + np.repeat(s.step, n) * (
+            np.arange(p.count) - np.repeat(np.cumsum(n) - n, n)), p.start)
+        assert np.array_equal(np.repeat(s.h, n), p.h) and np.array_equal(np.repeat(s.row_major, n), p.row_major)
+        assert np.array_equal(np.repeat(s.length, n), ranked[p.start])  # a workload's w: its first row
+        covered = np.where(p.row_major, p.h, np.minimum(p.h, ranked.size - p.start))
+        assert covered.sum() >= np.count_nonzero(ranked)  # every live row in some workload
 
 
 def test_packing_follows_algorithm_3_and_figure_1d():
@@ -192,28 +218,28 @@ def test_a_long_workload_tuple_gets_a_short_unique_label():
 
 
 def test_without_a_profile_each_tile_fills_the_gpu_once():
-    r = np.array([10, 5, 5] + [1] * 10_000)
-    assert fill_workload(r, 100) == 100  # 10,020 entries over 100 warps, a multiple of the first row
-    assert fill_workload(np.array([300, 2]), 100) == 300  # never below the longest row
+    assert fill_workload(10, 10_020, 100) == 100  # 10,020 entries over 100 warps, a multiple of the first row
+    assert fill_workload(300, 302, 100) == 300  # never below the longest row
+    assert fill_workload(0, 0, 100) == 1  # an empty tile still gets a valid size
 
 
 def test_algorithm_2_picks_the_workload_size_of_least_modelled_time(profile):
     b = plan_of(power_law(6000, seed=16))
-    ranked = np.sort(tiling(b, 0).tile_lengths(0))[::-1]
+    lengths, counts = np.unique(tiling(b, 0).tile_lengths(0), return_counts=True)
+    lengths, counts = lengths[::-1], counts[::-1]
     keys = tc_model.tile_keys(profile, False)
     fr = np.array([0.2, 0.5, 0.3])
-    options = tc_model.candidates(ranked, profile.max_active_warps(keys["row"]))
-    assert all(o % ranked[0] == 0 or (o < ranked[0] and o % 32 == 0) for o in options) and ranked[0] in options
-    times = {wl: tc_model.tile_time(ranked, wl, profile, keys, fr) for wl in options}
-    wl, t = tc_model.partition(ranked, profile, keys, fr)
-    assert t == min(times.values()) and times[wl] == t
+    options = tc_model.candidates(lengths[0], lengths @ counts, profile.max_active_warps(keys["row"]))
+    assert all(o % lengths[0] == 0 or (o < lengths[0] and o % 32 == 0) for o in options) and lengths[0] in options
+    times = {wl: tc_model.tile_time(lengths, counts, wl, profile, keys, fr) for wl in options}
+    wl, t = tc_model.partition(lengths, counts, profile, keys, fr)
+    assert len(set(times.values())) > 3 and t == min(times.values()) and times[wl] == t
 
 
 def test_tile_time_is_equations_1_to_5_over_the_packed_workloads(profile):
     # Rows of 64 with WL = 64: one-row row-major warps of 64 entries, table 1e6 (l1) -> 64 / 1e6 ms each.
-    ranked = np.full(4000, 64)
     keys = tc_model.tile_keys(profile, False)
-    t = tc_model.tile_time(ranked, 64, profile, keys, np.array([1.0, 0.0, 0.0]))
+    t = tc_model.tile_time(np.array([64]), np.array([4000]), 64, profile, keys, np.array([1.0, 0.0, 0.0]))
     assert t == pytest.approx(4000 * 64 / 1e6)
 
 
@@ -238,9 +264,9 @@ def test_with_a_profile_the_space_uses_its_l1_and_algorithm_2(profile):
     b = ordered_matrix(m, "degree")
     for s in specs:
         if s.family == "tile_composite":
-            n = tiling(b, s.params.tile_width).n_tiles
-            ranked = [np.sort(tiling(b, s.params.tile_width).tile_lengths(k))[::-1] for k in range(n)]
-            assert all(wl in tc_model.candidates(r, prof.max_active_warps("tile_composite:row:256:v"))
+            t = tiling(b, s.params.tile_width)
+            ranked = [np.sort(t.tile_lengths(k))[::-1] for k in range(t.n_tiles)]
+            assert all(wl in tc_model.candidates(r[0], r.sum(), prof.max_active_warps("tile_composite:row:256:v"))
                        for wl, r in zip(s.params.workloads, ranked) if r.size)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from ..formats.tile_composite import TileComposite, build_tile_composite, evaluate_tile_composite, tile_ranks
 from ..matrix import CanonicalMatrix
 from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_launch, ordered_matrix, shared_layout
-from .tiles import TILE_ORDER, ranked_tile_lengths, tiling, widths
+from .tiles import TILE_ORDER, ranked_tile_runs, tiling, widths
 
 BLOCK_SIZE = 256
 PARALLEL_NNZ = 1 << 22  # tile the widths in parallel from this many entries on
@@ -58,17 +58,22 @@ def ranking(m: CanonicalMatrix, width: int) -> tuple[np.ndarray, np.ndarray]:
     return shared_layout(m, ("tile_ranks", width), lambda: tile_ranks(tiling(m, width)))
 
 
-def fill_workload(ranked: np.ndarray, active_warps: int) -> int:
-    """Algorithm 2's bounds without a model: the largest multiple of the longest row that is at most the
-    tile's entries over the GPU's resident warps (so the tile still fills the GPU), at least that row.
+def fill_workload(longest: int, entries: int, active_warps: int) -> int:
+    """Algorithm 2's bounds without a model: the largest multiple of the tile's ``longest`` row that is at
+    most its ``entries`` over the GPU's resident warps (so the tile still fills the GPU), at least that row.
 
-    Example:
-        >>> fill_workload(np.array([10, 5, 5] + [1] * 10_000), 100)
+    Example (rows of 10, 5, 5 and 10,000 of one: 10,020 entries over 100 warps):
+        >>> fill_workload(10, 10_020, 100)
         100
     """
-    first = int(ranked[0]) if ranked.size else 1
-    upper = int(ranked.sum()) // max(active_warps, 1)
-    return max(first, upper // first * first) if first else 1
+    upper = int(entries) // max(active_warps, 1)
+    return max(longest, upper // longest * longest) if longest else 1
+
+
+def tile_extent(runs, t: int) -> tuple[int, int]:
+    """(longest row, entries) of tile ``t`` of :class:`~tuner.formats.tiles.RankedRuns` ``runs``."""
+    lengths, counts = runs.tile(t)
+    return (int(lengths[0]) if lengths.size else 0), int(lengths @ counts)
 
 
 def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
@@ -79,10 +84,10 @@ def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
     plan = ordered_matrix(m, TILE_ORDER)
 
     def one(width: int) -> TileCompositeParams:
-        ranked = ranked_tile_lengths(plan, width)
-        wl = partition_tiles(plan, width, ranked, profile)
+        runs = ranked_tile_runs(plan, width)
+        wl = partition_tiles(plan, width, runs, profile)
         if wl is None:
-            wl = tuple(fill_workload(r, NOMINAL_ACTIVE_WARPS) for r in ranked)
+            wl = tuple(fill_workload(*tile_extent(runs, t), NOMINAL_ACTIVE_WARPS) for t in range(runs.n_tiles))
         return TileCompositeParams(width, wl, False, BLOCK_SIZE, TILE_ORDER)
 
     ws = widths(m, profile)

@@ -2,9 +2,7 @@
 tiling of a plan's matrix, built once per matrix and width."""
 from __future__ import annotations
 
-import numpy as np
-
-from ..formats.tiles import TiledEntries, ranked_run_lengths, tile_bounds, tile_entries, tile_widths
+from ..formats.tiles import RankedRuns, TiledEntries, ranked_runs, tile_bounds, tile_entries, tile_widths
 from ..matrix import CanonicalMatrix
 from .base import shared_layout
 
@@ -35,10 +33,8 @@ def tiling(m: CanonicalMatrix, width: int) -> TiledEntries:
         m.indptr, m.indices, m.n_cols, tile_bounds(m.col_lengths, width)))
 
 
-def ranked_tile_lengths(m: CanonicalMatrix, width: int) -> list[np.ndarray]:
-    """Every tile's row lengths ranked in decreasing order (what the model and Algorithms 2-3 read), once
-    per plan matrix and width: counted from the CSR arrays, without the tiling a layout needs."""
-    def build():
-        ranked, offsets = ranked_run_lengths(m.indptr, m.indices, tile_bounds(m.col_lengths, width))
-        return [ranked[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-    return shared_layout(m, ("ranked_tiles", width), build)
+def ranked_tile_runs(m: CanonicalMatrix, width: int) -> RankedRuns:
+    """Every tile's rows counted by their length inside the tile (what the model and Algorithms 2-3 read),
+    once per plan matrix and width: counted from the CSR arrays, without the tiling a layout needs."""
+    return shared_layout(m, ("ranked_tiles", width), lambda: ranked_runs(
+        m.indptr, m.indices, tile_bounds(m.col_lengths, width)))

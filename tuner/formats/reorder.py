@@ -120,9 +120,13 @@ def permute(m: CanonicalMatrix, o: Ordering) -> CanonicalMatrix:
     out = sp.csr_matrix((rows.data, indices, rows.indptr), shape=m.shape, copy=False)
     out.has_sorted_indices = False
     out.sort_indices()  # C++ per-row sort: hot (low) columns first within each row
-    return CanonicalMatrix(indptr=out.indptr.astype(m.index_dtype, copy=False),
-                           indices=out.indices.astype(m.index_dtype, copy=False), data=out.data,
-                           shape=m.shape, pattern_value=m.pattern_value)
+    b = CanonicalMatrix(indptr=out.indptr.astype(m.index_dtype, copy=False),
+                        indices=out.indices.astype(m.index_dtype, copy=False), data=out.data,
+                        shape=m.shape, pattern_value=m.pattern_value)
+    # Its lengths are m's, permuted: seed the cached properties instead of counting the entries again.
+    b.__dict__["row_lengths"] = m.row_lengths[o.row_order]
+    b.__dict__["col_lengths"] = m.col_lengths[o.col_order]
+    return b
 
 
 @dataclass(frozen=True, eq=False)

@@ -53,31 +53,6 @@ class Workloads:
     def count(self) -> int:
         return int(self.start.size)
 
-    def rounds(self, ranked: np.ndarray) -> np.ndarray:
-        """How many times each warp repeats the shape the profile times for its width (a row-major row of
-        w; a column-major block of :func:`col_shape_height` rows of w): its time alone in those units.
-
-        Example (WL = 80: two rows of 40; 64 rows of 2 and 96 rows of 1, both profiled as 32-row blocks):
-            >>> ranked = np.array([40, 2, 2] + [1] * 200)
-            >>> pack(ranked, 80).rounds(ranked).tolist()
-            [2.0, 2.0, 3.0, 3.0]
-        """
-        w = np.asarray(ranked, dtype=np.int64)[self.start]
-        return np.where(self.row_major, self.h, self.h / col_shape_height(w)).astype(np.float64)
-
-    def rectangles(self, ranked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(first row's length, unpadded rectangle size) of every workload, given the ranked row lengths it
-        was packed from: a row-major warp spends on every row what it spends on the first (the rows are
-        padded to it), a column-major warp w steps per 32 rows.
-
-        Example:
-            >>> ranked = np.array([3, 2, 2, 1, 1, 1, 1])
-            >>> [a.tolist() for a in pack(ranked, 4).rectangles(ranked)]
-            [[3, 2, 1], [3, 4, 32]]
-        """
-        w = np.asarray(ranked, dtype=np.int64)[self.start]
-        return w, w * self.h
-
 
 def col_shape_height(w):
     """Rows of the column-major workload the profile measures for width w: the first warp multiple above
@@ -90,30 +65,116 @@ def col_shape_height(w):
     return _up(np.asarray(w) + 1)
 
 
-def run_ends(lengths: np.ndarray) -> np.ndarray:
-    """For rows ranked by decreasing length: the rank of the first shorter row, for every live row (what
-    :func:`pack` steps by; computed once when one tile is packed with many workload sizes). Linear: the
-    end of each run of equal lengths, repeated over the run.
+@dataclass(frozen=True)
+class Shapes:
+    """Algorithm 3's workloads of one tile in runs of one shape: ``pack``'s output before it is spelt out
+    workload by workload (the model sums over these, the layout needs every workload).
 
-    Example:
-        >>> run_ends(np.array([5, 5, 2, 1, 1, 0])).tolist()
-        [2, 2, 3, 5, 5]
+    Attributes:
+        first: rank of the first row of each run's first workload.
+        count: workloads in the run; the k-th starts at ``first + k * step``.
+        step: rows between consecutive workloads (row-major: h; column-major: h padded to a warp multiple).
+        length: the first row's length (the workload's w before padding).
+        h: rows the workloads hold (``step``, but the tile's last row-major workload holds only the rows
+            that are left: it is a run of its own).
+        row_major: stored row-major (w >= h before padding).
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    live = lengths[:int(np.count_nonzero(lengths))]
-    if live.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.append(np.flatnonzero(live[1:] != live[:-1]) + 1, live.size)
-    return np.repeat(ends, np.diff(ends, prepend=0))
+
+    first: np.ndarray
+    count: np.ndarray
+    step: np.ndarray
+    length: np.ndarray
+    h: np.ndarray
+    row_major: np.ndarray
+
+    @property
+    def workloads(self) -> int:
+        return int(self.count.sum())
+
+    @property
+    def size(self) -> np.ndarray:
+        """Unpadded rectangle of each run's workloads: a row-major warp spends on every row what it spends on
+        the first (the rows are padded to it), a column-major warp w steps per 32 rows.
+
+        Example (WL = 4 over rows of 3, 2, 2, 1 x 4):
+            >>> pack_runs(np.array([3, 2, 1]), np.array([1, 2, 4]), 4).size.tolist()
+            [3, 4, 32]
+        """
+        return self.length * self.h
+
+    @property
+    def rounds(self) -> np.ndarray:
+        """How many times each run's warps repeat the shape the profile times for their width (a row-major
+        row of w; a column-major block of :func:`col_shape_height` rows of w): their time alone in those
+        units.
+
+        Example (WL = 80: two rows of 40; 64 rows of 2 and 96 rows of 1, both profiled as 32-row blocks):
+            >>> pack_runs(np.array([40, 2, 1]), np.array([2, 2, 200]), 80).rounds.tolist()
+            [2.0, 2.0, 3.0]
+        """
+        return np.where(self.row_major, self.h, self.h / col_shape_height(self.length)).astype(np.float64)
 
 
-def pack(lengths: np.ndarray, wl: int, ends: np.ndarray | None = None) -> Workloads:
-    """Algorithm 3's partition (lines 7-16) of rows with ``lengths`` ranked by decreasing length.
+def pack_runs(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Shapes:
+    """Algorithm 3's partition (lines 7-16) of a tile whose rows, ranked by decreasing length, come as
+    ``counts`` rows of each of ``lengths`` (run-length encoded, decreasing).
 
     One workload per step: w_j = length of its first row, h_j = WL // w_j, padded (Padding(w, h, 32)); the
-    next workload starts h_j rows later (column-major: the padded h_j). Vectorised over each run of equal
-    lengths, so the loop runs once per distinct length, not once per workload. ``ends``: the lengths'
-    :func:`run_ends`, when already known.
+    next workload starts h_j rows later (column-major: the padded h_j). Inside a run of equal lengths the
+    workloads repeat, so the loop runs once per distinct length met, not once per workload.
+
+    Example (Fig. 1(d) on a 32-lane GPU: rows of 3, 2, 2, 1 x 4 with WL = 4):
+        >>> s = pack_runs(np.array([3, 2, 1]), np.array([1, 2, 4]), 4)
+        >>> s.first.tolist(), s.count.tolist(), s.length.tolist(), s.h.tolist(), s.row_major.tolist()
+        ([0, 1, 3], [1, 1, 1], [3, 2, 1], [1, 2, 32], [True, True, False])
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    if lengths.size > 1 and np.any(lengths[1:] >= lengths[:-1]):
+        raise ValueError("pack needs row lengths ranked in decreasing order")
+    if wl < 1:
+        raise ValueError(f"workload size must be >= 1, got {wl}")
+    live_runs = int(np.count_nonzero(lengths))
+    ends = np.cumsum(counts[:live_runs]).tolist()
+    values = lengths[:live_runs].tolist()
+    live = ends[-1] if ends else 0
+    firsts, ks, steps, widths, majors = [], [], [], [], []
+    i = r = 0
+    while i < live:
+        while ends[r] <= i:  # a workload may end past several runs
+            r += 1
+        w = values[r]
+        h = max(wl // w, 1)
+        row_major = w >= h
+        step = h if row_major else _up(h)
+        k = -(-(ends[r] - i) // step)  # workloads starting in this run
+        firsts.append(i)
+        ks.append(k)
+        steps.append(step)
+        widths.append(w)
+        majors.append(row_major)
+        i += step * k
+    first, count, step = (np.array(v, dtype=np.int64) for v in (firsts, ks, steps))
+    length, row_major = np.array(widths, dtype=np.int64), np.array(majors, dtype=bool)
+    h = step.copy()
+    if first.size and row_major[-1] and first[-1] + step[-1] * count[-1] > live:
+        # The last row-major workload runs past the tile's last row: it holds only the rows that are left.
+        last_start = int(first[-1] + step[-1] * (count[-1] - 1))
+        count[-1] -= 1
+        first = np.append(first, last_start)
+        count = np.append(count, 1)
+        step = np.append(step, step[-1])
+        length = np.append(length, length[-1])
+        h = np.append(h, live - last_start)
+        row_major = np.append(row_major, True)
+        keep = count > 0
+        first, count, step, length, h, row_major = (a[keep] for a in (first, count, step, length, h, row_major))
+    return Shapes(first, count, step, length, h, row_major)
+
+
+def pack(lengths: np.ndarray, wl: int) -> Workloads:
+    """Algorithm 3's partition of rows with ``lengths`` ranked by decreasing length, workload by workload
+    (:func:`pack_runs` spelt out).
 
     Example (Fig. 1(d) on a 32-lane GPU: rows of 3, 2, 2, 1 x 4 with WL = 4):
         >>> p = pack(np.array([3, 2, 2, 1, 1, 1, 1]), 4)
@@ -121,40 +182,15 @@ def pack(lengths: np.ndarray, wl: int, ends: np.ndarray | None = None) -> Worklo
         ([0, 1, 3], [32, 32, 1], [1, 2, 32], [True, True, False])
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    n = lengths.size
-    if n and np.any(lengths[1:] > lengths[:-1]):
+    if lengths.size and np.any(lengths[1:] > lengths[:-1]):
         raise ValueError("pack needs row lengths ranked in decreasing order")
-    if wl < 1:
-        raise ValueError(f"workload size must be >= 1, got {wl}")
-    live = int(np.count_nonzero(lengths))
-    run_end = run_ends(lengths) if ends is None else ends
-    # One step per run of equal lengths, in scalars; the workloads' arrays are built once at the end.
-    firsts, counts, steps, widths, majors = [], [], [], [], []
-    i = 0
-    while i < live:
-        w = int(lengths[i])
-        h = max(wl // w, 1)
-        row_major = w >= h
-        step = h if row_major else _up(h)
-        k = -(-(int(run_end[i]) - i) // step)  # workloads starting in this run
-        firsts.append(i)
-        counts.append(k)
-        steps.append(step)
-        widths.append(_up(w) if row_major else w)
-        majors.append(row_major)
-        i += step * k
-    if not firsts:
-        z = np.zeros(0, dtype=np.int64)
-        return Workloads(z, z, z, np.zeros(0, dtype=bool))
-    counts = np.array(counts, dtype=np.int64)
-    h = np.repeat(np.array(steps, dtype=np.int64), counts)
-    nth = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    start = np.repeat(np.array(firsts, dtype=np.int64), counts) + h * nth
-    w = np.repeat(np.array(widths, dtype=np.int64), counts)
-    row_major = np.repeat(np.array(majors, dtype=bool), counts)
-    # A row-major workload that runs past the tile's last row holds only the rows that are left.
-    h = np.where(row_major, np.minimum(h, live - start), h)
-    return Workloads(start, w, h, row_major)
+    cut = np.flatnonzero(np.diff(lengths)) + 1
+    s = pack_runs(lengths[np.r_[0, cut]] if lengths.size else lengths, np.diff(np.r_[0, cut, lengths.size]), wl)
+    n = s.count
+    nth = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+    start = np.repeat(s.first, n) + np.repeat(s.step, n) * nth
+    w = np.repeat(np.where(s.row_major, _up(s.length), s.length), n)
+    return Workloads(start, w, np.repeat(s.h, n), np.repeat(s.row_major, n))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ division, a radix sort on the tile ids and a few passes over the entries.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,46 +98,111 @@ def tile_of(indices: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     return (np.searchsorted(bounds, indices, side="right") - 1).astype(key_dtype)
 
 
-def ranked_run_lengths(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    """Every tile's row lengths inside the tile, ranked in decreasing order, tile after tile, and where each
-    tile's begin (n_tiles + 1 offsets): what the tiled families' model reads, without regrouping the entries.
+@dataclass(frozen=True, eq=False)
+class RankedRuns:
+    """Every tile's row lengths inside the tile, ranked in decreasing order and run-length encoded: what
+    the model and Algorithms 2-3 read (which rows they are is the layout's business).
+
+    Attributes:
+        lengths: each tile's distinct lengths, decreasing, tile after tile (int64).
+        counts: rows of each length (int64).
+        offsets: where each tile's lengths begin (n_tiles + 1 values).
+    """
+
+    lengths: np.ndarray
+    counts: np.ndarray
+    offsets: np.ndarray
+
+    @property
+    def n_tiles(self) -> int:
+        return self.offsets.size - 1
+
+    def tile(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """(distinct lengths, rows of each) of tile ``t``."""
+        a, b = self.offsets[t], self.offsets[t + 1]
+        return self.lengths[a:b], self.counts[a:b]
+
+    def ranked(self, t: int) -> np.ndarray:
+        """Tile ``t``'s row lengths one by one, decreasing."""
+        return np.repeat(*self.tile(t))
+
+
+COUNTED_LENGTHS = 1024  # runs shorter than this are counted in a dense (tile, length) table; longer ones sorted
+PARALLEL_ENTRIES = 1 << 23  # count runs in row chunks on several threads from this many entries on
+
+
+def ranked_runs(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray, workers: int | None = None
+                ) -> RankedRuns:
+    """Count every tile's rows by their length inside the tile, straight from the CSR arrays (no regrouping
+    of the entries): :class:`RankedRuns`, equal to :func:`tile_entries`' runs ranked per tile.
 
     The rows' column indices must be sorted (canonical CSR), so that a row's entries of one tile are
-    consecutive: a run starts at every row start and wherever the tile changes. Ranking is a counting sort
-    on (tile, length), since a run is never longer than its tile is wide (or, in the last tile, its row).
-    The lengths equal those of :func:`tile_entries`' runs ranked per tile.
+    consecutive: a run starts at every row start and wherever the tile changes. Counts add up, so large
+    matrices are counted in chunks of rows on ``workers`` threads (NumPy releases the GIL in its passes).
 
     Example (rows [0, 1 | 2, 3] and [2]: tile 0 has a run of 2, tile 1 runs of 2 and 1):
-        >>> ranked, offsets = ranked_run_lengths(np.array([0, 4, 5]), np.array([0, 1, 2, 3, 2]), np.array([0, 2, 4]))
-        >>> ranked.tolist(), offsets.tolist()
-        ([2, 2, 1], [0, 1, 3])
+        >>> r = ranked_runs(np.array([0, 4, 5]), np.array([0, 1, 2, 3, 2]), np.array([0, 2, 4]))
+        >>> r.lengths.tolist(), r.counts.tolist(), r.offsets.tolist()
+        ([2, 2, 1], [1, 1, 1], [0, 1, 3])
     """
     indptr = np.asarray(indptr)
     bounds = np.asarray(bounds, dtype=np.int64)
     n_tiles = bounds.size - 1
     nnz = int(indptr[-1])
-    if nnz == 0:
-        return np.zeros(0, np.int64), np.zeros(n_tiles + 1, np.int64)
-    tile = tile_of(np.asarray(indices)[:nnz], bounds)
+    if workers is None:
+        workers = min(8, os.cpu_count() or 1) if nnz >= PARALLEL_ENTRIES else 1
+    cuts = np.unique(np.searchsorted(indptr, np.linspace(0, nnz, workers + 1).astype(np.int64)[1:-1]))
+    rows = [0, *cuts.tolist(), indptr.size - 1]
+    chunks = [(a, b) for a, b in zip(rows[:-1], rows[1:]) if indptr[b] > indptr[a]]
+
+    def count(chunk):
+        a, b = chunk
+        return _run_counts(indptr[a:b + 1] - indptr[a], indices[indptr[a]:indptr[b]], bounds)
+    if len(chunks) > 1:
+        with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
+            parts = list(pool.map(count, chunks))
+    else:
+        parts = [count(c) for c in chunks]
+    if not parts:
+        z = np.zeros(0, np.int64)
+        return RankedRuns(z, z, np.zeros(n_tiles + 1, np.int64))
+    tile, length, counts = (np.concatenate(p) for p in zip(*parts))
+    # Merge the chunks' counts of each (tile, length), ordered by tile, then by decreasing length.
+    order = np.lexsort((-length, tile))
+    tile, length, counts = tile[order], length[order], counts[order]
+    first = np.ones(tile.size, dtype=bool)
+    first[1:] = (tile[1:] != tile[:-1]) | (length[1:] != length[:-1])
+    at = np.flatnonzero(first)
+    counts = np.add.reduceat(counts, at) if at.size else counts
+    tile, length = tile[at], length[at]
+    offsets = np.searchsorted(tile, np.arange(n_tiles + 1)).astype(np.int64)
+    return RankedRuns(length, counts, offsets)
+
+
+def _run_counts(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tile, length, rows) of every distinct (tile, run length) among the rows of one CSR chunk."""
+    n_tiles = bounds.size - 1
+    nnz = int(indptr[-1])
+    tile = tile_of(indices[:nnz], bounds)
     new = np.empty(nnz, dtype=bool)
     new[0] = True
     np.not_equal(tile[1:], tile[:-1], out=new[1:])
     new[indptr[:-1][np.diff(indptr) > 0]] = True
     starts = np.flatnonzero(new)
     del new
-    length = np.diff(np.append(starts, nnz))
+    length = np.diff(starts, append=nnz)
     run_tile = tile[starts].astype(np.int64)
     del tile, starts
-    top = int(length.max())
-    per_tile = np.bincount(run_tile, minlength=n_tiles)
-    if n_tiles * (top + 1) <= max(4 * length.size, 1 << 22):
-        # Counting sort: lengths top..0 of every tile, tile after tile.
-        counts = np.bincount(run_tile * (top + 1) + (top - length), minlength=n_tiles * (top + 1))
-        ranked = np.repeat(np.tile(np.arange(top, -1, -1, dtype=np.int64), n_tiles), counts)
-    else:
-        ranked = length[np.lexsort((-length, run_tile))]
-    return ranked, np.concatenate([[0], np.cumsum(per_tile)]).astype(np.int64)
+    # Most runs are short: a dense table counts them; the few long ones are sorted.
+    short = length < COUNTED_LENGTHS
+    dense = np.bincount(run_tile[short] * COUNTED_LENGTHS + length[short], minlength=n_tiles * COUNTED_LENGTHS)
+    at = np.flatnonzero(dense)
+    long_tile, long_length = run_tile[~short], length[~short]
+    key, long_counts = np.unique(long_tile * (int(length.max()) + 1) + long_length, return_counts=True)
+    return (np.concatenate([at // COUNTED_LENGTHS, key // (int(length.max()) + 1)]),
+            np.concatenate([at % COUNTED_LENGTHS, key % (int(length.max()) + 1)]),
+            np.concatenate([dense[at], long_counts]).astype(np.int64))
 
 
 def tile_entries(indptr: np.ndarray, indices: np.ndarray, n_cols: int, bounds: np.ndarray) -> TiledEntries:

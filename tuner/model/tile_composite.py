@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..families.tile_composite import BLOCK_SIZE
-from ..formats.tile_composite import pack, run_ends
+from ..formats.tile_composite import pack_runs
 from ..formats.tiles import tile_bounds
 from ..matrix import CanonicalMatrix
 from .lookup import blended, gather_fractions, table_for
 from .profile_data import REGIMES, Profile, kernel_key
-from .waves import wave_time
+from .waves import grouped_wave_time
 
 MAX_CANDIDATES = 16  # workload sizes tried per tile (Algorithm 2 tries every multiple of the first row)
 
@@ -27,33 +27,39 @@ def tile_keys(profile: Profile, value_free: bool, block: int = BLOCK_SIZE) -> di
     return keys if all(profile.has(k) for k in keys.values()) else None
 
 
-def tile_time(ranked: np.ndarray, wl: int, profile: Profile, keys: dict, fractions, ends=None) -> float:
-    """Algorithm 3, PM(T, WL): pack the tile with workload size WL (lines 7-16), look every workload up
-    in its table, and run the warps in waves by equations 1-5 (:func:`~tuner.model.waves.wave_time`); the
+def tile_time(lengths: np.ndarray, counts: np.ndarray, wl: int, profile: Profile, keys: dict, fractions) -> float:
+    """Algorithm 3, PM(T, WL): pack the tile - ``counts`` rows of each of ``lengths``, decreasing - with
+    workload size WL (lines 7-16), look every workload up in its table, and run the warps in waves by
+    equations 1-5 (:func:`~tuner.model.waves.grouped_wave_time`: equal workloads are summed at once); the
     kernel lasts at least as long as its slowest warp alone.
 
     Example: see tests/test_tiles.py (needs a profile).
     """
-    p = pack(ranked, wl, ends)
-    if p.count == 0:
+    s = pack_runs(lengths, counts, wl)
+    if s.workloads == 0:
         return 0.0
-    w, size = p.rectangles(ranked)
-    rounds = p.rounds(ranked)
-    perf = np.empty(p.count)
-    alone = np.empty(p.count)
-    for kind, mask in (("row", p.row_major), ("col", ~p.row_major)):
+    perf, alone = workload_rates(s, profile, keys, fractions)
+    return grouped_wave_time(s.size.astype(np.float64), perf, s.count, profile.max_active_warps(keys["row"]),
+                             alone=alone * s.rounds)
+
+
+def workload_rates(s, profile: Profile, keys: dict, fractions) -> tuple[np.ndarray, np.ndarray]:
+    """Table performance and time alone (of one round) of each run of :class:`~tuner.formats.tile_composite.Shapes`
+    ``s``: row-major runs from the ``row`` table, column-major ones from ``col``, by their first row's length."""
+    perf = np.empty(s.length.size)
+    alone = np.empty(s.length.size)
+    for kind, mask in (("row", s.row_major), ("col", ~s.row_major)):
         if mask.any():
             key = keys[kind]
-            perf[mask] = blended(profile, key, w[mask], fractions)
-            one = sum(f * profile.alone_time(key, r, w[mask]) for f, r in zip(fractions, REGIMES) if f > 0)
-            alone[mask] = one * rounds[mask]  # a warp's time alone grows with its rows
-    return wave_time(size.astype(np.float64), perf, profile.max_active_warps(keys["row"]), alone=alone)
+            perf[mask] = blended(profile, key, s.length[mask], fractions)
+            alone[mask] = sum(f * profile.alone_time(key, r, s.length[mask]) for f, r in zip(fractions, REGIMES) if f > 0)
+    return perf, alone
 
 
-def candidates(ranked: np.ndarray, active_warps: int, limit: int = MAX_CANDIDATES) -> list[int]:
-    """Algorithm 2's workload sizes - multiples of the tile's longest row, from it up to the tile's entries
-    over the resident warps (at least the one), thinned geometrically to ``limit`` - plus the warp-multiple
-    powers of two below the longest row.
+def candidates(longest: int, entries: int, active_warps: int, limit: int = MAX_CANDIDATES) -> list[int]:
+    """Algorithm 2's workload sizes - multiples of the tile's ``longest`` row, from it up to the tile's
+    ``entries`` over the resident warps (at least the one), thinned geometrically to ``limit`` - plus the
+    warp-multiple powers of two below the longest row.
 
     The paper's lower bound keeps the first workload an exact rectangle; on today's graphs a tile's longest
     row can hold 10^4 entries, and a workload that large makes the column-major warps of its one-entry
@@ -61,45 +67,46 @@ def candidates(ranked: np.ndarray, active_warps: int, limit: int = MAX_CANDIDATE
     (h = max(WL // w, 1)), and the model decides.
 
     Example:
-        >>> candidates(np.array([4] * 100), active_warps=10)
+        >>> candidates(4, 400, active_warps=10)
         [4, 8, 12, 16, 20, 24, 28, 32, 36, 40]
-        >>> candidates(np.array([100] + [1] * 900), active_warps=4)
+        >>> candidates(100, 1000, active_warps=4)
         [32, 64, 100, 200]
-        >>> len(candidates(np.array([1] * 10_000), 2)), candidates(np.array([1] * 10_000), 2)[-1]
+        >>> len(candidates(1, 10_000, 2)), candidates(1, 10_000, 2)[-1]
         (16, 5000)
     """
-    first = int(ranked[0]) if len(ranked) else 1
-    first = max(first, 1)
-    top = max(int(np.sum(ranked)) // max(active_warps, 1) // first, 1)
+    first = max(int(longest), 1)
+    top = max(int(entries) // max(active_warps, 1) // first, 1)
     ks = np.arange(1, top + 1) if top <= limit else np.unique(np.geomspace(1, top, limit).round().astype(np.int64))
     below = [1 << k for k in range(5, 31) if 1 << k < first]
     return below + [int(k) * first for k in ks]
 
 
-def partition(ranked: np.ndarray, profile: Profile, keys: dict, fractions) -> tuple[int, float]:
-    """Algorithm 2: the workload size of one tile with the least predicted time, and that time.
+def partition(lengths: np.ndarray, counts: np.ndarray, profile: Profile, keys: dict, fractions) -> tuple[int, float]:
+    """Algorithm 2: the workload size of a tile of ``counts`` rows of each of ``lengths`` (decreasing) with
+    the least predicted time, and that time.
 
     Example: see tests/test_tiles.py (needs a profile).
     """
-    if len(ranked) == 0 or ranked[0] == 0:
+    if len(lengths) == 0 or lengths[0] == 0:
         return 1, 0.0
     best = (0, np.inf)
-    ends = run_ends(ranked)
-    for wl in candidates(ranked, profile.max_active_warps(keys["row"])):
-        t = tile_time(ranked, wl, profile, keys, fractions, ends)
+    entries = int(np.asarray(lengths) @ np.asarray(counts))
+    for wl in candidates(int(lengths[0]), entries, profile.max_active_warps(keys["row"])):
+        t = tile_time(lengths, counts, wl, profile, keys, fractions)
         if t < best[1]:
             best = (wl, t)
     return best
 
 
-def partition_tiles(plan: CanonicalMatrix, width: int, ranked: list[np.ndarray], profile: Profile | None) -> tuple | None:
-    """Algorithms 1-2: every tile's workload size by the model (None when there is no profile or it lacks
-    the tile_composite tables: the family then falls back on Algorithm 2's bounds alone)."""
+def partition_tiles(plan: CanonicalMatrix, width: int, runs, profile: Profile | None) -> tuple | None:
+    """Algorithms 1-2: every tile's workload size by the model, from the tiles' :class:`RankedRuns`
+    (None when there is no profile or it lacks the tile_composite tables: the family then falls back on
+    Algorithm 2's bounds alone)."""
     if profile is None:
         return None
     keys = tile_keys(profile, plan.value_free)
     if keys is None:
         return None
     bounds = tile_bounds(plan.col_lengths, width)
-    return tuple(partition(r, profile, keys, gather_fractions(plan, profile, (int(a), int(b))))[0]
-                 for r, a, b in zip(ranked, bounds[:-1], bounds[1:]))
+    return tuple(partition(*runs.tile(t), profile, keys, gather_fractions(plan, profile, (int(a), int(b))))[0]
+                 for t, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])))

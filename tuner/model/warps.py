@@ -23,9 +23,9 @@ from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
 from ..families.tile_composite import TileCompositeParams
 from ..families.tile_coo import TileCooParams
-from ..families.tiles import ranked_tile_lengths
+from ..families.tiles import ranked_tile_runs
 from ..formats.aligned_coo import sizes, split_lengths
-from ..formats.tile_composite import pack
+from ..formats.tile_composite import pack_runs
 from ..formats.tiles import tile_bounds
 from ..matrix import CanonicalMatrix
 from .profile_data import kernel_key
@@ -51,8 +51,10 @@ class WarpHistogram:
     rounds: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
-    def of_warps(cls, w: np.ndarray, size: np.ndarray, rounds: np.ndarray | None = None) -> "WarpHistogram":
-        """Group per-warp shapes, sizes and (optionally) repeats of the shape.
+    def of_warps(cls, w: np.ndarray, size: np.ndarray, rounds: np.ndarray | None = None,
+                 count: np.ndarray | None = None) -> "WarpHistogram":
+        """Group per-warp shapes, sizes and (optionally) repeats of the shape; with ``count``, each entry
+        stands for that many warps of its shape, size and rounds.
 
         Example:
             >>> h = WarpHistogram.of_warps(np.array([4, 4, 9]), np.array([8, 4, 9]), rounds=np.array([2, 1, 1]))
@@ -62,16 +64,17 @@ class WarpHistogram:
         w = np.asarray(w, dtype=np.int64)
         if w.size == 0:
             return EMPTY
-        count = np.bincount(w)
-        total = np.bincount(w, weights=np.asarray(size, dtype=np.float64))
-        keep = np.flatnonzero(count)
+        each = np.ones(w.size) if count is None else np.asarray(count, dtype=np.float64)
+        warps = np.bincount(w, weights=each)
+        total = np.bincount(w, weights=each * np.asarray(size, dtype=np.float64))
+        keep = np.flatnonzero(warps)
         reps = None
         if rounds is not None:
             rounds = np.asarray(rounds, dtype=np.float64)
-            most = np.zeros(count.size)
-            np.maximum.at(most, w, rounds)
-            reps = (np.bincount(w, weights=rounds)[keep], most[keep])
-        return cls(keep, count[keep].astype(np.float64), total[keep], reps)
+            most = np.zeros(warps.size)
+            np.maximum.at(most, w[each > 0], rounds[each > 0])
+            reps = (np.bincount(w, weights=each * rounds)[keep], most[keep])
+        return cls(keep, warps[keep], total[keep], reps)
 
     @property
     def warps(self) -> int:
@@ -203,9 +206,10 @@ def seg_histogram(row_lengths: np.ndarray, layout: str) -> WarpHistogram:
     return WarpHistogram(np.array([g.seg_len]), np.array([float(-(-g.lanes // WARP))]), np.array([float(g.n_seg)]))
 
 
-def flat_histogram(row_lengths: np.ndarray, layout: str) -> WarpHistogram:
+def flat_histogram(row_lengths: np.ndarray, layout: str, counts: np.ndarray | None = None) -> WarpHistogram:
     """ALIGNED_COO's flat part: 32 entries per warp, looked up by the flat length F of the row they come
-    from (the profile measures rows of one length); a row contributes F / 32 warps.
+    from (the profile measures rows of one length); a row contributes F / 32 warps. ``counts``: rows of
+    each of ``row_lengths`` (one each when None).
 
     Example:
         >>> h = flat_histogram(np.array([70, 5, 64, 64]), "hybrid")
@@ -213,7 +217,7 @@ def flat_histogram(row_lengths: np.ndarray, layout: str) -> WarpHistogram:
         ([64], [6.0], [192.0])
     """
     flat, _ = split_lengths(row_lengths, layout)
-    rows = np.bincount(flat).astype(np.float64)
+    rows = np.bincount(flat, weights=counts).astype(np.float64)
     w = np.flatnonzero(rows[1:]) + 1
     if w.size == 0:
         return EMPTY
@@ -227,18 +231,17 @@ ALIGNED_PARTS = {"seg": seg_histogram, "flat": flat_histogram, "hflat": flat_his
 def tile_flat_histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
     """TILE-COO: one tile's entries through the COO kernel, looked up by the rows' lengths inside the tile."""
     width, _, t = s.tile
-    return flat_histogram(ranked_tile_lengths(m, width)[t], "flat")
+    lengths, counts = ranked_tile_runs(m, width).tile(t)
+    return flat_histogram(lengths, "flat", counts)
 
 
 def tile_workload_histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
     """TILE-Composite: one tile's row-major or column-major workloads, looked up by their first row's
-    length and charged their unpadded rectangle (:meth:`~tuner.formats.tile_composite.Workloads.rectangles`)."""
+    length and charged their unpadded rectangle (:attr:`~tuner.formats.tile_composite.Shapes.size`)."""
     width, workloads, t = s.tile
-    ranked = ranked_tile_lengths(m, width)[t]
-    p = pack(ranked, workloads[t])
-    w, size = p.rectangles(ranked)
+    p = pack_runs(*ranked_tile_runs(m, width).tile(t), workloads[t])
     keep = p.row_major == (s.group == "tile_row")
-    return WarpHistogram.of_warps(w[keep], size[keep], p.rounds(ranked)[keep])
+    return WarpHistogram.of_warps(p.length[keep], p.size[keep], p.rounds[keep], count=p.count[keep])
 
 
 # Tiled families' parts by ``group``: (plan matrix, spec) -> histogram.
