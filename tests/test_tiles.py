@@ -42,6 +42,7 @@ def test_tiles_stop_at_the_first_tile_without_a_column_of_two_entries():
 
 def test_tile_widths_are_shares_of_the_measured_l1_in_whole_sectors():
     assert tile_widths(4096, 4, 1 << 20) == [8192, 16384, 32768]
+    assert tile_widths(5666, 4, 1 << 24) == [11328, 22656, 45312]  # nested: multiples of the quarter
     assert tile_widths(4096, 8, 1 << 20) == [4096, 8192, 16384]  # float64: half the columns per sector
     assert tile_widths(4096, 4, 100) == [0]  # x fits whole: one tile
 
@@ -63,6 +64,19 @@ def test_counted_ranked_runs_equal_the_tiling_runs_ranked(width, workers):
         for k in range(t.n_tiles):
             assert np.array_equal(runs.ranked(k), ranked[t.tile_runs[k]:t.tile_runs[k + 1]])
             assert np.all(np.diff(runs.tile(k)[0]) < 0)  # distinct lengths, decreasing
+
+
+@pytest.mark.parametrize("widths", [[16, 32, 64, 0], [16, 24], [100, 200, 400], [0]])
+def test_tilings_counted_in_one_pass_equal_each_counted_alone(widths):
+    # Nested widths merge the narrowest tiles' runs; others are cut one by one: the same counts either way.
+    from tuner.formats.tiles import ranked_runs, ranked_runs_many
+    for A in [power_law(3000, seed=11), power_law(500, n_cols=4000, seed=2), *fixture_matrices().values()]:
+        b = plan_of(A)
+        bounds = [tile_bounds(b.col_lengths, w) for w in widths]
+        for workers in (1, 2):
+            for r, bd in zip(ranked_runs_many(b.indptr, b.indices, bounds, workers=workers), bounds):
+                alone = ranked_runs(b.indptr, b.indices, bd, workers=1)
+                assert all(np.array_equal(getattr(r, f), getattr(alone, f)) for f in ("lengths", "counts", "offsets"))
 
 
 def test_runs_too_long_for_the_counting_table_are_counted_by_sorting():

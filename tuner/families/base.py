@@ -154,6 +154,11 @@ def shared_layout(m: CanonicalMatrix, key: tuple, build: Callable[[], object]):
     return per_matrix[key]
 
 
+def known_layout(m: CanonicalMatrix, key: tuple):
+    """What :func:`shared_layout` holds for ``m`` under ``key``, or None when nothing was built yet."""
+    return _layouts.get(m, {}).get(key)
+
+
 def ordering(m: CanonicalMatrix, order: str) -> Ordering | None:
     """The ordering ``order`` of ``m``, built once per matrix (None for 'none')."""
     return shared_layout(m, ("ordering", order), lambda: make_ordering(m, order))

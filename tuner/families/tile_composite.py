@@ -9,7 +9,6 @@ alone (the largest multiple of the tile's longest row that still fills the GPU o
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,10 +16,9 @@ import numpy as np
 from ..formats.tile_composite import TileComposite, build_tile_composite, evaluate_tile_composite, tile_ranks
 from ..matrix import CanonicalMatrix
 from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_launch, ordered_matrix, shared_layout
-from .tiles import TILE_ORDER, ranked_tile_runs, tiling, widths
+from .tiles import TILE_ORDER, count_tile_runs, tiling, widths
 
 BLOCK_SIZE = 256
-PARALLEL_NNZ = 1 << 22  # tile the widths in parallel from this many entries on
 NOMINAL_ACTIVE_WARPS = 132 * 64  # an H100's resident warps: Algorithm 2's bound when there is no profile
 
 
@@ -83,19 +81,14 @@ def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
     from ..model.tile_composite import partition_tiles  # here: the model imports the families
     plan = ordered_matrix(m, TILE_ORDER)
 
-    def one(width: int) -> TileCompositeParams:
-        runs = ranked_tile_runs(plan, width)
+    out = []
+    ws = widths(m, profile)
+    for width, runs in zip(ws, count_tile_runs(plan, ws)):  # every width counted in one pass
         wl = partition_tiles(plan, width, runs, profile)
         if wl is None:
             wl = tuple(fill_workload(*tile_extent(runs, t), NOMINAL_ACTIVE_WARPS) for t in range(runs.n_tiles))
-        return TileCompositeParams(width, wl, False, BLOCK_SIZE, TILE_ORDER)
-
-    ws = widths(m, profile)
-    if m.nnz < PARALLEL_NNZ or len(ws) < 2:
-        return [one(w) for w in ws]
-    # The widths' tilings are independent passes over the entries (NumPy releases the GIL in them).
-    with ThreadPoolExecutor(max_workers=len(ws)) as pool:
-        return list(pool.map(one, ws))
+        out.append(TileCompositeParams(width, wl, False, BLOCK_SIZE, TILE_ORDER))
+    return out
 
 
 def layout_of(m: CanonicalMatrix, p: TileCompositeParams) -> TileComposite:

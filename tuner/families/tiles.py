@@ -2,9 +2,9 @@
 tiling of a plan's matrix, built once per matrix and width."""
 from __future__ import annotations
 
-from ..formats.tiles import RankedRuns, TiledEntries, ranked_runs, tile_bounds, tile_entries, tile_widths
+from ..formats.tiles import RankedRuns, TiledEntries, ranked_runs_many, tile_bounds, tile_entries, tile_widths
 from ..matrix import CanonicalMatrix
-from .base import shared_layout
+from .base import known_layout, shared_layout
 
 NOMINAL_L1_BYTES = 256 * 1024  # sm_90's L1/texture per SM, for planning without a profile
 TILE_ORDER = "degree"  # tiling presumes columns numbered by decreasing length (paper 003, Solution 2)
@@ -36,5 +36,14 @@ def tiling(m: CanonicalMatrix, width: int) -> TiledEntries:
 def ranked_tile_runs(m: CanonicalMatrix, width: int) -> RankedRuns:
     """Every tile's rows counted by their length inside the tile (what the model and Algorithms 2-3 read),
     once per plan matrix and width: counted from the CSR arrays, without the tiling a layout needs."""
-    return shared_layout(m, ("ranked_tiles", width), lambda: ranked_runs(
-        m.indptr, m.indices, tile_bounds(m.col_lengths, width)))
+    return count_tile_runs(m, [width])[0]
+
+
+def count_tile_runs(m: CanonicalMatrix, widths: list[int]) -> list[RankedRuns]:
+    """:func:`ranked_tile_runs` of several widths, those not yet counted in one pass over the entries."""
+    missing = [w for w in dict.fromkeys(widths) if known_layout(m, ("ranked_tiles", w)) is None]
+    if missing:
+        counted = ranked_runs_many(m.indptr, m.indices, [tile_bounds(m.col_lengths, w) for w in missing])
+        for w, runs in zip(missing, counted):
+            shared_layout(m, ("ranked_tiles", w), lambda runs=runs: runs)
+    return [known_layout(m, ("ranked_tiles", w)) for w in widths]

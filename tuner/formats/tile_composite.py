@@ -78,6 +78,7 @@ class Shapes:
         h: rows the workloads hold (``step``, but the tile's last row-major workload holds only the rows
             that are left: it is a run of its own).
         row_major: stored row-major (w >= h before padding).
+        run: which of the packed distinct lengths ``length`` is (its index in ``pack_runs``' lengths).
     """
 
     first: np.ndarray
@@ -86,6 +87,7 @@ class Shapes:
     length: np.ndarray
     h: np.ndarray
     row_major: np.ndarray
+    run: np.ndarray
 
     @property
     def workloads(self) -> int:
@@ -135,11 +137,18 @@ def pack_runs(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Shapes:
     if wl < 1:
         raise ValueError(f"workload size must be >= 1, got {wl}")
     live_runs = int(np.count_nonzero(lengths))
-    ends = np.cumsum(counts[:live_runs]).tolist()
+    cum = np.cumsum(counts[:live_runs])
+    ends = cum.tolist()
     values = lengths[:live_runs].tolist()
     live = ends[-1] if ends else 0
-    firsts, ks, steps, widths, majors = [], [], [], [], []
-    i = r = 0
+    # Rows longer than WL / 2 are one-row workloads (h = 1): their runs are done at once, and the loop
+    # walks only the shorter lengths (a power-law tile has many distinct long ones).
+    alone = int(np.count_nonzero(lengths[:live_runs] > wl // 2))
+    firsts = (cum[:alone] - counts[:alone]).tolist()
+    ks = counts[:alone].tolist()
+    steps, runs, majors = [1] * alone, list(range(alone)), [True] * alone
+    i = ends[alone - 1] if alone else 0
+    r = alone
     while i < live:
         while ends[r] <= i:  # a workload may end past several runs
             r += 1
@@ -151,11 +160,11 @@ def pack_runs(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Shapes:
         firsts.append(i)
         ks.append(k)
         steps.append(step)
-        widths.append(w)
+        runs.append(r)
         majors.append(row_major)
         i += step * k
-    first, count, step = (np.array(v, dtype=np.int64) for v in (firsts, ks, steps))
-    length, row_major = np.array(widths, dtype=np.int64), np.array(majors, dtype=bool)
+    first, count, step, run = (np.array(v, dtype=np.int64) for v in (firsts, ks, steps, runs))
+    length, row_major = lengths[run], np.array(majors, dtype=bool)
     h = step.copy()
     if first.size and row_major[-1] and first[-1] + step[-1] * count[-1] > live:
         # The last row-major workload runs past the tile's last row: it holds only the rows that are left.
@@ -163,13 +172,13 @@ def pack_runs(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Shapes:
         count[-1] -= 1
         first = np.append(first, last_start)
         count = np.append(count, 1)
-        step = np.append(step, step[-1])
-        length = np.append(length, length[-1])
+        step, length, run = (np.append(a, a[-1]) for a in (step, length, run))
         h = np.append(h, live - last_start)
         row_major = np.append(row_major, True)
         keep = count > 0
-        first, count, step, length, h, row_major = (a[keep] for a in (first, count, step, length, h, row_major))
-    return Shapes(first, count, step, length, h, row_major)
+        first, count, step, length, h, row_major, run = (a[keep] for a in (first, count, step, length, h, row_major,
+                                                                          run))
+    return Shapes(first, count, step, length, h, row_major, run)
 
 
 def pack(lengths: np.ndarray, wl: int) -> Workloads:

@@ -127,8 +127,9 @@ class RankedRuns:
         return np.repeat(*self.tile(t))
 
 
-COUNTED_LENGTHS = 1024  # runs shorter than this are counted in a dense (tile, length) table; longer ones sorted
-PARALLEL_ENTRIES = 1 << 23  # count runs in row chunks on several threads from this many entries on
+COUNTED_LENGTHS = 64  # runs shorter than this are counted in a (tile, length) table; the longer few are sorted
+CHUNK_ENTRIES = 1 << 20  # entries counted at a time (whole rows)
+PARALLEL_ENTRIES = 1 << 23  # count on several threads from this many entries on
 
 
 def ranked_runs(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray, workers: int | None = None
@@ -136,73 +137,118 @@ def ranked_runs(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray, wor
     """Count every tile's rows by their length inside the tile, straight from the CSR arrays (no regrouping
     of the entries): :class:`RankedRuns`, equal to :func:`tile_entries`' runs ranked per tile.
 
-    The rows' column indices must be sorted (canonical CSR), so that a row's entries of one tile are
-    consecutive: a run starts at every row start and wherever the tile changes. Counts add up, so large
-    matrices are counted in chunks of rows on ``workers`` threads (NumPy releases the GIL in its passes).
-
     Example (rows [0, 1 | 2, 3] and [2]: tile 0 has a run of 2, tile 1 runs of 2 and 1):
         >>> r = ranked_runs(np.array([0, 4, 5]), np.array([0, 1, 2, 3, 2]), np.array([0, 2, 4]))
         >>> r.lengths.tolist(), r.counts.tolist(), r.offsets.tolist()
         ([2, 2, 1], [1, 1, 1], [0, 1, 3])
     """
+    return ranked_runs_many(indptr, indices, [bounds], workers)[0]
+
+
+def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list, workers: int | None = None
+                     ) -> list[RankedRuns]:
+    """:func:`ranked_runs` for several tilings (each from :func:`tile_bounds`) in one pass over the entries.
+
+    The rows' column indices must be sorted (canonical CSR), so that a row's entries of one tile are
+    consecutive: a run starts at every row start and wherever the tile changes. When every width is a
+    multiple of the narrowest, the entries are cut once, into runs of the narrowest tiles, and the wider
+    tilings merge those runs (a quarter as many as entries on a power-law graph). The entries are counted
+    a million at a time, so that the passes work in cache on reused memory, and on ``workers`` threads
+    for large matrices (NumPy releases the GIL in its passes): counts add up.
+
+    Example (tiles of 2 and of 4 columns):
+        >>> b2, b4 = np.array([0, 2, 4]), np.array([0, 4])
+        >>> [r.ranked(0).tolist() for r in ranked_runs_many(np.array([0, 4, 5]), np.array([0, 1, 2, 3, 2]), [b2, b4])]
+        [[2], [4, 1]]
+    """
     indptr = np.asarray(indptr)
-    bounds = np.asarray(bounds, dtype=np.int64)
-    n_tiles = bounds.size - 1
+    bounds_list = [np.asarray(b, dtype=np.int64) for b in bounds_list]
+    n_tiles = [b.size - 1 for b in bounds_list]
     nnz = int(indptr[-1])
     if workers is None:
         workers = min(8, os.cpu_count() or 1) if nnz >= PARALLEL_ENTRIES else 1
-    cuts = np.unique(np.searchsorted(indptr, np.linspace(0, nnz, workers + 1).astype(np.int64)[1:-1]))
-    rows = [0, *cuts.tolist(), indptr.size - 1]
+    cuts = np.searchsorted(indptr, np.arange(CHUNK_ENTRIES, nnz, CHUNK_ENTRIES))
+    rows = np.unique(np.concatenate([[0], cuts, [indptr.size - 1]])).tolist()
     chunks = [(a, b) for a, b in zip(rows[:-1], rows[1:]) if indptr[b] > indptr[a]]
 
-    def count(chunk):
-        a, b = chunk
-        return _run_counts(indptr[a:b + 1] - indptr[a], indices[indptr[a]:indptr[b]], bounds)
-    if len(chunks) > 1:
-        with ThreadPoolExecutor(max_workers=len(chunks)) as pool:
-            parts = list(pool.map(count, chunks))
+    def count(group):
+        dense = [np.zeros((n, COUNTED_LENGTHS), np.int64) for n in n_tiles]
+        long = [[] for _ in n_tiles]
+        for a, b in group:
+            part = _chunk_counts(indptr[a:b + 1] - indptr[a], indices[indptr[a]:indptr[b]], bounds_list)
+            for k, (d, lt, ll) in enumerate(part):
+                dense[k] += d
+                long[k].append((lt, ll))
+        return dense, long
+    groups = [chunks[i::workers] for i in range(workers) if chunks[i::workers]]
+    if len(groups) > 1:
+        with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+            parts = list(pool.map(count, groups))
     else:
-        parts = [count(c) for c in chunks]
-    if not parts:
-        z = np.zeros(0, np.int64)
-        return RankedRuns(z, z, np.zeros(n_tiles + 1, np.int64))
-    tile, length, counts = (np.concatenate(p) for p in zip(*parts))
-    # Merge the chunks' counts of each (tile, length), ordered by tile, then by decreasing length.
-    order = np.lexsort((-length, tile))
-    tile, length, counts = tile[order], length[order], counts[order]
-    first = np.ones(tile.size, dtype=bool)
-    first[1:] = (tile[1:] != tile[:-1]) | (length[1:] != length[:-1])
-    at = np.flatnonzero(first)
-    counts = np.add.reduceat(counts, at) if at.size else counts
-    tile, length = tile[at], length[at]
-    offsets = np.searchsorted(tile, np.arange(n_tiles + 1)).astype(np.int64)
-    return RankedRuns(length, counts, offsets)
+        parts = [count(g) for g in groups] or [count([])]
+    out = []
+    for k, n in enumerate(n_tiles):
+        dense = sum(p[0][k] for p in parts)
+        pairs = [x for p in parts for x in p[1][k]]
+        long_tile = np.concatenate([t for t, _ in pairs]) if pairs else np.zeros(0, np.int64)
+        long_length = np.concatenate([v for _, v in pairs]) if pairs else np.zeros(0, np.int64)
+        out.append(_ranked(dense, long_tile, long_length, n))
+    return out
 
 
-def _run_counts(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(tile, length, rows) of every distinct (tile, run length) among the rows of one CSR chunk."""
-    n_tiles = bounds.size - 1
-    nnz = int(indptr[-1])
-    tile = tile_of(indices[:nnz], bounds)
-    new = np.empty(nnz, dtype=bool)
-    new[0] = True
-    np.not_equal(tile[1:], tile[:-1], out=new[1:])
-    new[indptr[:-1][np.diff(indptr) > 0]] = True
-    starts = np.flatnonzero(new)
-    del new
-    length = np.diff(starts, append=nnz)
-    run_tile = tile[starts].astype(np.int64)
-    del tile, starts
-    # Most runs are short: a dense table counts them; the few long ones are sorted.
-    short = length < COUNTED_LENGTHS
-    dense = np.bincount(run_tile[short] * COUNTED_LENGTHS + length[short], minlength=n_tiles * COUNTED_LENGTHS)
+def _ranked(dense: np.ndarray, long_tile: np.ndarray, long_length: np.ndarray, n_tiles: int) -> RankedRuns:
+    """:class:`RankedRuns` from a (tile, length) table of the short runs and the long runs' pairs."""
+    span = int(long_length.max(initial=0)) + 1
+    pairs, long_counts = np.unique(long_tile.astype(np.int64) * span + long_length, return_counts=True)
     at = np.flatnonzero(dense)
-    long_tile, long_length = run_tile[~short], length[~short]
-    key, long_counts = np.unique(long_tile * (int(length.max()) + 1) + long_length, return_counts=True)
-    return (np.concatenate([at // COUNTED_LENGTHS, key // (int(length.max()) + 1)]),
-            np.concatenate([at % COUNTED_LENGTHS, key % (int(length.max()) + 1)]),
-            np.concatenate([dense[at], long_counts]).astype(np.int64))
+    tile = np.concatenate([pairs // span, at // COUNTED_LENGTHS])
+    length = np.concatenate([pairs % span, at % COUNTED_LENGTHS])
+    counts = np.concatenate([long_counts, dense.ravel()[at]]).astype(np.int64)
+    order = np.lexsort((-length, tile))
+    tile = tile[order]
+    return RankedRuns(length[order], counts[order], np.searchsorted(tile, np.arange(n_tiles + 1)).astype(np.int64))
+
+
+def _width(bounds: np.ndarray) -> int:
+    """The width of a tiling's full tiles (0: a single tile)."""
+    return int(bounds[1] - bounds[0]) if bounds.size > 2 else 0
+
+
+def _chunk_counts(indptr: np.ndarray, indices: np.ndarray, bounds_list: list) -> list:
+    """Per tiling, the runs of one CSR chunk's rows: a (tile, length) table of those shorter than
+    COUNTED_LENGTHS, and (tile, length) of the others."""
+    nnz = int(indptr[-1])
+    indices = indices[:nnz]
+    widths = [_width(b) for b in bounds_list]
+    narrow = min((w for w in widths if w), default=0)
+    if narrow and any(w % narrow for w in widths):  # not nested: each tiling cuts the entries itself
+        return [_chunk_counts(indptr, indices, [b])[0] for b in bounds_list]
+    row_start = np.zeros(nnz, dtype=bool)
+    row_start[indptr[:-1][np.diff(indptr) > 0]] = True
+    if narrow:
+        # The narrowest tiles, numbered up to a cap past every tiling's last full tile (the remainders).
+        cap = max(w // narrow * (b.size - 2) for w, b in zip(widths, bounds_list) if w)
+        fine = np.minimum(indices // narrow, cap).astype(np.uint16 if cap < 1 << 16 else np.uint32)
+        new = row_start.copy()
+        np.not_equal(fine[1:], fine[:-1], out=new[1:])
+        new |= row_start
+        starts = np.flatnonzero(new)
+        run_tile, run_row_start = fine[starts], row_start[starts]
+    else:  # single tiles only: the runs are the rows
+        starts = np.flatnonzero(row_start)
+        run_tile, run_row_start = np.zeros(starts.size, np.uint16), np.ones(starts.size, dtype=bool)
+    out = []
+    for w, b in zip(widths, bounds_list):
+        last = b.size - 2
+        tile = np.minimum(run_tile // (w // narrow), last) if w else np.zeros_like(run_tile)
+        brk = run_row_start.copy()
+        brk[1:] |= tile[1:] != tile[:-1]
+        at = np.flatnonzero(brk)
+        tile, length = tile[at].astype(np.int64), np.diff(starts[at], append=nnz)
+        short = length < COUNTED_LENGTHS
+        dense = np.bincount(tile[short] * COUNTED_LENGTHS + length[short], minlength=(last + 1) * COUNTED_LENGTHS)
+        out.append((dense.reshape(last + 1, COUNTED_LENGTHS), tile[~short], length[~short]))
+    return out
 
 
 def tile_entries(indptr: np.ndarray, indices: np.ndarray, n_cols: int, bounds: np.ndarray) -> TiledEntries:
@@ -239,20 +285,22 @@ def tile_entries(indptr: np.ndarray, indices: np.ndarray, n_cols: int, bounds: n
                         run_lengths=run_lengths, run_starts=run_starts, tile_runs=tile_runs)
 
 
-def tile_widths(l1_sectors: float, itemsize: int, n_cols: int, shares=(0.25, 0.5, 1.0)) -> list[int]:
-    """Tile widths to try: shares of the columns of x that fit the measured (effective) L1, in whole
-    32-byte sectors; widths that would make a single tile of the matrix collapse into one (no tiling).
+def tile_widths(l1_sectors: float, itemsize: int, n_cols: int, multiples=(1, 2, 4)) -> list[int]:
+    """Tile widths to try: a quarter of the columns of x that fit the measured (effective) L1, in whole
+    32-byte sectors, and its ``multiples`` (half and all of it; nested, so that one pass over the entries
+    counts every tiling); widths that would make a single tile of the matrix collapse into one (no tiling).
 
     Example (the H100's measured 5,666 sectors of L1 for float32: about 45K columns):
         >>> tile_widths(5666, 4, 10_000_000)
-        [11328, 22664, 45328]
+        [11328, 22656, 45312]
         >>> tile_widths(5666, 4, 20_000)
         [11328, 0]
     """
     per_sector = max(32 // int(itemsize), 1)
+    quarter = int(l1_sectors / 4) * per_sector
     out = []
-    for s in shares:
-        w = int(l1_sectors * s) * per_sector
+    for k in multiples:
+        w = quarter * k
         w = 0 if w >= n_cols or w <= 0 else w
         if w not in out:
             out.append(w)

@@ -27,33 +27,37 @@ def tile_keys(profile: Profile, value_free: bool, block: int = BLOCK_SIZE) -> di
     return keys if all(profile.has(k) for k in keys.values()) else None
 
 
-def tile_time(lengths: np.ndarray, counts: np.ndarray, wl: int, profile: Profile, keys: dict, fractions) -> float:
+def tile_time(lengths: np.ndarray, counts: np.ndarray, wl: int, profile: Profile, keys: dict, fractions,
+              rates: dict | None = None) -> float:
     """Algorithm 3, PM(T, WL): pack the tile - ``counts`` rows of each of ``lengths``, decreasing - with
     workload size WL (lines 7-16), look every workload up in its table, and run the warps in waves by
     equations 1-5 (:func:`~tuner.model.waves.grouped_wave_time`: equal workloads are summed at once); the
-    kernel lasts at least as long as its slowest warp alone.
+    kernel lasts at least as long as its slowest warp alone. ``rates``: the tile's :func:`length_rates`,
+    when already looked up (Algorithm 2 packs one tile many times).
 
     Example: see tests/test_tiles.py (needs a profile).
     """
     s = pack_runs(lengths, counts, wl)
     if s.workloads == 0:
         return 0.0
-    perf, alone = workload_rates(s, profile, keys, fractions)
+    rates = rates or length_rates(lengths, profile, keys, fractions)
+    (row_perf, row_alone), (col_perf, col_alone) = rates["row"], rates["col"]
+    perf = np.where(s.row_major, row_perf[s.run], col_perf[s.run])
+    alone = np.where(s.row_major, row_alone[s.run], col_alone[s.run])
     return grouped_wave_time(s.size.astype(np.float64), perf, s.count, profile.max_active_warps(keys["row"]),
                              alone=alone * s.rounds)
 
 
-def workload_rates(s, profile: Profile, keys: dict, fractions) -> tuple[np.ndarray, np.ndarray]:
-    """Table performance and time alone (of one round) of each run of :class:`~tuner.formats.tile_composite.Shapes`
-    ``s``: row-major runs from the ``row`` table, column-major ones from ``col``, by their first row's length."""
-    perf = np.empty(s.length.size)
-    alone = np.empty(s.length.size)
-    for kind, mask in (("row", s.row_major), ("col", ~s.row_major)):
-        if mask.any():
-            key = keys[kind]
-            perf[mask] = blended(profile, key, s.length[mask], fractions)
-            alone[mask] = sum(f * profile.alone_time(key, r, s.length[mask]) for f, r in zip(fractions, REGIMES) if f > 0)
-    return perf, alone
+def length_rates(lengths: np.ndarray, profile: Profile, keys: dict, fractions) -> dict:
+    """{'row': (performance, time alone), 'col': (...)}: a warp's table performance and the time of one of
+    its rounds alone, for a row-major and a column-major workload whose first row has each of ``lengths``
+    (whatever the workload size, a workload's shape is one of its tile's lengths)."""
+    out = {}
+    for kind in ("row", "col"):
+        key = keys[kind]
+        alone = sum(f * profile.alone_time(key, r, lengths) for f, r in zip(fractions, REGIMES) if f > 0)
+        out[kind] = (blended(profile, key, lengths, fractions), np.asarray(alone, dtype=np.float64))
+    return out
 
 
 def candidates(longest: int, entries: int, active_warps: int, limit: int = MAX_CANDIDATES) -> list[int]:
@@ -91,8 +95,9 @@ def partition(lengths: np.ndarray, counts: np.ndarray, profile: Profile, keys: d
         return 1, 0.0
     best = (0, np.inf)
     entries = int(np.asarray(lengths) @ np.asarray(counts))
+    rates = length_rates(lengths, profile, keys, fractions)
     for wl in candidates(int(lengths[0]), entries, profile.max_active_warps(keys["row"])):
-        t = tile_time(lengths, counts, wl, profile, keys, fractions)
+        t = tile_time(lengths, counts, wl, profile, keys, fractions, rates)
         if t < best[1]:
             best = (wl, t)
     return best
