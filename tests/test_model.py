@@ -13,7 +13,7 @@ from tuner.model import Profile, load_profile, predict_baseline, predict_lookup,
 from tuner.model.aligned_coo import choose_hybrid, cost_aligned_coo_seg, cost_coo_flat, segment_size
 from tuner.model.locality import cache_sectors, che_hit_rate, fit_capacity, regime_fractions
 from tuner.model.occupancy import active_warps_per_sm
-from tuner.model.warps import warp_segments
+from tuner.model.warps import WarpHistogram, warp_segments
 from tuner.model.waves import wave_time
 
 from .conftest import power_law
@@ -71,10 +71,25 @@ def test_whole_warp_rows_come_from_the_row_length_histogram():
     assert sorted(w.tolist()) == sorted(m.row_lengths.astype(float).tolist())
     assert size.sum() == m.nnz
     # The same rows through the row-per-warp pass agree with the grouped pass at one row per warp.
-    from tuner.model.warps import group_histogram
-    g = group_histogram(m.row_lengths, 32)
+    g = WarpHistogram.of_warps(m.row_lengths, m.row_lengths)
     assert g.w.tolist() == seg.warps.w.tolist() and g.count.tolist() == seg.warps.count.tolist()
     assert g.size.tolist() == seg.warps.size.tolist()
+
+
+def test_warps_of_every_group_size_equal_rows_grouped_directly():
+    # Each halving of the rows per warp reuses the one before; the direct reshape is the definition.
+    from tuner.model.warps import group_histograms
+    for n in (1, 31, 33, 1000, 3001):
+        L = np.random.default_rng(n).zipf(1.7, n) % 300
+        for g, h in group_histograms(L).items():
+            per = 32 // g
+            padded = np.zeros(-(-n // per) * per, np.int64)
+            padded[:n] = L
+            w, size = padded.reshape(-1, per).max(axis=1), padded.reshape(-1, per).sum(axis=1)
+            assert h.warps == -(-n // per) and h.size.sum() == L.sum()
+            assert h.w.tolist() == np.unique(w).tolist()
+            assert h.count.tolist() == np.bincount(w)[np.unique(w)].tolist()
+            assert h.size.tolist() == np.bincount(w, weights=size)[np.unique(w)].tolist()
 
 
 def test_binned_warps_follow_the_layout_classes():

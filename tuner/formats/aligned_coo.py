@@ -108,17 +108,21 @@ class Sizes:
         return -(-self.n_flat // WARP)
 
 
-def sizes(row_lengths: np.ndarray, layout: str) -> Sizes:
-    """Geometry of ``layout`` over rows of these lengths.
+def sizes(row_lengths: np.ndarray, layout: str, counts: np.ndarray | None = None) -> Sizes:
+    """Geometry of ``layout`` over rows of these lengths (``counts`` rows of each, when given): the seg
+    part's lanes hold Algorithm 1's number of segments, its longest row, each.
 
     Example (Fig. 2 of paper 004: 10 entries, longest row 3, so 4 lanes of 3 slots):
         >>> sizes(np.array([3, 1, 2, 2, 1, 1]), "hybrid")
         Sizes(seg_len=3, lanes=4, n_seg=10, n_flat=0)
+        >>> sizes(np.array([3, 2, 1]), "hybrid", counts=np.array([1, 2, 3]))
+        Sizes(seg_len=3, lanes=4, n_seg=10, n_flat=0)
     """
     flat, seg = split_lengths(row_lengths, layout)
-    n_seg = int(seg.sum())
-    seg_len = segment_size(seg).num_segs
-    return Sizes(seg_len, -(-n_seg // seg_len) if seg_len else 0, n_seg, int(flat.sum()))
+    each = np.ones(seg.size, dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
+    n_seg = int(seg @ each)
+    seg_len = int(seg[each > 0].max(initial=0)) if n_seg else 0
+    return Sizes(seg_len, -(-n_seg // seg_len) if seg_len else 0, n_seg, int(flat @ each))
 
 
 @dataclass(frozen=True)

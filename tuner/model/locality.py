@@ -75,7 +75,16 @@ def regime_fractions(col_lengths: np.ndarray, itemsize: int, l1_sectors: float, 
         >>> regime_fractions(np.ones(64, np.int64), 4, l1_sectors=2, l2_sectors=4).round(3).tolist()
         [0.25, 0.25, 0.5]
     """
-    sectors = sector_counts(col_lengths, itemsize)
+    return sector_fractions(sector_counts(col_lengths, itemsize), l1_sectors, l2_sectors)
+
+
+def sector_fractions(sectors: np.ndarray, l1_sectors: float, l2_sectors: float) -> np.ndarray:
+    """:func:`regime_fractions` from the accesses per sector (:func:`sector_counts`).
+
+    Example:
+        >>> sector_fractions(np.full(8, 8), l1_sectors=2, l2_sectors=4).round(3).tolist()
+        [0.25, 0.25, 0.5]
+    """
     h1 = che_hit_rate(sectors, l1_sectors)
     h2 = max(che_hit_rate(sectors, l2_sectors), h1)
     return np.array([h1, h2 - h1, 1.0 - h2])

@@ -6,7 +6,7 @@ import numpy as np
 from ..families.base import Specialization, ordered_structure, shared_layout
 from ..formats.reorder import NONE
 from ..matrix import CanonicalMatrix
-from .locality import SECTOR_BYTES, cache_sectors, regime_fractions
+from .locality import SECTOR_BYTES, cache_sectors, regime_fractions, sector_counts, sector_fractions
 from .profile_data import REGIMES, Profile
 from .warps import SEGMENTS, WarpHistogram, prebuild, warp_segments
 
@@ -28,9 +28,20 @@ def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int]
     whole matrix or for the columns ``cols`` = (first, end) of one tile, whose warps gather from its slice
     of x alone."""
     c = profile.constants
-    lengths = m.col_lengths if cols is None else m.col_lengths[cols[0]:cols[1]]
-    return shared_layout(m, ("gather_fractions", profile.digest, cols), lambda: regime_fractions(
-        lengths, m.value_dtype.itemsize, cache_sectors(c, "l1"), cache_sectors(c, "l2")))
+    itemsize = m.value_dtype.itemsize
+    per = max(SECTOR_BYTES // itemsize, 1)
+
+    def build():
+        l1, l2 = cache_sectors(c, "l1"), cache_sectors(c, "l2")
+        if cols is None:
+            return regime_fractions(m.col_lengths, itemsize, l1, l2)
+        a, b = cols
+        if a % per or (b % per and b != m.n_cols):  # a tile that splits a sector: count its own
+            return regime_fractions(m.col_lengths[a:b], itemsize, l1, l2)
+        # Tiles of whole sectors (the widths are) slice the matrix's sector counts, counted once.
+        whole = shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))
+        return sector_fractions(whole[a // per:-(-b // per)], l1, l2)
+    return shared_layout(m, ("gather_fractions", profile.digest, cols), build)
 
 
 def blended(profile: Profile, key: str, w: np.ndarray, fractions) -> np.ndarray:

@@ -64,16 +64,17 @@ class WarpHistogram:
         w = np.asarray(w, dtype=np.int64)
         if w.size == 0:
             return EMPTY
-        each = np.ones(w.size) if count is None else np.asarray(count, dtype=np.float64)
-        warps = np.bincount(w, weights=each)
-        total = np.bincount(w, weights=each * np.asarray(size, dtype=np.float64))
+        each = None if count is None else np.asarray(count, dtype=np.float64)
+        warps = np.bincount(w).astype(np.float64) if each is None else np.bincount(w, weights=each)
+        total = np.bincount(w, weights=size if each is None else each * np.asarray(size, dtype=np.float64))
         keep = np.flatnonzero(warps)
         reps = None
         if rounds is not None:
             rounds = np.asarray(rounds, dtype=np.float64)
             most = np.zeros(warps.size)
-            np.maximum.at(most, w[each > 0], rounds[each > 0])
-            reps = (np.bincount(w, weights=each * rounds)[keep], most[keep])
+            live = slice(None) if each is None else each > 0
+            np.maximum.at(most, w[live], rounds[live])
+            reps = (np.bincount(w, weights=rounds if each is None else each * rounds)[keep], most[keep])
         return cls(keep, warps[keep], total[keep], reps)
 
     @property
@@ -137,28 +138,31 @@ def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
     return shared_layout(m, ("row_histogram",), build)
 
 
-def group_histogram(lengths: np.ndarray, group: int) -> WarpHistogram:
-    """Warps of G-lane groups over rows of ``lengths`` in order: 32/G rows per warp, shaped by the longest.
+def group_histograms(lengths: np.ndarray) -> dict[int, WarpHistogram]:
+    """Warps of G-lane groups over rows of ``lengths`` in order, for every G of 16, 8, ..., 1: 32/G rows
+    per warp, shaped by the longest. One pass per halving: the longest and total of each 2k consecutive
+    rows come from those of each k (the rows padded with empty ones to whole warps, which are then cut).
 
     Example:
-        >>> h = group_histogram(np.array([1, 5, 2, 2, 7]), group=16)
+        >>> h = group_histograms(np.array([1, 5, 2, 2, 7]))[16]
         >>> h.w.tolist(), h.count.tolist(), h.size.tolist()
         ([2, 5, 7], [1.0, 1.0, 1.0], [4.0, 6.0, 7.0])
     """
-    rows_per_warp = WARP // group
     n = lengths.size
     if n == 0:
-        return EMPTY
-    full = n // rows_per_warp * rows_per_warp
-    parts_w, parts_s = [], []
-    if full:
-        rows = lengths[:full].reshape(-1, rows_per_warp)
-        parts_w.append(rows.max(axis=1))
-        parts_s.append(rows.sum(axis=1))
-    if full < n:  # the last, partial warp
-        parts_w.append(lengths[full:].max(keepdims=True))
-        parts_s.append(lengths[full:].sum(keepdims=True))
-    return WarpHistogram.of_warps(np.concatenate(parts_w), np.concatenate(parts_s))
+        return {WARP >> k: EMPTY for k in range(1, 6)}
+    most = np.zeros(-(-n // WARP) * WARP, dtype=np.int64)
+    most[:n] = lengths
+    total = most.copy()
+    out = {}
+    rows_per_warp = 1
+    while rows_per_warp < WARP:
+        most = np.maximum(most[0::2], most[1::2])
+        total = total[0::2] + total[1::2]
+        rows_per_warp *= 2
+        warps = -(-n // rows_per_warp)
+        out[WARP // rows_per_warp] = WarpHistogram.of_warps(most[:warps], total[:warps])
+    return out
 
 
 def per_row_histogram(m: CanonicalMatrix, lo: int, hi: int | None, warps_per_row: int) -> WarpHistogram:
@@ -192,15 +196,16 @@ def class_lengths(m: CanonicalMatrix, lo: int, hi: int | None) -> np.ndarray:
     return L[keep]
 
 
-def seg_histogram(row_lengths: np.ndarray, layout: str) -> WarpHistogram:
+def seg_histogram(row_lengths: np.ndarray, layout: str, counts: np.ndarray | None = None) -> WarpHistogram:
     """ALIGNED_COO's seg part: every lane holds seg_len slots, so its warps all have that one shape.
+    ``counts``: rows of each of ``row_lengths`` (one each when None).
 
     Example (paper 004's Fig. 2: 4 lanes of 3 slots make one warp streaming 10 entries):
         >>> h = seg_histogram(np.array([3, 1, 2, 2, 1, 1]), "hybrid")
         >>> h.w.tolist(), h.count.tolist(), h.size.tolist()
         ([3], [1.0], [10.0])
     """
-    g = sizes(row_lengths, layout)
+    g = sizes(row_lengths, layout, counts)
     if g.lanes == 0:
         return EMPTY
     return WarpHistogram(np.array([g.seg_len]), np.array([float(-(-g.lanes // WARP))]), np.array([float(g.n_seg)]))
@@ -254,13 +259,17 @@ def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
     def build():
         if s.group in TILE_PARTS:
             return TILE_PARTS[s.group](plan_matrix(m), s)
-        if s.group in ALIGNED_PARTS:
-            return ALIGNED_PARTS[s.group](m.row_lengths, s.layout)
+        if s.group in ALIGNED_PARTS:  # the parts' geometry depends on the rows' lengths, not their order
+            count, _ = row_histogram(m)
+            lengths = np.flatnonzero(count)
+            return ALIGNED_PARTS[s.group](lengths, s.layout, count[lengths].astype(np.int64))
         if s.group == "block":
             return per_row_histogram(m, s.lo, s.hi, s.block // WARP)
         if s.group == WARP:
             return per_row_histogram(m, s.lo, s.hi, 1)
-        return group_histogram(class_lengths(m, s.lo, s.hi), s.group)
+        # Every group size of one class of rows at once: binned's classes come with several.
+        return shared_layout(m, ("group_warps", s.lo, s.hi),
+                             lambda: group_histograms(class_lengths(m, s.lo, s.hi)))[s.group]
     return shared_layout(m, ("warps",) + s.ident, build)
 
 
