@@ -12,6 +12,7 @@ only groups of several rows per warp need a pass over the rows.
 """
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -268,15 +269,25 @@ def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
         if s.group == WARP:
             return per_row_histogram(m, s.lo, s.hi, 1)
         # Every group size of one class of rows at once: binned's classes come with several.
-        return shared_layout(m, ("group_warps", s.lo, s.hi),
-                             lambda: group_histograms(class_lengths(m, s.lo, s.hi)))[s.group]
+        return shared_layout(m, _built_by(s), lambda: group_histograms(class_lengths(m, s.lo, s.hi)))[s.group]
     return shared_layout(m, ("warps",) + s.ident, build)
 
 
-def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int = 8) -> None:
-    """Build many segments' histograms at once (NumPy's passes over the rows release the GIL)."""
-    distinct = list({s.ident: s for s in segments}.values())
-    if len(distinct) > 1 and m.n_rows > (1 << 20):
+def _built_by(s: SegmentSpec) -> tuple:
+    """What building the segment's histogram builds: for lane groups of a few lanes, every group size of
+    its class of rows at once; else its own histogram."""
+    if s.group not in TILE_PARTS and s.group not in ALIGNED_PARTS and s.group not in ("block", WARP):
+        return ("group_warps", s.lo, s.hi)
+    return ("warps",) + s.ident
+
+
+def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | None = None) -> None:
+    """Build many segments' histograms at once (NumPy's passes over the rows release the GIL), on up to 8
+    threads, no more than the CPUs (more only contend)."""
+    # One task per thing built: the group sizes of one class of rows share a pass (see histogram()).
+    distinct = list({_built_by(s): s for s in segments}.values())
+    workers = workers or min(8, os.cpu_count() or 1)
+    if len(distinct) > 1 and m.n_rows > (1 << 20) and workers > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(lambda s: histogram(m, s), distinct))
 
