@@ -147,6 +147,9 @@ def test_packing_follows_algorithm_3_and_figure_1d():
         pack(np.array([1, 2]), 4)
     with pytest.raises(ValueError, match=">= 1"):
         pack(np.array([2, 1]), 0)
+    from tuner.formats.tile_composite import pack_runs
+    with pytest.raises(ValueError, match="distinct"):
+        pack_runs(np.array([2, 2]), np.array([1, 1]), 4)
 
 
 @pytest.mark.parametrize("name", ["power_law", "rectangular_wide", "rectangular_tall", "one_dense_row",

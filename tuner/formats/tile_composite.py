@@ -133,7 +133,7 @@ def pack_runs(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Shapes:
     lengths = np.asarray(lengths, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
     if lengths.size > 1 and np.any(lengths[1:] >= lengths[:-1]):
-        raise ValueError("pack needs row lengths ranked in decreasing order")
+        raise ValueError("pack_runs needs distinct row lengths in decreasing order")
     if wl < 1:
         raise ValueError(f"workload size must be >= 1, got {wl}")
     live_runs = int(np.count_nonzero(lengths))
