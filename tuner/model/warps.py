@@ -276,9 +276,12 @@ def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
 def _built_by(s: SegmentSpec) -> tuple:
     """What building the segment's histogram builds: for lane groups of a few lanes, every group size of
     its class of rows at once; else its own histogram."""
-    if s.group not in TILE_PARTS and s.group not in ALIGNED_PARTS and s.group not in ("block", WARP):
-        return ("group_warps", s.lo, s.hi)
-    return ("warps",) + s.ident
+    return ("group_warps", s.lo, s.hi) if _few_lanes(s) else ("warps",) + s.ident
+
+
+def _few_lanes(s: SegmentSpec) -> bool:
+    """Rows of a lane group narrower than a warp: several rows per warp."""
+    return isinstance(s.group, int) and s.group < WARP
 
 
 def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | None = None) -> None:
