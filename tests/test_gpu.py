@@ -70,7 +70,7 @@ def tiled_specs(m):
         out.append(TileCooParams(width))
         runs = ranked_tile_runs(plan, width)
         n = runs.n_tiles
-        for wl in ((1,) * n, (64,) * n, tuple(fill_workload(*tile_extent(runs, t), 512) for t in range(n))):
+        for wl in ((1,) * n, (64,) * n, tuple(fill_workload(*tile_extent(*runs.tile(t)), 512) for t in range(n))):
             out += [TileCompositeParams(width, wl, pad) for pad in (False, True)]
     return [Specialization("tile_coo" if isinstance(p, TileCooParams) else "tile_composite", p, m.value_dtype,
                            m.index_dtype, m.value_free) for p in out]

@@ -68,10 +68,14 @@ def fill_workload(longest: int, entries: int, active_warps: int) -> int:
     return max(longest, upper // longest * longest) if longest else 1
 
 
-def tile_extent(runs, t: int) -> tuple[int, int]:
-    """(longest row, entries) of tile ``t`` of :class:`~tuner.formats.tiles.RankedRuns` ``runs``."""
-    lengths, counts = runs.tile(t)
-    return (int(lengths[0]) if lengths.size else 0), int(lengths @ counts)
+def tile_extent(lengths: np.ndarray, counts: np.ndarray) -> tuple[int, int]:
+    """(longest row, entries) of a tile of ``counts`` rows of each of ``lengths`` (decreasing).
+
+    Example:
+        >>> tile_extent(np.array([10, 5, 1]), np.array([1, 2, 10_000]))
+        (10, 10020)
+    """
+    return (int(lengths[0]) if len(lengths) else 0), int(np.asarray(lengths) @ np.asarray(counts))
 
 
 def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
@@ -86,7 +90,7 @@ def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
     for width, runs in zip(ws, count_tile_runs(plan, ws)):  # every width counted in one pass
         wl = partition_tiles(plan, width, runs, profile)
         if wl is None:
-            wl = tuple(fill_workload(*tile_extent(runs, t), NOMINAL_ACTIVE_WARPS) for t in range(runs.n_tiles))
+            wl = tuple(fill_workload(*tile_extent(*runs.tile(t)), NOMINAL_ACTIVE_WARPS) for t in range(runs.n_tiles))
         out.append(TileCompositeParams(width, wl, False, BLOCK_SIZE, TILE_ORDER))
     return out
 

@@ -33,12 +33,10 @@ def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int]
 
     def build():
         l1, l2 = cache_sectors(c, "l1"), cache_sectors(c, "l2")
-        if cols is None:
-            return regime_fractions(m.col_lengths, itemsize, l1, l2)
-        a, b = cols
+        a, b = cols if cols is not None else (0, m.n_cols)
         if a % per or (b % per and b != m.n_cols):  # a tile that splits a sector: count its own
             return regime_fractions(m.col_lengths[a:b], itemsize, l1, l2)
-        # Tiles of whole sectors (the widths are) slice the matrix's sector counts, counted once.
+        # The whole matrix, and tiles of whole sectors (the widths are), slice its sector counts, counted once.
         whole = shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))
         return sector_fractions(whole[a // per:-(-b // per)], l1, l2)
     return shared_layout(m, ("gather_fractions", profile.digest, cols), build)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..families.tile_composite import BLOCK_SIZE
+from ..families.tile_composite import BLOCK_SIZE, tile_extent
 from ..formats.tile_composite import pack_runs
 from ..formats.tiles import tile_bounds
 from ..matrix import CanonicalMatrix
@@ -94,9 +94,8 @@ def partition(lengths: np.ndarray, counts: np.ndarray, profile: Profile, keys: d
     if len(lengths) == 0 or lengths[0] == 0:
         return 1, 0.0
     best = (0, np.inf)
-    entries = int(np.asarray(lengths) @ np.asarray(counts))
     rates = length_rates(lengths, profile, keys, fractions)
-    for wl in candidates(int(lengths[0]), entries, profile.max_active_warps(keys["row"])):
+    for wl in candidates(*tile_extent(lengths, counts), profile.max_active_warps(keys["row"])):
         t = tile_time(lengths, counts, wl, profile, keys, fractions, rates)
         if t < best[1]:
             best = (wl, t)
