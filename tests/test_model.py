@@ -1,4 +1,6 @@
 """Model equations against hand-worked examples (paper 003 eq. 1-5, paper 004 Algorithms 1 and 3)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -11,7 +13,8 @@ from tuner.formats.binned import build_binned
 from tuner.matrix import canonicalize
 from tuner.model import Profile, load_profile, predict_baseline, predict_lookup, predict_many
 from tuner.model.aligned_coo import choose_hybrid, cost_aligned_coo_seg, cost_coo_flat, segment_size
-from tuner.model.locality import cache_sectors, che_hit_rate, fit_capacity, regime_fractions
+from tuner.model.locality import (CacheLevel, cache_sectors, che_hit_rate, fit_capacity, footprint, regime_fractions,
+                                  sweep_level)
 from tuner.model.occupancy import active_warps_per_sm
 from tuner.model.warps import WarpHistogram, warp_segments
 from tuner.model.waves import wave_time
@@ -158,6 +161,60 @@ def test_fit_capacity_recovers_the_capacity_of_a_measured_sweep():
 def test_cache_capacity_prefers_the_measured_value():
     assert cache_sectors({"l2_bytes": 1 << 20, "l2_sectors": 123.0}, "l2") == 123.0
     assert cache_sectors({"l2_bytes": 1 << 20}, "l2") == (1 << 20) / 2 / 32
+
+
+def test_cache_level_reproduces_the_sweep_for_uniform_gathers():
+    # A sweep whose cache serves everything up to 1024 sectors, then fades faster than an LRU would.
+    cols = [2048, 4096, 8192, 16384, 32768, 65536]  # float32: 256 .. 8192 sectors
+    ms = [1.0, 1.0, 1.2, 1.7, 1.95, 2.0]
+    level = sweep_level(cols, ms, capacity=1500.0, hit_columns=2048)
+    assert level.footprints == (256.0, 512.0, 1024.0, 2048.0, 4096.0)
+    assert level.hits == pytest.approx((1.0, 1.0, 0.8, 0.3, 0.05))
+    for sectors, measured in ((1024, 0.8), (2048, 0.3), (4096, 0.05)):
+        assert level.hit_rate(np.full(sectors, 7)) == pytest.approx(measured, rel=1e-6)
+    # Beyond the sweep the ratio to the LRU holds: 0.05 / (1500 / 4096) of Che's 1500 / 16384.
+    assert level.hit_rate(np.full(16384, 7)) == pytest.approx(0.05 / (1500 / 4096) * 1500 / 16384, rel=1e-6)
+    # A few hot sectors among many cold ones still hit (Che), far more than uniform gathers over as many.
+    skewed = np.ones(16384, np.int64)
+    skewed[:200] = 5000
+    assert level.hit_rate(skewed) > 0.9 > 0.3 > level.hit_rate(np.ones(16384, np.int64))
+    # Without a sweep the level is Che's LRU of its capacity.
+    assert CacheLevel(1500.0).hit_rate(np.full(3000, 7)) == pytest.approx(0.5, rel=1e-6)
+    with pytest.raises(ValueError, match="three sizes"):
+        sweep_level([2048, 4096], [1.0, 2.0], 1500.0, 2048)
+
+
+def test_cache_level_reads_the_profile_sweep_or_falls_back_to_the_fitted_capacity():
+    from tuner.model.lookup import cache_level
+    constants = {"l1_sectors": 1500.0, "l1_bytes": 262144}
+    sweep = {"columns": [2048, 4096, 8192, 16384], "ms": [1.0, 1.0, 1.5, 2.0], "sectors": 1500.0}
+    prof = Profile(gpu={}, constants=constants, tables={}, digest="d", caches={"l1": sweep},
+                   regime_columns={"l1": 2048})
+    assert cache_level(prof, "l1") == CacheLevel(1500.0, (256.0, 512.0, 1024.0), (1.0, 1.0, 0.5))
+    flat = dict(sweep, ms=[1.0, 1.0, 1.0, 1.0])  # nothing to read off: the LRU of the fitted capacity
+    assert cache_level(replace(prof, caches={"l1": flat}), "l1") == CacheLevel(1500.0)
+    assert cache_level(replace(prof, caches={}), "l1") == CacheLevel(1500.0)
+
+
+def test_footprint_is_the_number_of_sectors_uniform_gathers_would_spread_over():
+    assert footprint(np.full(300, 4)) == pytest.approx(300)
+    assert footprint(np.array([0, 0, 9])) == pytest.approx(1.0) and footprint(np.zeros(3)) == 0.0
+    assert 1 < footprint(np.array([1000, 1, 1, 1, 1])) < 1.1
+
+
+def test_h100_profile_l1_serves_fewer_gathers_of_the_widest_tile():
+    # The tile widths are a quarter of the L1's columns and its multiples: uniform gathers over the widest
+    # tile's slice of x hit the L1 measurably less often than over the narrower ones (the sweep of the
+    # committed profile); an LRU of the fitted capacity would serve all three alike.
+    from tuner.formats.tiles import tile_widths
+    from tuner.model.lookup import cache_level
+    profile = load_profile("NVIDIA H100 80GB HBM3")
+    level = cache_level(profile, "l1")
+    widths = tile_widths(cache_sectors(profile.constants, "l1"), 4, 10 ** 7)
+    hits = [level.hit_rate(np.full(w // 8, 3)) for w in widths]
+    assert hits[0] > 0.98 and hits[0] >= hits[1] > hits[2] + 0.03
+    assert [che_hit_rate(np.full(w // 8, 3), level.capacity) for w in widths[:2]] == [1.0, 1.0]
+    assert cache_level(profile, "l2").hit_rate(np.full(40000, 3)) > 0.99
 
 
 def test_lookup_prediction_equals_hand_computation(profile):

@@ -131,6 +131,12 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     again = profile.run(out, profile.REDUCED)  # resumed: nothing left to measure
     assert json.loads(before)["tables"] == again["tables"]
     assert prof["constants"] == again["constants"]
+    # Only the cache sweeps measured again; the file records the run that changed it.
+    remeasured = profile.run(out, profile.REDUCED, remeasure_caches=True)
+    assert remeasured["tables"] == again["tables"] and remeasured["alone"] == again["alone"]
+    assert remeasured["caches"]["l1"]["columns"] == list(profile.REDUCED.l1_sweep)
+    assert min(remeasured["caches"]["l1"]["ms"]) < remeasured["caches"]["l2"]["ms"][-1]
+    assert " ; then python -m tuner" in remeasured["command"]
 
 
 # The H200 profile was measured before aligned_coo and the tiled families existed (the planner leaves them

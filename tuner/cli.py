@@ -82,7 +82,7 @@ def cmd_profile(args) -> int:
         return NO_GPU_EXIT
     grid = profile.REDUCED if args.reduced else profile.Grid()
     prof = profile.run(Path(args.out) if args.out else None, grid, cache_dir=args.cache_dir,
-                       remeasure_constants=args.remeasure_constants,
+                       remeasure_constants=args.remeasure_constants, remeasure_caches=args.remeasure_caches,
                        progress=lambda total: tqdm(total=total, desc="profile", unit="shape", file=sys.stderr))
     c = prof["constants"]
     print(f"{prof['gpu']['name']}: {c['sm_count']} SMs, {c['max_warps_per_sm']} warps/SM, L2 {c['l2_bytes'] >> 20} MB, "
@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remeasure-constants", action="store_true",
                    help="measure the constants (bandwidth, launch overhead, cache capacities, tail factor) and "
                         "lone-row times again, keeping the measured tables")
+    p.add_argument("--remeasure-caches", action="store_true",
+                   help="measure only the cache sweeps again (the hit-rate curves and capacities the model reads), "
+                        "keeping everything else")
     common(p)
     p.set_defaults(func=cmd_profile)
 

@@ -57,8 +57,11 @@ class Grid:
     repeats: int = 15
     alone_widths: tuple = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
     cache_nnz: int = 16 << 20
-    l1_sweep: tuple = tuple(2 ** k for k in range(11, 20))  # columns of x: 8 KB .. 2 MB of float32
-    l2_sweep: tuple = tuple(2 ** k for k in range(19, 27))  # 2 MB .. 256 MB
+    # Columns of x, in quarter (L1) and half (L2) octaves: the model reads the hit rate off these curves
+    # (:class:`~tuner.model.locality.CacheLevel`), and the real caches' knees are not sharp. Each sweep ends
+    # where its cache serves next to nothing (8 MB for L1, 512 MB for L2).
+    l1_sweep: tuple = tuple(round(2 ** (k / 4)) for k in range(44, 85))  # 8 KB .. 8 MB of float32
+    l2_sweep: tuple = tuple(round(2 ** (k / 2)) for k in range(38, 55))  # 2 MB .. 512 MB
 
 
 REDUCED = Grid(widths=(1, 4, 32, 256), target_nnz=1 << 20, max_nnz=4 << 20, value_free=(True,), repeats=5,
@@ -287,16 +290,24 @@ def _versions() -> dict:
 
 
 def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=None,
-        remeasure_constants: bool = False) -> dict:
+        remeasure_constants: bool = False, remeasure_caches: bool = False) -> dict:
     """Measure this GPU and write the profile to ``out`` (default ``models/<gpu-slug>/profile.json``).
 
     Resumable: points already in ``out`` (same GPU, same format) are kept and not measured again;
-    ``remeasure_constants`` measures the constants and the lone-row times again and keeps the tables.
+    ``remeasure_constants`` measures the constants and the lone-row times again and keeps the tables;
+    ``remeasure_caches`` measures only the cache sweeps again (and their capacities).
     """
     info = gpu.device_info()
     out = Path(out) if out is not None else profile_path(info.name)
     cache = Cache(cache_dir)
+    resumed = out.is_file()
     prof = _start(out, info, grid, cache, remeasure_constants)
+    this = " ".join(["python -m tuner"] + sys.argv[1:])
+    if resumed and this not in prof["command"].split(" ; then "):  # the file says how it came to be
+        prof["command"] = f"{prof['command']} ; then {this}"
+    if remeasure_caches and resumed and not remeasure_constants:  # otherwise just measured
+        warm_up()
+        _record_caches(prof, measure_caches(info, grid, info.arch, cache))
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())  # constants first: resumable from here
     todo_variants = variants(grid.value_free)

@@ -7,8 +7,17 @@ LRU cache of K sectors hits a stream that requests sectors in those proportions:
 exact enough for caches of thousands of lines. K is each cache's *effective* capacity for gathers while the
 matrix streams past, measured by the profile (uniform gathers over a growing x, :func:`fit_capacity`);
 without that measurement, half the nominal size stands in.
+
+A real cache is not that LRU: the sweep shows misses before x reaches K and fewer hits than K / S beyond
+it (the streamed indices and values share the cache, and its sets are not fully associative). Where the
+profile kept its sweep, each level (:class:`CacheLevel`) therefore scales Che's hit rate by what the sweep
+measured over what the LRU of K predicts for uniform gathers over as many sectors as the matrix's gathers
+effectively spread over (:func:`footprint`): uniform gathers then hit exactly as measured, and a few hot
+sectors among many cold ones still hit as Che says.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -68,7 +77,84 @@ def che_hit_rate(counts: np.ndarray, capacity: float) -> float:
     return float((mult * q * -np.expm1(-q * t)).sum())
 
 
-def regime_fractions(col_lengths: np.ndarray, itemsize: int, l1_sectors: float, l2_sectors: float) -> np.ndarray:
+@dataclass(frozen=True)
+class CacheLevel:
+    """One cache level for gathers: its LRU capacity and how the real cache departs from that LRU.
+
+    Attributes:
+        capacity: K, the effective LRU capacity in sectors (:func:`fit_capacity`, or a nominal share).
+        footprints: sectors of x the profile's sweep gathered uniformly from, increasing (empty: no sweep).
+        hits: the share of those gathers the level served at each footprint, relative to the profile's
+            table of that level (1 where x is as small as there).
+    """
+
+    capacity: float
+    footprints: tuple = ()
+    hits: tuple = ()
+
+    def hit_rate(self, counts: np.ndarray) -> float:
+        """Share of gathers (``counts`` per sector) this level serves: Che's LRU hit rate times the
+        measured over the LRU hit rate of uniform gathers over the :func:`footprint` of ``counts`` (held
+        at the sweep's ends beyond them).
+
+        Example (an LRU of 2 sectors that the sweep found to hit half as often at 4):
+            >>> c = CacheLevel(2.0, (1.0, 2.0, 4.0), (1.0, 1.0, 0.25))
+            >>> [round(c.hit_rate(n), 3) for n in (np.full(4, 8), np.array([8, 0, 0, 0]))], round(CacheLevel(2.0).hit_rate(np.full(4, 8)), 3)
+            ([0.25, 1.0], 0.5)
+        """
+        return che_hit_rate(counts, self.capacity) * self.departure(footprint(counts))
+
+    def departure(self, spread: float) -> float:
+        """Measured over LRU hit rate of uniform gathers over ``spread`` sectors (1 without a sweep)."""
+        if not self.footprints:
+            return 1.0
+        fp = np.asarray(self.footprints)
+        lru = np.minimum(1.0, self.capacity / fp)
+        ratio = np.minimum(np.asarray(self.hits) / lru, 1.0)
+        return float(np.interp(np.log(max(spread, 1.0)), np.log(fp), ratio))
+
+
+def sweep_level(columns, ms, capacity: float, hit_columns: float, itemsize: int = 4) -> CacheLevel:
+    """:class:`CacheLevel` of LRU ``capacity`` (sectors) from a profile sweep: uniform gathers over
+    ``columns`` of x took ``ms``.
+
+    The time at ``hit_columns`` (where the profile measured that level's table) counts as all hits and the
+    sweep's last point as all misses; the hit share in between is linear in time. The points up to the last
+    that still hits are kept (beyond it the ratio to the LRU holds).
+
+    Example:
+        >>> c = sweep_level([1000, 2000, 4000, 8000], [1.0, 1.0, 2.0, 3.0], 2000.0, hit_columns=1000, itemsize=32)
+        >>> c.hits, c.footprints
+        ((1.0, 1.0, 0.5), (1000.0, 2000.0, 4000.0))
+    """
+    cols = np.asarray(columns, dtype=np.float64)
+    t = np.asarray(ms, dtype=np.float64)
+    t_hit = float(np.interp(np.log(hit_columns), np.log(cols), t))
+    if cols.size < 3 or t[-1] <= t_hit:
+        raise ValueError("sweep_level needs at least three sizes whose last one is slower than the hit point")
+    h = np.clip((t[-1] - t) / (t[-1] - t_hit), 0.0, 1.0)
+    keep = int(np.flatnonzero(h > 0)[-1]) + 1
+    sectors = cols * itemsize / SECTOR_BYTES
+    return CacheLevel(float(capacity), tuple(sectors[:keep].tolist()), tuple(h[:keep].tolist()))
+
+
+def footprint(counts: np.ndarray) -> float:
+    """How many sectors the gathers effectively spread over: the perplexity exp(entropy) of their
+    distribution (S for uniform gathers over S sectors, far fewer when a few are hot).
+
+    Example:
+        >>> footprint(np.array([3, 3, 3, 3, 0])), round(footprint(np.array([1000, 1, 1, 1])), 2)
+        (4.0, 1.02)
+    """
+    c = np.asarray(counts, dtype=np.float64)
+    c = c[c > 0]
+    if c.size == 0:
+        return 0.0
+    p = c / c.sum()
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+def regime_fractions(col_lengths: np.ndarray, itemsize: int, l1_sectors, l2_sectors) -> np.ndarray:
     """Fractions of gathers served by (L1, L2, device memory); they sum to 1.
 
     Example:
@@ -78,15 +164,19 @@ def regime_fractions(col_lengths: np.ndarray, itemsize: int, l1_sectors: float, 
     return sector_fractions(sector_counts(col_lengths, itemsize), l1_sectors, l2_sectors)
 
 
-def sector_fractions(sectors: np.ndarray, l1_sectors: float, l2_sectors: float) -> np.ndarray:
-    """:func:`regime_fractions` from the accesses per sector (:func:`sector_counts`).
+def sector_fractions(sectors: np.ndarray, l1_sectors, l2_sectors) -> np.ndarray:
+    """:func:`regime_fractions` from the accesses per sector (:func:`sector_counts`); each capacity is a
+    number of sectors or a :class:`CacheLevel`.
 
     Example:
         >>> sector_fractions(np.full(8, 8), l1_sectors=2, l2_sectors=4).round(3).tolist()
         [0.25, 0.25, 0.5]
+        >>> sector_fractions(np.full(8, 8), CacheLevel(2.0, (4.0, 8.0), (0.5, 0.125)), 4).round(3).tolist()
+        [0.125, 0.375, 0.5]
     """
-    h1 = che_hit_rate(sectors, l1_sectors)
-    h2 = max(che_hit_rate(sectors, l2_sectors), h1)
+    h1, h2 = (c.hit_rate(sectors) if isinstance(c, CacheLevel) else che_hit_rate(sectors, c)
+              for c in (l1_sectors, l2_sectors))
+    h2 = max(h2, h1)
     return np.array([h1, h2 - h1, 1.0 - h2])
 
 

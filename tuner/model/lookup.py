@@ -6,7 +6,8 @@ import numpy as np
 from ..families.base import Specialization, ordered_structure, shared_layout
 from ..formats.reorder import NONE
 from ..matrix import CanonicalMatrix
-from .locality import SECTOR_BYTES, cache_sectors, regime_fractions, sector_counts, sector_fractions
+from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, sector_fractions,
+                       sweep_level)
 from .profile_data import REGIMES, Profile
 from .warps import SEGMENTS, WarpHistogram, prebuild, warp_segments
 
@@ -23,16 +24,29 @@ def table_for(profile: Profile, key: str) -> tuple[str, int]:
     return key, 4 if key.endswith(":vf") else 8
 
 
+def cache_level(profile: Profile, level: str) -> CacheLevel:
+    """Cache ``level`` ('l1' or 'l2') for gathers: its fitted LRU capacity and, where the profile kept a
+    readable sweep, how the real cache departs from it (:func:`~tuner.model.locality.sweep_level`)."""
+    sweep = (profile.caches or {}).get(level)
+    hit_columns = (profile.regime_columns or {}).get(level)
+    capacity = cache_sectors(profile.constants, level)
+    if sweep and hit_columns:
+        try:
+            return sweep_level(sweep["columns"], sweep["ms"], capacity, hit_columns)
+        except ValueError:  # a sweep too flat to read (a reduced grid): the fitted LRU alone
+            pass
+    return CacheLevel(capacity)
+
+
 def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int] | None = None) -> np.ndarray:
     """Shares of the gathers of x served by L1, L2 and memory (see :mod:`tuner.model.locality`), for the
     whole matrix or for the columns ``cols`` = (first, end) of one tile, whose warps gather from its slice
     of x alone."""
-    c = profile.constants
     itemsize = m.value_dtype.itemsize
     per = max(SECTOR_BYTES // itemsize, 1)
 
     def build():
-        l1, l2 = cache_sectors(c, "l1"), cache_sectors(c, "l2")
+        l1, l2 = cache_level(profile, "l1"), cache_level(profile, "l2")
         a, b = cols if cols is not None else (0, m.n_cols)
         if a % per or (b % per and b != m.n_cols):  # a tile that splits a sector: count its own
             return regime_fractions(m.col_lengths[a:b], itemsize, l1, l2)

@@ -40,6 +40,9 @@ class Profile:
         alone: kernel key -> {regime: {w: ms}}: the time one row of w entries takes on its own (one warp,
             or one block): the latency a full GPU hides and a lone long row does not.
         digest: sha256 of the file, part of plan cache keys.
+        caches: {"l1"|"l2": {"columns": [...], "ms": [...], "sectors": K}}: the sweeps of uniform gathers
+            over a growing x that measured the effective capacities (absent in hand-made profiles).
+        regime_columns: {regime: columns of x} the tables were measured with.
     """
 
     gpu: dict
@@ -47,6 +50,8 @@ class Profile:
     tables: dict
     digest: str
     alone: dict = None
+    caches: dict = None
+    regime_columns: dict = None
 
     @classmethod
     def from_json(cls, text: str) -> "Profile":
@@ -55,7 +60,8 @@ class Profile:
             raise ValueError(f"profile format {raw.get('format')!r} is not this tool's {FORMAT} (timings and "
                              f"constants changed): measure again with `python -m tuner profile`")
         return cls(gpu=raw["gpu"], constants=raw["constants"], tables=raw["tables"],
-                   digest=hashlib.sha256(text.encode()).hexdigest(), alone=raw.get("alone", {}))
+                   digest=hashlib.sha256(text.encode()).hexdigest(), alone=raw.get("alone", {}),
+                   caches=raw.get("caches", {}), regime_columns=raw.get("grid", {}).get("regime_columns", {}))
 
     def max_active_warps(self, key: str) -> int:
         """Warps resident on the whole GPU at once for that kernel (eq. 1's MAX_ACT_WARP/SM x NUM_SM)."""
