@@ -123,9 +123,17 @@ def test_report_repredict_rewrites_predictions_from_a_csv_without_gpu(tmp_path, 
             Row("rmat:9", 0, "csr_vector", "csr_vector(y)", 99.0, 1.0, 0.03,
                 params=json.dumps({**params, "threads_per_row": 32}))]
     write_csv(rows, tmp_path / "report.csv")
+    measured = {"gpu": "H100", "created": "2026-11-22T03:37:41Z", "command": "python -m tuner report rmat:9",
+                "matrices": {"rmat:9": {"nnz": 5}}, "profile_digest": "old", "overall": {}}
+    (tmp_path / "report.json").write_text(json.dumps(measured))
     out = tmp_path / "again"
     assert cli.main(["report", "rmat:9", "--from-csv", str(tmp_path / "report.csv"), "--repredict",
                      "--out", str(out)]) == 0  # the profile beside the CSV is the default
     again = read_csv(out / "report.csv")
     assert [r.measured_ms for r in again] == [0.02, 0.03] and all(0 < r.predicted_ms < 1 for r in again)
     assert "lookup" in capsys.readouterr().out
+    # The measured run's record stays; the command and the profile are now also the repredicting ones.
+    meta = json.loads((out / "report.json").read_text())
+    assert meta["gpu"] == "H100" and meta["created"] == measured["created"] and meta["matrices"] == measured["matrices"]
+    assert meta["command"].startswith("python -m tuner report rmat:9 ; then python -m tuner report rmat:9 --from-csv")
+    assert meta["profile_digest"] not in ("old", None) and meta["overall"]["lookup"]["mdape"] > 0

@@ -116,6 +116,10 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     # Gathers over an x far larger than L2 are slower than over one inside L1.
     assert prof["caches"]["l2"]["ms"][-1] > prof["caches"]["l1"]["ms"][0]
     assert 0 <= c["tail_factor"] < 10 and len(prof["tail"]["points"]) == len(profile.TAIL_WIDTHS)
+    # The tail factor against the bulk's work: bulks growing fourfold, the largest one's factor the constant.
+    curve = prof["tail"]["curve"]
+    assert [b["bulk_nnz"] for b in curve] == sorted(b["bulk_nnz"] for b in curve)
+    assert curve[0]["work_ms"] < curve[-1]["work_ms"] and curve[-1]["factor"] == c["tail_factor"]
     for key, table in loaded.tables.items():
         assert table["max_active_warps"] >= c["sm_count"]
         for r in REGIMES:
@@ -131,11 +135,12 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     again = profile.run(out, profile.REDUCED)  # resumed: nothing left to measure
     assert json.loads(before)["tables"] == again["tables"]
     assert prof["constants"] == again["constants"]
-    # Only the cache sweeps measured again; the file records the run that changed it.
-    remeasured = profile.run(out, profile.REDUCED, remeasure_caches=True)
+    # Only the cache sweeps and the tail measured again; the file records the run that changed it.
+    remeasured = profile.run(out, profile.REDUCED, remeasure_caches=True, remeasure_tail=True)
     assert remeasured["tables"] == again["tables"] and remeasured["alone"] == again["alone"]
     assert remeasured["caches"]["l1"]["columns"] == list(profile.REDUCED.l1_sweep)
     assert min(remeasured["caches"]["l1"]["ms"]) < remeasured["caches"]["l2"]["ms"][-1]
+    assert len(remeasured["tail"]["curve"]) == len(profile.TAIL_BULK_SHARES)
     assert " ; then python -m tuner" in remeasured["command"]
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -83,6 +84,7 @@ def cmd_profile(args) -> int:
     grid = profile.REDUCED if args.reduced else profile.Grid()
     prof = profile.run(Path(args.out) if args.out else None, grid, cache_dir=args.cache_dir,
                        remeasure_constants=args.remeasure_constants, remeasure_caches=args.remeasure_caches,
+                       remeasure_tail=args.remeasure_tail,
                        progress=lambda total: tqdm(total=total, desc="profile", unit="shape", file=sys.stderr))
     c = prof["constants"]
     print(f"{prof['gpu']['name']}: {c['sm_count']} SMs, {c['max_warps_per_sm']} warps/SM, L2 {c['l2_bytes'] >> 20} MB, "
@@ -96,11 +98,15 @@ def cmd_report(args) -> int:
 
     from . import bench, report
     from .model import load_profile
-    command = "python -m tuner " + " ".join(sys.argv[1:])
+    command = args.command_line
     bar = lambda s: tqdm(s, desc="report", unit="matrix", file=sys.stderr)  # noqa: E731
     if args.from_csv:
         rows = report.read_csv(Path(args.from_csv))
-        meta = {"command": command}
+        # The measured report's record (GPU, matrices, when, how) stays, with this command after its own.
+        prior = Path(args.from_csv).parent / "report.json"
+        meta = {k: v for k, v in (json.loads(prior.read_text()) if prior.is_file() else {}).items()
+                if k in ("gpu", "matrices", "created", "command", "profile_digest")}
+        meta["command"] = f"{meta['command']} ; then {command}" if meta.get("command") else command
         if args.repredict:  # default profile: the one beside the CSV, as under models/<gpu-slug>/
             prof = load_profile("", args.profile or Path(args.from_csv).parent / "profile.json")
             suite = args.suite or bench.default_suite(args.data_dir, report=True)
@@ -193,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remeasure-caches", action="store_true",
                    help="measure only the cache sweeps again (the hit-rate curves and capacities the model reads), "
                         "keeping everything else")
+    p.add_argument("--remeasure-tail", action="store_true",
+                   help="measure only the tail factor again (how much slower a long row runs beside bulks of "
+                        "other warps of three sizes than alone), keeping everything else")
     common(p)
     p.set_defaults(func=cmd_profile)
 
@@ -231,6 +240,7 @@ def tuning(p) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m tuner`` and the ``sparse-tuner`` script."""
     args = build_parser().parse_args(argv)
+    args.command_line = " ".join(["python -m tuner"] + (sys.argv[1:] if argv is None else list(argv)))
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, codegen.CompileError, codegen.ToolchainError) as exc:

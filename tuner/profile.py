@@ -235,6 +235,7 @@ def measure_caches(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache) ->
 
 TAIL_WIDTHS = (16384, 65536, 262144)  # long rows dropped into the middle of a GPU-filling bulk
 TAIL_BULK_WIDTH = 16
+TAIL_BULK_SHARES = (16, 4, 1)  # the bulks of the tail measurement: cache_nnz over these, largest last
 
 
 def with_long_row(bulk: CanonicalMatrix, width: int, seed: int) -> CanonicalMatrix:
@@ -256,28 +257,35 @@ def with_long_row(bulk: CanonicalMatrix, width: int, seed: int) -> CanonicalMatr
                            pattern_value=bulk.pattern_value)
 
 
-def measure_tail(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache) -> dict:
-    """How much slower a long row runs among other warps than alone (the tail factor).
+def measure_tail(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, launch_ms: float) -> dict:
+    """How much slower a long row runs among other warps than alone (the tail factor), against how long
+    the other warps run.
 
-    One long row of W entries goes into the middle of a bulk of short rows that fills the GPU (32-lane
-    kernel, x in L2), so it starts about halfway through the bulk; where the kernel then outlasts the bulk,
-    the row ran for (time - bulk / 2) against its time alone. The factor is the median of that ratio over
-    the rows that did outlast the bulk (1 when none did: the grid's rows were too short to tell).
+    One long row of W entries goes into the middle of a bulk of short rows (32-lane kernel, x in L2), so
+    it starts about halfway through the bulk; where the kernel then outlasts the bulk, the row ran for
+    (time - bulk / 2) against its time alone. A bulk's factor is the median of that ratio over the rows
+    that did outlast it (1 when none did). The bulks hold 1/16, 1/4 and all of ``grid.cache_nnz``
+    entries: beside a bulk of a few microseconds a row runs as fast as alone, beside a long one about
+    twice as slow, all its life (``curve``: each bulk's work beyond the launch, and its factor). ``factor``
+    and ``points`` are the largest bulk's.
     """
     n_cols = regimes(info)["l2"]
-    bulk = synthetic(TAIL_BULK_WIDTH, max(grid.cache_nnz // TAIL_BULK_WIDTH, 1), n_cols, True, seed=7)
 
     def ms(m):
         return median_ms(m, "csr_vector", WARP_PER_ROW, arch, cache)
 
-    base = ms(bulk)
-    points = {}
-    for w in TAIL_WIDTHS:
-        alone = ms(synthetic(w, 1, n_cols, True, seed=w))
-        points[str(w)] = {"bulk_ms": base, "with_row_ms": ms(with_long_row(bulk, w, seed=w)), "alone_ms": alone}
-    factors = [(p["with_row_ms"] - TAIL_START * p["bulk_ms"]) / p["alone_ms"] for p in points.values()
-               if p["with_row_ms"] > 1.05 * p["bulk_ms"]]
-    return {"factor": float(np.median(factors)) if factors else 1.0, "start": TAIL_START, "points": points}
+    alone = {w: ms(synthetic(w, 1, n_cols, True, seed=w)) for w in TAIL_WIDTHS}
+    curve = []
+    for share in TAIL_BULK_SHARES:
+        bulk = synthetic(TAIL_BULK_WIDTH, max(grid.cache_nnz // share // TAIL_BULK_WIDTH, 1), n_cols, True, seed=7)
+        base = ms(bulk)
+        points = {str(w): {"bulk_ms": base, "with_row_ms": ms(with_long_row(bulk, w, seed=w)), "alone_ms": alone[w]}
+                  for w in TAIL_WIDTHS}
+        factors = [(p["with_row_ms"] - TAIL_START * p["bulk_ms"]) / p["alone_ms"] for p in points.values()
+                   if p["with_row_ms"] > 1.05 * p["bulk_ms"]]
+        curve.append({"bulk_nnz": int(bulk.nnz), "work_ms": max(base - launch_ms, 1e-6),
+                      "factor": float(np.median(factors)) if factors else 1.0, "points": points})
+    return {"factor": curve[-1]["factor"], "start": TAIL_START, "points": curve[-1]["points"], "curve": curve}
 
 
 def _versions() -> dict:
@@ -290,12 +298,13 @@ def _versions() -> dict:
 
 
 def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=None,
-        remeasure_constants: bool = False, remeasure_caches: bool = False) -> dict:
+        remeasure_constants: bool = False, remeasure_caches: bool = False, remeasure_tail: bool = False) -> dict:
     """Measure this GPU and write the profile to ``out`` (default ``models/<gpu-slug>/profile.json``).
 
     Resumable: points already in ``out`` (same GPU, same format) are kept and not measured again;
     ``remeasure_constants`` measures the constants and the lone-row times again and keeps the tables;
-    ``remeasure_caches`` measures only the cache sweeps again (and their capacities).
+    ``remeasure_caches`` and ``remeasure_tail`` measure only the cache sweeps (and their capacities) or the
+    tail factor again.
     """
     info = gpu.device_info()
     out = Path(out) if out is not None else profile_path(info.name)
@@ -305,9 +314,12 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
     this = " ".join(["python -m tuner"] + sys.argv[1:])
     if resumed and this not in prof["command"].split(" ; then "):  # the file says how it came to be
         prof["command"] = f"{prof['command']} ; then {this}"
-    if remeasure_caches and resumed and not remeasure_constants:  # otherwise just measured
+    if (remeasure_caches or remeasure_tail) and resumed and not remeasure_constants:  # else just measured
         warm_up()
-        _record_caches(prof, measure_caches(info, grid, info.arch, cache))
+        if remeasure_caches:
+            _record_caches(prof, measure_caches(info, grid, info.arch, cache))
+        if remeasure_tail:
+            _record_tail(prof, measure_tail(info, grid, info.arch, cache, prof["constants"]["launch_overhead_ms"]))
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())  # constants first: resumable from here
     todo_variants = variants(grid.value_free)
@@ -364,7 +376,7 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
                 c["launch_overhead_ms"] = measure_launch_overhead(info.arch, cache)
                 c.pop("batch_latency_ms", None)
                 _record_caches(prof, measure_caches(info, grid, info.arch, cache))
-                _record_tail(prof, measure_tail(info, grid, info.arch, cache))
+                _record_tail(prof, measure_tail(info, grid, info.arch, cache, c["launch_overhead_ms"]))
                 prof["alone"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"])
             else:  # kernel shapes added since the profile was made
                 prof["alone"].update(measure_alone(info, grid, info.arch, cache,
@@ -394,7 +406,7 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
                    for v in variants(grid.value_free)},
     }
     _record_caches(prof, measure_caches(info, grid, info.arch, cache))
-    _record_tail(prof, measure_tail(info, grid, info.arch, cache))
+    _record_tail(prof, measure_tail(info, grid, info.arch, cache, launch_ms))
     return prof
 
 

@@ -73,8 +73,8 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     every candidate. The kernel also lasts at least as long as the slot time of its warps alone, and as
     the slowest warp of each launch segment: blocks are dispatched in index order, so that warp starts
     after the work of the segments launched before it plus, on average, half of its own segment's work,
-    and runs for its time alone times the profile's tail factor (the slowdown among other warps,
-    ``profile.measure_tail``). A long row in binned's last class therefore starts near the end.
+    and runs for its time alone times the profile's tail factor for a kernel of this much work
+    (:func:`tail_factor`). A long row in binned's last class therefore starts near the end.
 
     A relabelled candidate is predicted on the permuted matrix's lengths (its hot columns packed into
     few sectors) plus its two gathers, of x into its order and of y back (:func:`reorder_ms`).
@@ -88,8 +88,7 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
                              profile.constants)
         m = ordered_structure(m, order)
     entry_bytes = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
-    tail_factor = profile.constants.get("tail_factor", DEFAULT_TAIL_FACTOR)
-    work, alone_sum, tail, max_active = 0.0, 0.0, 0.0, 1
+    work, alone_sum, max_active, slowest = 0.0, 0.0, 1, []
     for seg in warp_segments(m, spec.family, spec.params):
         if seg.warps.w.size == 0:
             continue
@@ -99,13 +98,40 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
         w_sum, a_sum, a_max = shared_layout(m, ("segment", seg.ident, key, profile.digest),
                                             lambda: _segment_sums(profile, key, seg.warps, fractions))
         seg_work = w_sum * entry_bytes / profiled_bytes
-        # The segment's slowest warp starts after the earlier segments' work and somewhere in its own,
-        # and runs slower than alone (the tail factor); the kernel ends when it does, if after the bulk.
-        tail = max(tail, work + TAIL_START * seg_work + tail_factor * a_max)
+        # The segment's slowest warp starts after the earlier segments' work and somewhere in its own.
+        slowest.append((work + TAIL_START * seg_work, a_max))
         work += seg_work
         alone_sum += a_sum
+    # It runs slower than alone by the tail factor of a bulk of this kernel's work; the kernel ends when it
+    # does, if after the bulk.
+    factor = tail_factor(profile, work)
+    tail = max((start + factor * a_max for start, a_max in slowest), default=0.0)
     t = max(work, alone_sum / max_active, tail)
     return float(profile.constants["launch_overhead_ms"] + t + gathers)
+
+
+def tail_factor(profile: Profile, work_ms: float) -> float:
+    """How much slower than alone a long row runs in a kernel whose bulk of other warps takes ``work_ms``:
+    the profile's measured curve (:func:`tuner.profile.measure_tail`), interpolated in log work and held
+    at its ends; a profile without the curve gives its one factor.
+
+    A long row beside a bulk of a few microseconds runs as fast as alone, beside one of 0.16 ms twice as
+    slow (H100), and the slowdown outlasts the bulk: it is not a share of the SM while the others run.
+
+    Example:
+        >>> from types import SimpleNamespace as P
+        >>> p = P(constants={"tail_factor": 2.0}, tail={"curve": [{"work_ms": 0.01, "factor": 1.0},
+        ...                                                      {"work_ms": 0.1, "factor": 2.0}]})
+        >>> tail_factor(p, 0.001), round(tail_factor(p, 0.0316), 2), tail_factor(p, 1.0)
+        (1.0, 1.5, 2.0)
+        >>> tail_factor(P(constants={"tail_factor": 1.7}, tail=None), 0.5)
+        1.7
+    """
+    curve = sorted((c["work_ms"], c["factor"]) for c in (profile.tail or {}).get("curve", ()) if c["work_ms"] > 0)
+    if not curve:
+        return float(profile.constants.get("tail_factor", DEFAULT_TAIL_FACTOR))
+    x, f = zip(*curve)
+    return float(np.interp(np.log(max(work_ms, 1e-9)), np.log(x), f))
 
 
 def reorder_ms(n_rows: int, n_cols: int, index_bytes: int, value_bytes: int, constants: dict) -> float:

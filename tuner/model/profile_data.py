@@ -43,6 +43,7 @@ class Profile:
         caches: {"l1"|"l2": {"columns": [...], "ms": [...], "sectors": K}}: the sweeps of uniform gathers
             over a growing x that measured the effective capacities (absent in hand-made profiles).
         regime_columns: {regime: columns of x} the tables were measured with.
+        tail: the tail-factor measurement (``curve``: the factor against the bulk's work, where measured).
     """
 
     gpu: dict
@@ -52,6 +53,7 @@ class Profile:
     alone: dict = None
     caches: dict = None
     regime_columns: dict = None
+    tail: dict = None
 
     @classmethod
     def from_json(cls, text: str) -> "Profile":
@@ -61,7 +63,8 @@ class Profile:
                              f"constants changed): measure again with `python -m tuner profile`")
         return cls(gpu=raw["gpu"], constants=raw["constants"], tables=raw["tables"],
                    digest=hashlib.sha256(text.encode()).hexdigest(), alone=raw.get("alone", {}),
-                   caches=raw.get("caches", {}), regime_columns=raw.get("grid", {}).get("regime_columns", {}))
+                   caches=raw.get("caches", {}), regime_columns=raw.get("grid", {}).get("regime_columns", {}),
+                   tail=raw.get("tail", {}))
 
     def max_active_warps(self, key: str) -> int:
         """Warps resident on the whole GPU at once for that kernel (eq. 1's MAX_ACT_WARP/SM x NUM_SM)."""
