@@ -84,7 +84,7 @@ def cmd_profile(args) -> int:
     grid = profile.REDUCED if args.reduced else profile.Grid()
     prof = profile.run(Path(args.out) if args.out else None, grid, cache_dir=args.cache_dir,
                        remeasure_constants=args.remeasure_constants, remeasure_caches=args.remeasure_caches,
-                       remeasure_tail=args.remeasure_tail,
+                       remeasure_tail=args.remeasure_tail, command=args.command_line,
                        progress=lambda total: tqdm(total=total, desc="profile", unit="shape", file=sys.stderr))
     c = prof["constants"]
     print(f"{prof['gpu']['name']}: {c['sm_count']} SMs, {c['max_warps_per_sm']} warps/SM, L2 {c['l2_bytes'] >> 20} MB, "

@@ -298,20 +298,22 @@ def _versions() -> dict:
 
 
 def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=None,
-        remeasure_constants: bool = False, remeasure_caches: bool = False, remeasure_tail: bool = False) -> dict:
+        remeasure_constants: bool = False, remeasure_caches: bool = False, remeasure_tail: bool = False,
+        command: str | None = None) -> dict:
     """Measure this GPU and write the profile to ``out`` (default ``models/<gpu-slug>/profile.json``).
 
     Resumable: points already in ``out`` (same GPU, same format) are kept and not measured again;
     ``remeasure_constants`` measures the constants and the lone-row times again and keeps the tables;
     ``remeasure_caches`` and ``remeasure_tail`` measure only the cache sweeps (and their capacities) or the
-    tail factor again.
+    tail factor again. ``command`` (default: this process's) is recorded in the file, after those of the
+    runs that made it.
     """
     info = gpu.device_info()
     out = Path(out) if out is not None else profile_path(info.name)
     cache = Cache(cache_dir)
     resumed = out.is_file()
-    prof = _start(out, info, grid, cache, remeasure_constants)
-    this = " ".join(["python -m tuner"] + sys.argv[1:])
+    this = command or " ".join(["python -m tuner"] + sys.argv[1:])
+    prof = _start(out, info, grid, cache, remeasure_constants, this)
     if resumed and this not in prof["command"].split(" ; then "):  # the file says how it came to be
         prof["command"] = f"{prof['command']} ; then {this}"
     if (remeasure_caches or remeasure_tail) and resumed and not remeasure_constants:  # else just measured
@@ -363,7 +365,7 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
     return prof
 
 
-def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure: bool = False) -> dict:
+def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure: bool, command: str) -> dict:
     if out.is_file():
         prof = json.loads(out.read_text())
         if prof.get("format") == FORMAT and prof.get("gpu", {}).get("name") == info.name:
@@ -387,7 +389,7 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
     prof = {
         "format": FORMAT, "tool": f"sparse-tuner {__version__}",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(["python -m tuner"] + sys.argv[1:]),
+        "command": command,
         "gpu": {"name": info.name, "capability": list(info.capability), "driver_api": info.driver_version,
                 **_versions()},
         "constants": {

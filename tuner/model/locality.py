@@ -92,17 +92,20 @@ class CacheLevel:
     footprints: tuple = ()
     hits: tuple = ()
 
-    def hit_rate(self, counts: np.ndarray) -> float:
+    def hit_rate(self, counts: np.ndarray, spread: float | None = None) -> float:
         """Share of gathers (``counts`` per sector) this level serves: Che's LRU hit rate times the
         measured over the LRU hit rate of uniform gathers over the :func:`footprint` of ``counts`` (held
-        at the sweep's ends beyond them).
+        at the sweep's ends beyond them; ``spread``: that footprint, when already known).
 
         Example (an LRU of 2 sectors that the sweep found to hit half as often at 4):
             >>> c = CacheLevel(2.0, (1.0, 2.0, 4.0), (1.0, 1.0, 0.25))
             >>> [round(c.hit_rate(n), 3) for n in (np.full(4, 8), np.array([8, 0, 0, 0]))], round(CacheLevel(2.0).hit_rate(np.full(4, 8)), 3)
             ([0.25, 1.0], 0.5)
         """
-        return che_hit_rate(counts, self.capacity) * self.departure(footprint(counts))
+        hit = che_hit_rate(counts, self.capacity)
+        if not self.footprints or hit == 0.0:
+            return hit
+        return hit * self.departure(footprint(counts) if spread is None else spread)
 
     def departure(self, spread: float) -> float:
         """Measured over LRU hit rate of uniform gathers over ``spread`` sectors (1 without a sweep)."""
@@ -174,7 +177,8 @@ def sector_fractions(sectors: np.ndarray, l1_sectors, l2_sectors) -> np.ndarray:
         >>> sector_fractions(np.full(8, 8), CacheLevel(2.0, (4.0, 8.0), (0.5, 0.125)), 4).round(3).tolist()
         [0.125, 0.375, 0.5]
     """
-    h1, h2 = (c.hit_rate(sectors) if isinstance(c, CacheLevel) else che_hit_rate(sectors, c)
+    spread = footprint(sectors)  # one footprint for both levels
+    h1, h2 = (c.hit_rate(sectors, spread) if isinstance(c, CacheLevel) else che_hit_rate(sectors, c)
               for c in (l1_sectors, l2_sectors))
     h2 = max(h2, h1)
     return np.array([h1, h2 - h1, 1.0 - h2])

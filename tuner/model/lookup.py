@@ -1,6 +1,8 @@
 """The lookup-table model of paper 003: per-warp table performance combined by equations 1-5."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ..families.base import Specialization, ordered_structure, shared_layout
@@ -27,12 +29,16 @@ def table_for(profile: Profile, key: str) -> tuple[str, int]:
 def cache_level(profile: Profile, level: str) -> CacheLevel:
     """Cache ``level`` ('l1' or 'l2') for gathers: its fitted LRU capacity and, where the profile kept a
     readable sweep, how the real cache departs from it (:func:`~tuner.model.locality.sweep_level`)."""
-    sweep = (profile.caches or {}).get(level)
-    hit_columns = (profile.regime_columns or {}).get(level)
-    capacity = cache_sectors(profile.constants, level)
-    if sweep and hit_columns:
+    sweep = (profile.caches or {}).get(level) or {}
+    return _cache_level(cache_sectors(profile.constants, level), tuple(sweep.get("columns", ())),
+                        tuple(sweep.get("ms", ())), (profile.regime_columns or {}).get(level))
+
+
+@lru_cache(maxsize=64)  # read once per profile, not once per tile
+def _cache_level(capacity: float, columns: tuple, ms: tuple, hit_columns) -> CacheLevel:
+    if columns and hit_columns:
         try:
-            return sweep_level(sweep["columns"], sweep["ms"], capacity, hit_columns)
+            return sweep_level(columns, ms, capacity, hit_columns)
         except ValueError:  # a sweep too flat to read (a reduced grid): the fitted LRU alone
             pass
     return CacheLevel(capacity)
