@@ -16,6 +16,7 @@ from tuner.model.aligned_coo import choose_hybrid, cost_aligned_coo_seg, cost_co
 from tuner.model.locality import (CacheLevel, cache_sectors, che_hit_rate, fit_capacity, footprint, regime_fractions,
                                   sweep_level)
 from tuner.model.occupancy import active_warps_per_sm
+from tuner.model.profile_data import REGIMES
 from tuner.model.warps import WarpHistogram, warp_segments
 from tuner.model.waves import wave_time
 
@@ -194,6 +195,38 @@ def test_cache_level_reads_the_profile_sweep_or_falls_back_to_the_fitted_capacit
     flat = dict(sweep, ms=[1.0, 1.0, 1.0, 1.0])  # nothing to read off: the LRU of the fitted capacity
     assert cache_level(replace(prof, caches={"l1": flat}), "l1") == CacheLevel(1500.0)
     assert cache_level(replace(prof, caches={}), "l1") == CacheLevel(1500.0)
+
+
+def test_a_warp_full_of_rows_alone_blends_from_one_row_to_the_full_warp_by_how_full_it_is():
+    one = {r: {"1": 1e-3, "64": 2e-3} for r in REGIMES}
+    full = {r: {"1": 3e-3, "64": 6e-3} for r in REGIMES}
+    prof = Profile(gpu={}, constants={}, tables={}, digest="f", alone={"csr_vector:4:256:v": one},
+                   alone_warp={"csr_vector:4:256:v": full})
+    w = np.array([64.0, 64.0, 64.0, 1.0])
+    got = prof.alone_time("csr_vector:4:256:v", "l1", w, fill=np.array([0.0, 0.5, 1.0, 1.0]))
+    assert got.tolist() == pytest.approx([2e-3, 4e-3, 6e-3, 3e-3])
+    assert prof.alone_time("csr_vector:4:256:v", "l1", w).tolist() == pytest.approx([2e-3] * 3 + [1e-3])
+    assert prof.warp_rows("csr_vector:4:256:v") == 8 and prof.warp_rows("csr_vector:32:256:v") == 1
+
+
+def test_one_hub_row_among_short_ones_runs_as_one_row_and_a_warp_of_long_rows_as_the_full_warp():
+    import json
+    raw = json.loads(fake_profile_json(tail_factor=1.0, max_active=1))
+    raw["alone_warp"] = {k: {r: {w: 50 * t for w, t in pts.items()} for r, pts in v.items()}
+                         for k, v in raw["alone"].items() if k.startswith("csr_vector:1:")}
+    with_warp, without = Profile.from_json(json.dumps(raw)), Profile.from_json(fake_profile_json(tail_factor=1.0,
+                                                                                                 max_active=1))
+    spec = lambda m: Specialization("csr_vector", CsrVectorParams(1, 128), m.value_dtype, m.index_dtype, m.value_free)
+
+    def matrix(lengths):
+        rows = np.repeat(np.arange(len(lengths)), lengths)
+        cols = np.concatenate([np.arange(n) for n in lengths])
+        return canonicalize(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(len(lengths), 4096)))
+    uniform, hub = matrix([256] * 32), matrix([256] + [1] * 31)
+    # 32 rows of 256 fill their warp: its time alone is the full warp's (50 times the one row's here).
+    assert predict_lookup(uniform, spec(uniform), with_warp) > 10 * predict_lookup(uniform, spec(uniform), without)
+    # One row of 256 among 31 of one entry: the warp is 1/32 full and runs nearly as that one row.
+    assert predict_lookup(hub, spec(hub), with_warp) < 4 * predict_lookup(hub, spec(hub), without)
 
 
 def test_footprint_is_the_number_of_sectors_uniform_gathers_would_spread_over():

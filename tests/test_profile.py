@@ -120,6 +120,10 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     curve = prof["tail"]["curve"]
     assert [b["bulk_nnz"] for b in curve] == sorted(b["bulk_nnz"] for b in curve)
     assert curve[0]["work_ms"] < curve[-1]["work_ms"] and curve[-1]["factor"] == c["tail_factor"]
+    # A warp's worth of rows alone, for the kernels whose warps hold several: 32 one-lane rows of 4096
+    # entries take longer than one.
+    assert set(prof["alone_warp"]) == {v.key for v in profile.variants((True,)) if profile.warp_rows(v) > 1}
+    assert prof["alone_warp"]["csr_vector:1:256:vf"]["l2"]["4096"] > prof["alone"]["csr_vector:1:256:vf"]["l2"]["4096"]
     for key, table in loaded.tables.items():
         assert table["max_active_warps"] >= c["sm_count"]
         for r in REGIMES:

@@ -187,24 +187,44 @@ def warm_up(seconds: float = 1.0) -> None:
         gpu.synchronize()
 
 
+def warp_rows(v: "Variant") -> int:
+    """Rows one warp of that kernel shape holds: 32 over the lanes per row for csr_vector and binned's
+    lane groups, 1 otherwise (a warp-per-row or block-per-row kernel, ALIGNED_COO's and TILE-Composite's
+    shapes, whose lone-row times are their own).
+
+    Example:
+        >>> warp_rows(Variant("csr_vector", 4, 256, True)), warp_rows(Variant("binned", "block", 256, True))
+        (8, 1)
+    """
+    if v.family in ("csr_vector", "binned") and isinstance(v.group, int):
+        return max(32 // v.group, 1)
+    return 1
+
+
 def measure_alone(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, launch_ms: float,
-                  skip: frozenset = frozenset()) -> dict:
+                  skip: frozenset = frozenset(), full_warp: bool = False) -> dict:
     """Milliseconds one row of w entries takes on its own (one warp, or one block), per kernel shape
-    (those whose key is in ``skip`` excepted).
+    (those whose key is in ``skip`` excepted); with ``full_warp``, one warp's worth of such rows
+    (:func:`warp_rows`; the shapes of one row per warp are left out).
 
     A full GPU hides each warp's latency behind the others; a warp left alone with a long row (or a block
-    with its reduction) does not, and the model bounds a kernel by these times.
+    with its reduction) does not, and the model bounds a kernel by these times. A warp whose 32 lanes each
+    walk their own row issues 32 times the loads of one row's lane per step, and takes several times
+    longer than one such row (H100: 32 rows of 128 entries 37 us, one row of 256 entries 14 us).
     """
     cols = regimes(info)
     out: dict = {}
     for v in (v for v in variants(grid.value_free) if v.key not in skip):
+        rows = warp_rows(v) if full_warp else 1
+        if full_warp and rows == 1:
+            continue
         table = out.setdefault(v.key, {r: {} for r in REGIMES})
         for w in grid.alone_widths:
             params = v.params(w)
             if params is None:
                 continue
             for regime in REGIMES:
-                m = synthetic(w, 1, max(cols[regime], w), v.value_free, seed=w)
+                m = synthetic(w, rows, max(cols[regime], w), v.value_free, seed=w)
                 ms = median_ms(m, v.family, params, arch, cache, 15)
                 table[regime][str(w)] = max(ms - launch_ms, 1e-6)
     return out
@@ -380,9 +400,13 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
                 _record_caches(prof, measure_caches(info, grid, info.arch, cache))
                 _record_tail(prof, measure_tail(info, grid, info.arch, cache, c["launch_overhead_ms"]))
                 prof["alone"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"])
-            else:  # kernel shapes added since the profile was made
-                prof["alone"].update(measure_alone(info, grid, info.arch, cache,
-                                                   prof["constants"]["launch_overhead_ms"], frozenset(prof["alone"])))
+                prof["alone_warp"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"],
+                                                   full_warp=True)
+            else:  # kernel shapes (and the full-warp lone times) added since the profile was made
+                launch_ms = prof["constants"]["launch_overhead_ms"]
+                prof["alone"].update(measure_alone(info, grid, info.arch, cache, launch_ms, frozenset(prof["alone"])))
+                have = prof.setdefault("alone_warp", {})
+                have.update(measure_alone(info, grid, info.arch, cache, launch_ms, frozenset(have), full_warp=True))
             return prof
     warm_up()
     launch_ms = measure_launch_overhead(info.arch, cache)
@@ -401,6 +425,7 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
             "launch_overhead_ms": launch_ms,
         },
         "alone": measure_alone(info, grid, info.arch, cache, launch_ms),
+        "alone_warp": measure_alone(info, grid, info.arch, cache, launch_ms, full_warp=True),
         "caches": {},
         "grid": {"widths": list(grid.widths), "regime_columns": regimes(info), "target_nnz": grid.target_nnz,
                  "max_nnz": grid.max_nnz},

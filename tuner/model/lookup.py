@@ -199,7 +199,11 @@ def _segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -
     perf = blended(profile, key, warps.w, fractions)
     # A block row appears as block / 32 warps, each holding its slot for the block's time alone; a warp that
     # repeats its shape (rounds) holds it that many times longer.
-    alone = sum(f * profile.alone_time(key, r, warps.w) for f, r in zip(fractions, REGIMES) if f > 0)
+    rows = profile.warp_rows(key)
+    # How full of rows as long as its longest a warp is: one hub among short rows runs as one row alone.
+    fill = (warps.size / (warps.count * np.maximum(warps.w, 1) * rows)
+            if rows > 1 and warps.rounds is None else None)
+    alone = sum(f * profile.alone_time(key, r, warps.w, fill) for f, r in zip(fractions, REGIMES) if f > 0)
     if warps.rounds is None:
         return float((warps.size / perf).sum()), float((warps.count * alone).sum()), float(alone.max())
     total, most = warps.rounds

@@ -44,6 +44,9 @@ class Profile:
             over a growing x that measured the effective capacities (absent in hand-made profiles).
         regime_columns: {regime: columns of x} the tables were measured with.
         tail: the tail-factor measurement (``curve``: the factor against the bulk's work, where measured).
+        alone_warp: kernel key -> {regime: {w: ms}}: the time a warp's worth of such rows takes on its own,
+            for the kernels whose warps hold several rows (csr_vector and binned with fewer than 32 lanes
+            per row), where measured.
     """
 
     gpu: dict
@@ -54,6 +57,7 @@ class Profile:
     caches: dict = None
     regime_columns: dict = None
     tail: dict = None
+    alone_warp: dict = None
 
     @classmethod
     def from_json(cls, text: str) -> "Profile":
@@ -64,7 +68,7 @@ class Profile:
         return cls(gpu=raw["gpu"], constants=raw["constants"], tables=raw["tables"],
                    digest=hashlib.sha256(text.encode()).hexdigest(), alone=raw.get("alone", {}),
                    caches=raw.get("caches", {}), regime_columns=raw.get("grid", {}).get("regime_columns", {}),
-                   tail=raw.get("tail", {}))
+                   tail=raw.get("tail", {}), alone_warp=raw.get("alone_warp", {}))
 
     def max_active_warps(self, key: str) -> int:
         """Warps resident on the whole GPU at once for that kernel (eq. 1's MAX_ACT_WARP/SM x NUM_SM)."""
@@ -81,15 +85,39 @@ class Profile:
         lw = np.log2(np.maximum(np.asarray(w, dtype=np.float64), 1.0))
         return np.exp2(np.interp(lw, xs, ys))
 
-    def alone_time(self, key: str, regime: str, w: np.ndarray) -> np.ndarray:
+    def alone_time(self, key: str, regime: str, w: np.ndarray, fill: np.ndarray | None = None) -> np.ndarray:
         """Milliseconds one row of w entries takes by itself: log-log interpolation; beyond the longest
-        measured row it grows in proportion to w (its rounds of loads)."""
-        points = self.alone[key][regime]
-        xs, ys = _curve(self, "alone:" + key, regime, points)
+        measured row it grows in proportion to w (its rounds of loads).
+
+        ``fill``: for a warp of several rows whose longest has w entries, its entries over those of a warp
+        full of such rows. Where the full warp was measured (``alone_warp``), the time blends linearly
+        from one row's (a long row among short ones) to the full warp's (rows of one length).
+        """
+        one = self._lone(self.alone[key][regime], "alone:" + key, regime, w)
+        if fill is None or key not in (self.alone_warp or {}):
+            return one
+        full = self._lone(self.alone_warp[key][regime], "alone_warp:" + key, regime, w)
+        return one + np.maximum(full - one, 0.0) * np.clip(np.asarray(fill, dtype=np.float64), 0.0, 1.0)
+
+    def _lone(self, points: dict, name: str, regime: str, w: np.ndarray) -> np.ndarray:
+        xs, ys = _curve(self, name, regime, points)
         w = np.maximum(np.asarray(w, dtype=np.float64), 1.0)
         t = np.exp2(np.interp(np.log2(w), xs, ys))
         top = np.exp2(xs[-1])
         return np.where(w > top, t * w / top, t)
+
+    def warp_rows(self, key: str) -> int:
+        """Rows a warp of kernel ``key`` holds: 32 over its lanes per row where the key names them
+        (csr_vector, binned's lane groups), else 1.
+
+        Example:
+            >>> Profile({}, {}, {}, "").warp_rows("csr_vector:4:256:v"), Profile({}, {}, {}, "").warp_rows("binned:block:256:v")
+            (8, 1)
+        """
+        family, group = key.split(":")[:2]
+        if family in ("csr_vector", "binned") and group.isdigit():
+            return max(32 // int(group), 1)
+        return 1
 
 
 @lru_cache(maxsize=256)
