@@ -16,7 +16,7 @@ from tuner.model.aligned_coo import choose_hybrid, cost_aligned_coo_seg, cost_co
 from tuner.model.locality import (CacheLevel, cache_sectors, che_hit_rate, fit_capacity, footprint, regime_fractions,
                                   sweep_level)
 from tuner.model.occupancy import active_warps_per_sm
-from tuner.model.profile_data import REGIMES
+from tuner.model.profile_data import REGIMES, warp_rows
 from tuner.model.warps import WarpHistogram, warp_segments
 from tuner.model.waves import wave_time
 
@@ -206,7 +206,7 @@ def test_a_warp_full_of_rows_alone_blends_from_one_row_to_the_full_warp_by_how_f
     got = prof.alone_time("csr_vector:4:256:v", "l1", w, fill=np.array([0.0, 0.5, 1.0, 1.0]))
     assert got.tolist() == pytest.approx([2e-3, 4e-3, 6e-3, 3e-3])
     assert prof.alone_time("csr_vector:4:256:v", "l1", w).tolist() == pytest.approx([2e-3] * 3 + [1e-3])
-    assert prof.warp_rows("csr_vector:4:256:v") == 8 and prof.warp_rows("csr_vector:32:256:v") == 1
+    assert warp_rows("csr_vector:4:256:v") == 8 and warp_rows("csr_vector:32:256:v") == 1
 
 
 def test_one_hub_row_among_short_ones_runs_as_one_row_and_a_warp_of_long_rows_as_the_full_warp():

@@ -8,7 +8,7 @@ from tuner import families, profile
 from tuner.formats.aligned_coo import sizes
 from tuner.formats.binned import build_binned
 from tuner.model import load_profile
-from tuner.model.profile_data import REGIMES
+from tuner.model.profile_data import REGIMES, warp_rows
 
 
 @pytest.mark.parametrize("w", [1, 3, 64, 700])
@@ -122,7 +122,7 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     assert curve[0]["work_ms"] < curve[-1]["work_ms"] and curve[-1]["factor"] == c["tail_factor"]
     # A warp's worth of rows alone, for the kernels whose warps hold several: 32 one-lane rows of 4096
     # entries take longer than one.
-    assert set(prof["alone_warp"]) == {v.key for v in profile.variants((True,)) if profile.warp_rows(v) > 1}
+    assert set(prof["alone_warp"]) == {v.key for v in profile.variants((True,)) if warp_rows(v.key) > 1}
     assert prof["alone_warp"]["csr_vector:1:256:vf"]["l2"]["4096"] > prof["alone"]["csr_vector:1:256:vf"]["l2"]["4096"]
     for key, table in loaded.tables.items():
         assert table["max_active_warps"] >= c["sm_count"]

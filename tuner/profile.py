@@ -29,6 +29,7 @@ from .formats.tile_composite import col_shape_height
 from .kernel import DeviceArrays, SpMV, copy_bandwidth_gbs, time_spmv
 from .matrix import CanonicalMatrix
 from .model.locality import SECTOR_BYTES, fit_capacity
+from .model.profile_data import warp_rows
 from .model.lookup import TAIL_START
 from .model.occupancy import active_warps_per_sm
 from .model.profile_data import FORMAT, REGIMES, kernel_key, profile_path
@@ -187,35 +188,21 @@ def warm_up(seconds: float = 1.0) -> None:
         gpu.synchronize()
 
 
-def warp_rows(v: "Variant") -> int:
-    """Rows one warp of that kernel shape holds: 32 over the lanes per row for csr_vector and binned's
-    lane groups, 1 otherwise (a warp-per-row or block-per-row kernel, ALIGNED_COO's and TILE-Composite's
-    shapes, whose lone-row times are their own).
-
-    Example:
-        >>> warp_rows(Variant("csr_vector", 4, 256, True)), warp_rows(Variant("binned", "block", 256, True))
-        (8, 1)
-    """
-    if v.family in ("csr_vector", "binned") and isinstance(v.group, int):
-        return max(32 // v.group, 1)
-    return 1
-
-
 def measure_alone(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, launch_ms: float,
                   skip: frozenset = frozenset(), full_warp: bool = False) -> dict:
     """Milliseconds one row of w entries takes on its own (one warp, or one block), per kernel shape
     (those whose key is in ``skip`` excepted); with ``full_warp``, one warp's worth of such rows
-    (:func:`warp_rows`; the shapes of one row per warp are left out).
+    (:func:`~tuner.model.profile_data.warp_rows`; the shapes of one row per warp are left out).
 
     A full GPU hides each warp's latency behind the others; a warp left alone with a long row (or a block
     with its reduction) does not, and the model bounds a kernel by these times. A warp whose 32 lanes each
     walk their own row issues 32 times the loads of one row's lane per step, and takes several times
-    longer than one such row (H100: 32 rows of 128 entries 37 us, one row of 256 entries 14 us).
+    longer than one such row (H100, one lane per row: 32 rows of 256 entries 21 us, one of them 14 us).
     """
     cols = regimes(info)
     out: dict = {}
     for v in (v for v in variants(grid.value_free) if v.key not in skip):
-        rows = warp_rows(v) if full_warp else 1
+        rows = warp_rows(v.key) if full_warp else 1
         if full_warp and rows == 1:
             continue
         table = out.setdefault(v.key, {r: {} for r in REGIMES})
@@ -285,8 +272,8 @@ def measure_tail(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, laun
     it starts about halfway through the bulk; where the kernel then outlasts the bulk, the row ran for
     (time - bulk / 2) against its time alone. A bulk's factor is the median of that ratio over the rows
     that did outlast it (1 when none did). The bulks hold 1/16, 1/4 and all of ``grid.cache_nnz``
-    entries: beside a bulk of a few microseconds a row runs as fast as alone, beside a long one about
-    twice as slow, all its life (``curve``: each bulk's work beyond the launch, and its factor). ``factor``
+    entries: beside a bulk of a few microseconds a row runs as fast as alone, beside a long one up to
+    twice as slow (H100: 1.8 at 0.17 ms), all its life (``curve``: each bulk's work beyond the launch, and its factor). ``factor``
     and ``points`` are the largest bulk's.
     """
     n_cols = regimes(info)["l2"]

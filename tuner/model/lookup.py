@@ -10,7 +10,7 @@ from ..formats.reorder import NONE
 from ..matrix import CanonicalMatrix
 from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, sector_fractions,
                        sweep_level)
-from .profile_data import REGIMES, Profile
+from .profile_data import REGIMES, Profile, warp_rows
 from .warps import SEGMENTS, WarpHistogram, prebuild, warp_segments
 
 DEFAULT_TAIL_FACTOR = 1.0  # a profile without the measured factor: the slowest warp as fast as alone
@@ -121,8 +121,8 @@ def tail_factor(profile: Profile, work_ms: float) -> float:
     the profile's measured curve (:func:`tuner.profile.measure_tail`), interpolated in log work and held
     at its ends; a profile without the curve gives its one factor.
 
-    A long row beside a bulk of a few microseconds runs as fast as alone, beside one of 0.16 ms twice as
-    slow (H100), and the slowdown outlasts the bulk: it is not a share of the SM while the others run.
+    A long row beside a bulk of a few microseconds runs as fast as alone, beside one of 0.17 ms 1.8 times
+    as slow (H100), and the slowdown outlasts the bulk: it is not a share of the SM while the others run.
 
     Example:
         >>> from types import SimpleNamespace as P
@@ -199,7 +199,7 @@ def _segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -
     perf = blended(profile, key, warps.w, fractions)
     # A block row appears as block / 32 warps, each holding its slot for the block's time alone; a warp that
     # repeats its shape (rounds) holds it that many times longer.
-    rows = profile.warp_rows(key)
+    rows = warp_rows(key)
     # How full of rows as long as its longest a warp is: one hub among short rows runs as one row alone.
     fill = (warps.size / (warps.count * np.maximum(warps.w, 1) * rows)
             if rows > 1 and warps.rounds is None else None)

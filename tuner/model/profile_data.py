@@ -15,6 +15,21 @@ FORMAT = 2  # 2: GPU-side (queued) timings, measured cache capacities
 REGIMES = ("l1", "l2", "dram")  # where the gathered x mostly hits: L1/tex, L2, or device memory
 
 
+def warp_rows(key: str) -> int:
+    """Rows one warp of kernel ``key`` holds: 32 over its lanes per row where the key names them
+    (csr_vector, binned's lane groups), else 1 (a warp or a block per row, and ALIGNED_COO's and
+    TILE-Composite's shapes, whose lone-row times are their own).
+
+    Example:
+        >>> warp_rows("csr_vector:4:256:v"), warp_rows("binned:block:256:v"), warp_rows("tile_composite:col:256:v")
+        (8, 1, 1)
+    """
+    family, group = key.split(":")[:2]
+    if family in ("csr_vector", "binned") and group.isdigit():
+        return max(32 // int(group), 1)
+    return 1
+
+
 def kernel_key(family: str, group, block: int, value_free: bool) -> str:
     """Table key of one kernel shape: family, lanes per row (or 'block'), block size, value-free or not.
 
@@ -105,19 +120,6 @@ class Profile:
         t = np.exp2(np.interp(np.log2(w), xs, ys))
         top = np.exp2(xs[-1])
         return np.where(w > top, t * w / top, t)
-
-    def warp_rows(self, key: str) -> int:
-        """Rows a warp of kernel ``key`` holds: 32 over its lanes per row where the key names them
-        (csr_vector, binned's lane groups), else 1.
-
-        Example:
-            >>> Profile({}, {}, {}, "").warp_rows("csr_vector:4:256:v"), Profile({}, {}, {}, "").warp_rows("binned:block:256:v")
-            (8, 1)
-        """
-        family, group = key.split(":")[:2]
-        if family in ("csr_vector", "binned") and group.isdigit():
-            return max(32 // int(group), 1)
-        return 1
 
 
 @lru_cache(maxsize=256)
