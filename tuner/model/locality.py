@@ -177,9 +177,9 @@ def sector_fractions(sectors: np.ndarray, l1_sectors, l2_sectors) -> np.ndarray:
         >>> sector_fractions(np.full(8, 8), CacheLevel(2.0, (4.0, 8.0), (0.5, 0.125)), 4).round(3).tolist()
         [0.125, 0.375, 0.5]
     """
-    spread = footprint(sectors)  # one footprint for both levels
-    h1, h2 = (c.hit_rate(sectors, spread) if isinstance(c, CacheLevel) else che_hit_rate(sectors, c)
-              for c in (l1_sectors, l2_sectors))
+    levels = [c if isinstance(c, CacheLevel) else CacheLevel(float(c)) for c in (l1_sectors, l2_sectors)]
+    spread = footprint(sectors) if any(c.footprints for c in levels) else None  # one for both levels
+    h1, h2 = (c.hit_rate(sectors, spread) for c in levels)
     h2 = max(h2, h1)
     return np.array([h1, h2 - h1, 1.0 - h2])
 
