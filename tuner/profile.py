@@ -273,8 +273,8 @@ def measure_tail(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, laun
     (time - bulk / 2) against its time alone. A bulk's factor is the median of that ratio over the rows
     that did outlast it (1 when none did). The bulks hold 1/16, 1/4 and all of ``grid.cache_nnz``
     entries: beside a bulk of a few microseconds a row runs as fast as alone, beside a long one up to
-    twice as slow (H100: 1.8 at 0.17 ms), all its life (``curve``: each bulk's work beyond the launch, and its factor). ``factor``
-    and ``points`` are the largest bulk's.
+    twice as slow (H100: 1.8 at 0.17 ms), all its life (``curve``: each bulk's work beyond the launch,
+    and its factor). ``factor`` and ``points`` are the largest bulk's.
     """
     n_cols = regimes(info)["l2"]
 

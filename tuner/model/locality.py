@@ -99,8 +99,10 @@ class CacheLevel:
 
         Example (an LRU of 2 sectors that the sweep found to hit half as often at 4):
             >>> c = CacheLevel(2.0, (1.0, 2.0, 4.0), (1.0, 1.0, 0.25))
-            >>> [round(c.hit_rate(n), 3) for n in (np.full(4, 8), np.array([8, 0, 0, 0]))], round(CacheLevel(2.0).hit_rate(np.full(4, 8)), 3)
-            ([0.25, 1.0], 0.5)
+            >>> [round(c.hit_rate(n), 3) for n in (np.full(4, 8), np.array([8, 0, 0, 0]))]
+            [0.25, 1.0]
+            >>> round(CacheLevel(2.0).hit_rate(np.full(4, 8)), 3)
+            0.5
         """
         hit = che_hit_rate(counts, self.capacity)
         if not self.footprints or hit == 0.0:
