@@ -29,6 +29,13 @@ def profile():
     return Profile.from_json(fake_profile_json())
 
 
+@pytest.fixture
+def one_sm():
+    """The fake GPU as one SM of all its warp slots: every launch fills it, so tests of the tail and
+    work arithmetic need not deal blocks out to SMs."""
+    return Profile.from_json(fake_profile_json(sm_count=1, max_warps_per_sm=1000))
+
+
 def test_waves_follow_equations_1_to_5():
     sizes = np.array([4.0, 4.0, 8.0, 8.0, 2.0])
     perf = np.array([2.0, 2.0, 4.0, 2.0, 1.0])
@@ -256,17 +263,33 @@ def test_lookup_prediction_equals_hand_computation(profile):
     cols = np.tile(np.arange(4), 64)
     m = canonicalize(sp.csr_matrix((np.ones(256, np.float32), (rows, cols)), shape=(64, 16)))
     spec = Specialization("csr_vector", CsrVectorParams(4, 128), m.value_dtype, m.index_dtype, True)
-    perf = 1.0e6 * 4 / 64  # the fake table at w = 4, L1 regime
+    perf = 1.0e6 * 4 / 64  # the fake table at w = 4, L1 regime, for all 10 SMs of the fake GPU
     one_wave = 8 * 32 / perf
     alone = 4e-4 * 4 / 4  # a warp of rows of 4 on 4 lanes, alone; the fake profile's tail factor is 1
     assert one_wave > one_wave / 2 + alone  # the slowest warp, started halfway, ends before the wave
-    assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + one_wave)
+    # The 8 warps are 2 blocks of 128 threads: they run on 2 of the 10 SMs, each at a tenth of the table.
+    assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + one_wave * 10 / 2)
     # One row of 6400 entries on 4 lanes takes 0.64 ms alone, far longer than its throughput share.
     long = canonicalize(sp.csr_matrix((np.ones(6400, np.float32), (np.zeros(6400, int), np.arange(6400))),
                                       shape=(1, 6400)))
     spec1 = Specialization("csr_vector", CsrVectorParams(4, 128), long.value_dtype, long.index_dtype, True)
     work = 6400 / 1.0e6  # the fake table is flat at 1e6 entries/ms beyond w = 64
     assert predict_lookup(long, spec1, profile) == pytest.approx(0.004 + work / 2 + 4e-4 * 6400 / 4)
+
+
+def test_a_launch_of_fewer_blocks_than_sms_runs_at_the_busiest_sms_share(profile):
+    # Rows of 4 entries in 16 columns on 4 lanes: a block of 128 threads holds 32 rows. On the fake GPU's
+    # 10 SMs, 2 blocks leave 8 SMs idle and 20 blocks give every SM 2: the second launch has 10 times the
+    # work and takes twice as long; 30 blocks leave its busiest SMs 3 (time 3/2 of 20's, not 30/20).
+    def beyond_launch(blocks):
+        n = 32 * blocks
+        ij = (np.repeat(np.arange(n), 4), np.tile(np.arange(4), n))
+        m = canonicalize(sp.csr_matrix((np.ones(4 * n, np.float32), ij), shape=(n, 16)))
+        spec = Specialization("csr_vector", CsrVectorParams(4, 128), m.value_dtype, m.index_dtype, True)
+        return predict_lookup(m, spec, profile) - 0.004
+    t2, t20, t30 = beyond_launch(2), beyond_launch(20), beyond_launch(30)
+    assert t20 == pytest.approx(2 * t2)
+    assert t30 == pytest.approx(3 * t2)
 
 
 def test_tail_factor_scales_the_slowest_warp():
@@ -276,12 +299,13 @@ def test_tail_factor_scales_the_slowest_warp():
     spec = Specialization("csr_vector", CsrVectorParams(4, 128), long.value_dtype, long.index_dtype, True)
     t = {f: predict_lookup(long, spec, Profile.from_json(fake_profile_json(tail_factor=f))) for f in (0.0, 2.0)}
     work = 6400 / 1.0e6
-    assert t[0.0] == pytest.approx(0.004 + work)  # no slowdown: the row is the work
+    assert t[0.0] == pytest.approx(0.004 + work * 10)  # no slowdown: the row is the work, of one SM of 10
     assert t[2.0] == pytest.approx(0.004 + work / 2 + 2 * 4e-4 * 6400 / 4)
     assert json.loads(fake_profile_json(tail_factor=0.5))["constants"]["tail_factor"] == 0.5
 
 
-def test_lookup_bounds_a_dense_row_by_its_rounds_and_sees_locality(profile):
+def test_lookup_bounds_a_dense_row_by_its_rounds_and_sees_locality(one_sm):
+    profile = one_sm
     A = power_law(20000, seed=9).tolil()
     A[7, :] = 1.0  # one row of 20,000 entries: a thread alone needs 5,000 rounds, a block 20
     m = canonicalize(A.tocsr())
@@ -291,7 +315,8 @@ def test_lookup_bounds_a_dense_row_by_its_rounds_and_sees_locality(profile):
     # One thread alone walks the dense row in 8 ms: that tail, far more than the throughput share, is added
     # to the thread-per-row kernel's time; a block of 256 lanes takes 1/256 of it.
     thread = next(s for s in specs if s.label() == "csr_vector(threads_per_row=1,block_size=256,order=none)")
-    work = predict_lookup(m, thread, Profile.from_json(fake_profile_json(tail_factor=0.0))) - 0.004
+    flat = Profile.from_json(fake_profile_json(tail_factor=0.0, sm_count=1, max_warps_per_sm=1000))
+    work = predict_lookup(m, thread, flat) - 0.004
     assert pred[thread.label()] == pytest.approx(0.004 + work / 2 + 4e-4 * 20000)
     block = pred["binned(small_max=8,medium_max=96,warp_division=8,huge_min=96,block_size=256,order=none)"]
     assert block < pred["csr_vector(threads_per_row=1,block_size=256,order=none)"] / 10
@@ -392,7 +417,8 @@ def test_valued_kernels_fall_back_to_value_free_tables_scaled_by_bytes():
     assert (t_reduced - overhead) == pytest.approx((t_full - overhead) * 2)
 
 
-def test_lookup_work_term_is_the_wave_model_with_work_weighted_means(profile):
+def test_lookup_work_term_is_the_wave_model_with_work_weighted_means(one_sm):
+    profile = one_sm
     from tuner.model.lookup import blended, gather_fractions
     m = canonicalize(power_law(4000, seed=11))
     spec = Specialization("binned", BinnedParams(4, 32, 8, 64), m.value_dtype, m.index_dtype, m.value_free)
@@ -482,7 +508,8 @@ def test_a_profile_without_a_familys_tables_predicts_none_for_it():
     assert {s.family for s in kept} == {"csr_vector", "binned", "tile_composite"} and None not in kept_pred
 
 
-def test_a_long_row_in_binneds_last_class_starts_after_the_earlier_classes(profile):
+def test_a_long_row_in_binneds_last_class_starts_after_the_earlier_classes(one_sm):
+    profile = one_sm
     # 4000 rows of 2 entries (small class) then one row of 6400 (large class: one warp, launched last).
     rows = np.concatenate([np.repeat(np.arange(4000), 2), np.full(6400, 4000)])
     cols = np.concatenate([np.tile([0, 1], 4000), np.arange(6400)])

@@ -11,7 +11,7 @@ from ..matrix import CanonicalMatrix
 from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, sector_fractions,
                        sweep_level)
 from .profile_data import REGIMES, Profile, warp_rows
-from .warps import SEGMENTS, WarpHistogram, prebuild, warp_segments
+from .warps import SEGMENTS, WARP, WarpHistogram, prebuild, warp_segments
 
 DEFAULT_TAIL_FACTOR = 1.0  # a profile without the measured factor: the slowest warp as fast as alone
 TAIL_START = 0.5  # rows of a segment come in no particular order: its slowest warp starts halfway through it
@@ -19,6 +19,16 @@ TAIL_START = 0.5  # rows of a segment come in no particular order: its slowest w
 # Tables are measured with float32 values and int32 indices; other types scale by the bytes each entry
 # streams (an approximation: the gathers of x move whole 32-byte sectors either way). A profile without
 # the valued tables (a reduced grid) serves valued kernels from the value-free ones the same way.
+def block_threads(key: str) -> int:
+    """Threads per block of the kernel shape ``key`` (:func:`~tuner.model.profile_data.kernel_key`).
+
+    Example:
+        >>> block_threads("csr_vector:8:128:v")
+        128
+    """
+    return int(key.split(":")[2])
+
+
 def table_for(profile: Profile, key: str) -> tuple[str, int]:
     """The table to read for ``key`` and the bytes per entry it was measured with."""
     if key.endswith(":v") and key not in profile.tables and key + "f" in profile.tables:
@@ -76,7 +86,9 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     served by L1, L2 and memory (harmonically: times add). Equations 1-5 with the work-weighted mean of
     :func:`~tuner.model.waves.wave_time` then reduce to each warp's entries at its own rate, summed over all
     warps whatever the waves, so each segment of warps is summed once per matrix, by shape, and shared by
-    every candidate. The kernel also lasts at least as long as the slot time of its warps alone, and as
+    every candidate. The kernel also lasts at least as long as the slot time of its warps alone; this and
+    the work scale by :func:`sm_spread` (the busiest SM's share of the launch's blocks over an even share:
+    a launch of fewer blocks than SMs leaves the others idle). It also lasts as long as
     the slowest warp of each launch segment: blocks are dispatched in index order, so that warp starts
     after the work of the segments launched before it plus, on average, half of its own segment's work,
     and runs for its time alone times the profile's tail factor for a kernel of this much work
@@ -94,10 +106,11 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
                              profile.constants)
         m = ordered_structure(m, order)
     entry_bytes = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
-    work, alone_sum, max_active, slowest = 0.0, 0.0, 1, []
+    work, alone_sum, max_active, slowest, blocks = 0.0, 0.0, 1, [], 0
     for seg in warp_segments(m, spec.family, spec.params):
         if seg.warps.w.size == 0:
             continue
+        blocks += -(-seg.warps.warps * WARP // block_threads(seg.key))
         key, profiled_bytes = table_for(profile, seg.key)
         max_active = profile.max_active_warps(key)  # one launch: the same occupancy for all its warps
         fractions = gather_fractions(m, profile, seg.cols)
@@ -112,8 +125,27 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     # does, if after the bulk.
     factor = tail_factor(profile, work)
     tail = max((start + factor * a_max for start, a_max in slowest), default=0.0)
-    t = max(work, alone_sum / max_active, tail)
+    spread = sm_spread(blocks, int(profile.constants["sm_count"]))
+    t = max(work * spread, alone_sum / max_active * spread, tail)
     return float(profile.constants["launch_overhead_ms"] + t + gathers)
+
+
+def sm_spread(blocks: int, sm_count: int) -> float:
+    """How much longer than an even share of the whole GPU the busiest SM works when a launch of
+    ``blocks`` equal blocks is dealt out to ``sm_count`` SMs: it gets ceil(blocks / sm_count) of them.
+
+    The tables measure a full GPU; a launch of fewer blocks than SMs runs on as many SMs as it has blocks,
+    each at one SM's share of the table (H100: 4 blocks of 8 one-lane warps over rows of 32 entries took
+    9.6 us beyond the launch; one SM's share of the table gives 9.9 us for its 8,192 entries, the whole
+    GPU's 0.3 us).
+
+    Example:
+        >>> sm_spread(4, 132), sm_spread(132, 132), round(sm_spread(200, 132), 2), round(sm_spread(100_000, 132), 3)
+        (33.0, 1.0, 1.32, 1.001)
+    """
+    if blocks <= 0:
+        return 1.0
+    return -(-blocks // sm_count) * sm_count / blocks
 
 
 def tail_factor(profile: Profile, work_ms: float) -> float:
