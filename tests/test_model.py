@@ -103,6 +103,27 @@ def test_warps_of_every_group_size_equal_rows_grouped_directly():
             assert h.size.tolist() == np.bincount(w, weights=size)[np.unique(w)].tolist()
 
 
+def test_narrow_and_sorted_row_classes_give_the_warps_of_the_plain_pass():
+    # Short-row classes keep their lengths in uint8 (rows of 255 and more clip to 255, so a class ending at
+    # 255 must not take them), and rows sorted by decreasing length give each class as a slice.
+    from tuner.model.warps import class_lengths, group_histograms
+    rng = np.random.default_rng(5)
+    lengths = np.concatenate([rng.integers(0, 300, 3000), [255, 256, 254, 1000, 0]])
+    for L in (lengths, np.sort(lengths)[::-1]):
+        indptr = np.concatenate([[0], np.cumsum(L)])
+        cols = np.arange(indptr[-1]) - np.repeat(indptr[:-1], L)  # row i holds columns 0 .. L[i] - 1
+        m = canonicalize(sp.csr_matrix((np.ones(cols.size, np.float32), cols, indptr), shape=(L.size, 1000)))
+        for lo, hi in ((0, 4), (4, 96), (8, 255), (250, 255), (96, None), (0, None)):
+            ref = L[(L >= lo) & (L < (hi if hi is not None else np.inf))]
+            got = class_lengths(m, lo, hi)
+            assert got.tolist() == ref.tolist()
+            assert got.dtype == (np.uint8 if hi is not None and hi <= 255 else np.int64)
+            want, have = group_histograms(ref.astype(np.int64)), group_histograms(got)
+            for g in want:
+                assert (have[g].w.tolist(), have[g].count.tolist(), have[g].size.tolist()) == \
+                    (want[g].w.tolist(), want[g].count.tolist(), want[g].size.tolist())
+
+
 def test_binned_warps_follow_the_layout_classes():
     m = canonicalize(power_law(2000, seed=3))
     p = BinnedParams(small_max=4, medium_max=32, warp_division=8, huge_min=64)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..families.aligned_coo import AlignedCooParams
-from ..families.base import plan_matrix, shared_layout
+from ..families.base import known_layout, plan_matrix, shared_layout
 from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
 from ..families.tile_composite import TileCompositeParams
@@ -139,30 +139,43 @@ def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
     return shared_layout(m, ("row_histogram",), build)
 
 
-def group_histograms(lengths: np.ndarray) -> dict[int, WarpHistogram]:
-    """Warps of G-lane groups over rows of ``lengths`` in order, for every G of 16, 8, ..., 1: 32/G rows
-    per warp, shaped by the longest. One pass per halving: the longest and total of each 2k consecutive
-    rows come from those of each k (the rows padded with empty ones to whole warps, which are then cut).
+def group_histograms(lengths: np.ndarray, groups=None) -> dict[int, WarpHistogram]:
+    """Warps of G-lane groups over rows of ``lengths`` in order, for every G of 16, 8, ..., 1 (or those in
+    ``groups``): 32/G rows per warp, shaped by the longest. One pass per halving: the longest and total of
+    each 2k consecutive rows come from those of each k (the rows padded with empty ones to whole warps,
+    which are then cut). Lengths of uint8 (:func:`class_lengths` of short rows) stay narrow: their totals
+    over 32 rows fit uint16, and the passes move an eighth of the memory (others int32 where they fit).
 
     Example:
         >>> h = group_histograms(np.array([1, 5, 2, 2, 7]))[16]
         >>> h.w.tolist(), h.count.tolist(), h.size.tolist()
         ([2, 5, 7], [1.0, 1.0, 1.0], [4.0, 6.0, 7.0])
+        >>> sorted(group_histograms(np.array([1, 5, 2], np.uint8), groups=(1,)))
+        [1]
     """
+    wanted = {WARP >> k for k in range(1, 6)} if groups is None else set(groups)
     n = lengths.size
     if n == 0:
-        return {WARP >> k: EMPTY for k in range(1, 6)}
-    most = np.zeros(-(-n // WARP) * WARP, dtype=np.int64)
+        return {g: EMPTY for g in wanted}
+    # The narrowest types that hold a warp's longest row and its total: half or an eighth of the memory.
+    if lengths.dtype == np.uint8:
+        kinds = np.uint8, np.uint16
+    elif int(lengths.max()) < (1 << 31) // WARP:
+        kinds = np.int32, np.int32
+    else:
+        kinds = np.int64, np.int64
+    most = np.zeros(-(-n // WARP) * WARP, dtype=kinds[0])
     most[:n] = lengths
-    total = most.copy()
+    total = most.astype(kinds[1])
     out = {}
     rows_per_warp = 1
-    while rows_per_warp < WARP:
+    while rows_per_warp < WARP and len(out) < len(wanted):
         most = np.maximum(most[0::2], most[1::2])
         total = total[0::2] + total[1::2]
         rows_per_warp *= 2
-        warps = -(-n // rows_per_warp)
-        out[WARP // rows_per_warp] = WarpHistogram.of_warps(most[:warps], total[:warps])
+        if WARP // rows_per_warp in wanted:
+            warps = -(-n // rows_per_warp)
+            out[WARP // rows_per_warp] = WarpHistogram.of_warps(most[:warps], total[:warps])
     return out
 
 
@@ -188,11 +201,32 @@ def per_row_histogram(m: CanonicalMatrix, lo: int, hi: int | None, warps_per_row
     return WarpHistogram(w, rows * warps_per_row, rows * warps_per_row * np.ceil(w / warps_per_row))
 
 
+NARROW = 255  # classes of rows shorter than this keep their lengths in uint8 (longer rows clip to 255)
+
+
 def class_lengths(m: CanonicalMatrix, lo: int, hi: int | None) -> np.ndarray:
-    """Lengths of the rows with lo <= length < hi, in row order (the order the kernels visit them)."""
+    """Lengths of the rows with lo <= length < hi, in row order (the order the kernels visit them); uint8
+    when hi <= 255. Rows sorted by decreasing length (a degree-ordered view) give a slice.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.csr_matrix(np.tril(np.ones((6, 6), np.float32))))
+        >>> class_lengths(m, 2, 5).tolist(), class_lengths(m, 2, 5).dtype.name
+        ([2, 3, 4], 'uint8')
+    """
     L = m.row_lengths
     if lo <= 0 and hi is None:
         return L
+    narrow = hi is not None and hi <= NARROW
+    if shared_layout(m, ("rows_descending",), lambda: bool(np.all(L[1:] <= L[:-1]))):
+        rising = L[::-1]  # a view: counting rows of at least v is a binary search
+        first = 0 if hi is None else L.size - int(np.searchsorted(rising, hi, "left"))
+        end = L.size - int(np.searchsorted(rising, lo, "left"))
+        part = L[first:end]
+        return part.astype(np.uint8) if narrow else part
+    if narrow:
+        L8 = shared_layout(m, ("row_lengths_u8",), lambda: np.minimum(L, NARROW).astype(np.uint8))
+        return L8[(L8 >= lo) & (L8 < hi)] if lo > 0 else L8[L8 < hi]
     keep = L >= lo if hi is None else (L >= lo) & (L < hi)
     return L[keep]
 
@@ -268,14 +302,28 @@ def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
             return per_row_histogram(m, s.lo, s.hi, s.block // WARP)
         if s.group == WARP:
             return per_row_histogram(m, s.lo, s.hi, 1)
-        # Every group size of one class of rows at once: binned's classes come with several.
-        return shared_layout(m, _built_by(s), lambda: group_histograms(class_lengths(m, s.lo, s.hi)))[s.group]
+        # Lane groups of several rows per warp: see class_groups.
+        return shared_layout(m, _group_key(s), lambda: group_histograms(class_lengths(m, s.lo, s.hi), (s.group,))[s.group])
     return shared_layout(m, ("warps",) + s.ident, build)
 
 
+def _group_key(s: SegmentSpec) -> tuple:
+    return ("group_warps", s.lo, s.hi, s.group)
+
+
+def class_groups(m: CanonicalMatrix, segments: list[SegmentSpec]) -> None:
+    """Build the histograms of lane groups of several rows per warp of one class of rows (``segments``
+    share lo and hi) in one pass of halvings over its rows: binned's medium classes come with several."""
+    missing = sorted({s.group for s in segments if known_layout(m, _group_key(s)) is None})
+    if missing:
+        s = segments[0]
+        for g, h in group_histograms(class_lengths(m, s.lo, s.hi), missing).items():
+            shared_layout(m, ("group_warps", s.lo, s.hi, g), lambda h=h: h)
+
+
 def _built_by(s: SegmentSpec) -> tuple:
-    """What building the segment's histogram builds: for lane groups of a few lanes, every group size of
-    its class of rows at once; else its own histogram."""
+    """What building the segment's histogram builds: for lane groups of a few lanes, the wanted group
+    sizes of its class of rows at once (:func:`class_groups`); else its own histogram."""
     return ("group_warps", s.lo, s.hi) if _few_lanes(s) else ("warps",) + s.ident
 
 
@@ -287,12 +335,21 @@ def _few_lanes(s: SegmentSpec) -> bool:
 def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | None = None) -> None:
     """Build many segments' histograms at once (NumPy's passes over the rows release the GIL), on up to 8
     threads, no more than the CPUs (more only contend)."""
-    # One task per thing built: the group sizes of one class of rows share a pass (see histogram()).
-    distinct = list({_built_by(s): s for s in segments}.values())
+    # One task per thing built: the group sizes of one class of rows share a pass (see class_groups).
+    tasks: dict[tuple, list] = {}
+    for s in segments:
+        tasks.setdefault(_built_by(s), []).append(s)
+    def build(group):
+        if _few_lanes(group[0]):
+            class_groups(m, group)
+        histogram(m, group[0])
     workers = workers or min(8, os.cpu_count() or 1)
-    if len(distinct) > 1 and m.n_rows > (1 << 20) and workers > 1:
+    if len(tasks) > 1 and m.n_rows > (1 << 20) and workers > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(lambda s: histogram(m, s), distinct))
+            list(pool.map(build, tasks.values()))
+    else:
+        for group in tasks.values():
+            build(group)
 
 
 def csr_vector_segments(m: CanonicalMatrix, p: CsrVectorParams) -> list[tuple[str, SegmentSpec]]:
