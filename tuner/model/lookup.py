@@ -19,6 +19,13 @@ TAIL_START = 0.5  # rows of a segment come in no particular order: its slowest w
 # Tables are measured with float32 values and int32 indices; other types scale by the bytes each entry
 # streams (an approximation: the gathers of x move whole 32-byte sectors either way). A profile without
 # the valued tables (a reduced grid) serves valued kernels from the value-free ones the same way.
+def table_for(profile: Profile, key: str) -> tuple[str, int]:
+    """The table to read for ``key`` and the bytes per entry it was measured with."""
+    if key.endswith(":v") and key not in profile.tables and key + "f" in profile.tables:
+        return key + "f", 4
+    return key, 4 if key.endswith(":vf") else 8
+
+
 def block_threads(key: str) -> int:
     """Threads per block of the kernel shape ``key`` (:func:`~tuner.model.profile_data.kernel_key`).
 
@@ -27,13 +34,6 @@ def block_threads(key: str) -> int:
         128
     """
     return int(key.split(":")[2])
-
-
-def table_for(profile: Profile, key: str) -> tuple[str, int]:
-    """The table to read for ``key`` and the bytes per entry it was measured with."""
-    if key.endswith(":v") and key not in profile.tables and key + "f" in profile.tables:
-        return key + "f", 4
-    return key, 4 if key.endswith(":vf") else 8
 
 
 def cache_level(profile: Profile, level: str) -> CacheLevel:

@@ -303,22 +303,23 @@ def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
         if s.group == WARP:
             return per_row_histogram(m, s.lo, s.hi, 1)
         # Lane groups of several rows per warp: see class_groups.
-        return shared_layout(m, _group_key(s), lambda: group_histograms(class_lengths(m, s.lo, s.hi), (s.group,))[s.group])
+        return shared_layout(m, _group_key(s.lo, s.hi, s.group),
+                             lambda: group_histograms(class_lengths(m, s.lo, s.hi), (s.group,))[s.group])
     return shared_layout(m, ("warps",) + s.ident, build)
 
 
-def _group_key(s: SegmentSpec) -> tuple:
-    return ("group_warps", s.lo, s.hi, s.group)
+def _group_key(lo: int, hi: int | None, group: int) -> tuple:
+    return ("group_warps", lo, hi, group)
 
 
 def class_groups(m: CanonicalMatrix, segments: list[SegmentSpec]) -> None:
     """Build the histograms of lane groups of several rows per warp of one class of rows (``segments``
     share lo and hi) in one pass of halvings over its rows: binned's medium classes come with several."""
-    missing = sorted({s.group for s in segments if known_layout(m, _group_key(s)) is None})
+    lo, hi = segments[0].lo, segments[0].hi
+    missing = sorted({s.group for s in segments if known_layout(m, _group_key(lo, hi, s.group)) is None})
     if missing:
-        s = segments[0]
-        for g, h in group_histograms(class_lengths(m, s.lo, s.hi), missing).items():
-            shared_layout(m, ("group_warps", s.lo, s.hi, g), lambda h=h: h)
+        for g, h in group_histograms(class_lengths(m, lo, hi), missing).items():
+            shared_layout(m, _group_key(lo, hi, g), lambda h=h: h)
 
 
 def _built_by(s: SegmentSpec) -> tuple:
@@ -339,6 +340,7 @@ def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | Non
     tasks: dict[tuple, list] = {}
     for s in segments:
         tasks.setdefault(_built_by(s), []).append(s)
+
     def build(group):
         if _few_lanes(group[0]):
             class_groups(m, group)
