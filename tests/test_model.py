@@ -29,11 +29,14 @@ def profile():
     return Profile.from_json(fake_profile_json())
 
 
+# The fake GPU as one SM of all its warp slots: every launch fills it, so tests of the tail and work
+# arithmetic need not deal blocks out to SMs.
+ONE_SM = {"sm_count": 1, "max_warps_per_sm": 1000}
+
+
 @pytest.fixture
 def one_sm():
-    """The fake GPU as one SM of all its warp slots: every launch fills it, so tests of the tail and
-    work arithmetic need not deal blocks out to SMs."""
-    return Profile.from_json(fake_profile_json(sm_count=1, max_warps_per_sm=1000))
+    return Profile.from_json(fake_profile_json(**ONE_SM))
 
 
 def test_waves_follow_equations_1_to_5():
@@ -336,7 +339,7 @@ def test_lookup_bounds_a_dense_row_by_its_rounds_and_sees_locality(one_sm):
     # One thread alone walks the dense row in 8 ms: that tail, far more than the throughput share, is added
     # to the thread-per-row kernel's time; a block of 256 lanes takes 1/256 of it.
     thread = next(s for s in specs if s.label() == "csr_vector(threads_per_row=1,block_size=256,order=none)")
-    flat = Profile.from_json(fake_profile_json(tail_factor=0.0, sm_count=1, max_warps_per_sm=1000))
+    flat = Profile.from_json(fake_profile_json(tail_factor=0.0, **ONE_SM))
     work = predict_lookup(m, thread, flat) - 0.004
     assert pred[thread.label()] == pytest.approx(0.004 + work / 2 + 4e-4 * 20000)
     block = pred["binned(small_max=8,medium_max=96,warp_division=8,huge_min=96,block_size=256,order=none)"]
