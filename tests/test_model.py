@@ -53,15 +53,6 @@ def test_waves_follow_equations_1_to_5():
 
 
 
-def test_grouped_waves_equal_the_waves_of_the_warps_spelt_out():
-    from tuner.model.waves import grouped_wave_time
-    rng = np.random.default_rng(4)
-    size, perf, alone = rng.uniform(1, 9, 6), rng.uniform(1, 3, 6), rng.uniform(0, 40, 6)
-    count = np.array([3, 0, 5, 1, 7, 2])
-    expected = wave_time(np.repeat(size, count), np.repeat(perf, count), 4, alone=np.repeat(alone, count))
-    assert grouped_wave_time(size, perf, count, 4, alone=alone) == pytest.approx(expected, rel=1e-12)
-    assert grouped_wave_time(size, perf, count, 4) == pytest.approx((count * size / perf).sum())
-
 def test_one_full_wave_of_equal_warps_takes_total_over_performance():
     assert wave_time(np.full(100, 10.0), np.full(100, 50.0), 100) == pytest.approx(1000 / 50)
 

@@ -129,6 +129,41 @@ def test_packed_runs_spelt_out_are_the_workloads_of_the_ranked_rows(wl):
         assert covered.sum() >= np.count_nonzero(ranked)  # every live row in some workload
 
 
+def algorithm_3(ranked, wl):
+    """Algorithm 3, lines 7-16, walked workload by workload over the ranked rows: (start, h, row-major)."""
+    out, i, live = [], 0, int(np.count_nonzero(ranked))
+    while i < live:
+        w = int(ranked[i])
+        h = max(wl // w, 1)
+        step = h if w >= h else -(-h // 32) * 32
+        out.append((i, min(h, live - i) if w >= h else step, w >= h))
+        i += step
+    return out
+
+
+@pytest.mark.parametrize("wl", [1, 3, 32, 100, 777, 4096])
+def test_runs_packed_together_equal_algorithm_3_walked_row_by_row(wl):
+    # pack_many counts each run's workloads at once from stretches of equal step; the paper walks rows.
+    rng = np.random.default_rng(wl + 1)
+    for _ in range(25):
+        ranked = np.sort(np.concatenate([rng.zipf(rng.uniform(1.3, 2.5), rng.integers(1, 500)) % 3000,
+                                         [0] * int(rng.integers(0, 3))]))[::-1]
+        p = pack(ranked, wl)
+        assert list(zip(p.start.tolist(), p.h.tolist(), p.row_major.tolist())) == algorithm_3(ranked, wl)
+
+
+def test_packings_of_several_sizes_equal_each_packed_alone():
+    from tuner.formats.tile_composite import pack_many, pack_runs
+    lengths, counts = np.array([900, 40, 39, 7, 2, 1]), np.array([1, 3, 50, 9, 400, 2000])
+    sizes = [32, 64, 900, 1800, 8192]
+    many = pack_many(lengths, counts, sizes)
+    for c, wl in enumerate(sizes):
+        a, b = many.shapes(c), pack_runs(lengths, counts, wl)
+        for f in ("first", "count", "step", "length", "h", "row_major", "run"):
+            assert getattr(a, f).tolist() == getattr(b, f).tolist()
+    assert many.tail_rows.tolist()[:2] == [0, 0] and pack_many(np.array([5]), np.array([3]), [10]).tail_rows[0] == 1
+
+
 def test_packing_follows_algorithm_3_and_figure_1d():
     # Fig. 1(d): rows ranked 3, 2, 2, 1, 1, 1, 1 with WL = 4: the first row alone, then two rows of 2
     # row-major, then the single-entry rows column-major (their 4 rows padded to a warp of 32).
@@ -251,6 +286,36 @@ def test_algorithm_2_picks_the_workload_size_of_least_modelled_time(profile):
     times = {wl: tc_model.tile_time(lengths, counts, wl, profile, keys, fr) for wl in options}
     wl, t = tc_model.partition(lengths, counts, profile, keys, fr)
     assert len(set(times.values())) > 3 and t == min(times.values()) and times[wl] == t
+
+
+def test_tile_times_are_equations_1_to_5_over_every_workload_spelt_out():
+    # Rates per distinct length, made up; each workload is looked up by its first row, charged its
+    # rectangle, and held alone for its rounds (row-major: h rows; column-major: h / (w + 1 up to 32)).
+    rng = np.random.default_rng(7)
+    # A power-law tile, and one whose last row-major workload is cut short (7 rows of 50 in threes).
+    check_tile_times(np.sort(rng.zipf(1.7, 3000) % 700)[::-1], [32, 700, 1400, 5000], rng)
+    assert check_tile_times(np.array([50] * 7), [150, 100], rng).tail_rows.tolist() == [1, 1]
+
+
+def check_tile_times(ranked, sizes, rng):
+    from tuner.formats.tile_composite import col_shape_height, pack_many
+    from tuner.model.waves import wave_time
+    lengths, counts = np.unique(ranked[ranked > 0], return_counts=True)
+    lengths, counts = lengths[::-1], counts[::-1]
+    rates = {k: (rng.uniform(1e5, 1e6, lengths.size), rng.uniform(1e-4, 1e-2, lengths.size)) for k in ("row", "col")}
+    packed = pack_many(lengths, counts, sizes)
+    times = tc_model.tile_times(packed, rates, max_active_warps=40)
+    for wl, t in zip(sizes, times):
+        p = pack(ranked, wl)
+        first = ranked[p.start]
+        run = np.searchsorted(-lengths, -first)
+        kind = np.where(p.row_major, 0, 1)
+        perf = np.choose(kind, [rates["row"][0][run], rates["col"][0][run]])
+        unit = np.choose(kind, [rates["row"][1][run], rates["col"][1][run]])
+        rounds = np.where(p.row_major, p.h, p.h / col_shape_height(first))
+        assert t == pytest.approx(wave_time(first * p.h, perf, 40, alone=unit * rounds), rel=1e-12)
+    assert len(set(np.round(times, 12))) == len(sizes)
+    return packed
 
 
 def test_tile_time_is_equations_1_to_5_over_the_packed_workloads(profile):

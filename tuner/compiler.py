@@ -11,7 +11,7 @@ from . import codegen, families, gpu, paths, planner
 from .cache import Cache
 from .families.base import Specialization
 from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
-from .model import Profile, load_profile, predict_many
+from .model import Profile, load_profile, predicted_candidates
 from .search import optuna_search
 from .matrix import CanonicalMatrix, canonicalize, fingerprint, structure_digest, structure_features
 
@@ -155,8 +155,11 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
         if binary is None:  # binary evicted or corrupt: rebuild it, keep the plan
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
         return SpMV(m, spec, binary.cubin, plan)
-    specs = families.specializations(m, profile=prof)
-    predicted = predict_many(m, specs, prof) if prof else [None] * len(specs)
+    if prof:
+        specs, predicted = predicted_candidates(m, prof)
+    else:
+        specs = families.specializations(m)
+        predicted = [None] * len(specs)
     if prof and tune != "exhaustive":
         specs, predicted = predictable(specs, predicted, info.name)
     binaries: dict[int, codegen.Binary] = {}

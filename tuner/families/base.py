@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
@@ -142,15 +143,24 @@ def ceil_div(a: int, b: int) -> int:
 
 
 _layouts: "weakref.WeakKeyDictionary[CanonicalMatrix, dict]" = weakref.WeakKeyDictionary()
+_gates: "weakref.WeakKeyDictionary[CanonicalMatrix, dict]" = weakref.WeakKeyDictionary()  # a lock per key
+_memo_lock = threading.Lock()
 
 
 def shared_layout(m: CanonicalMatrix, key: tuple, build: Callable[[], object]):
     """``build()`` once per matrix and key: candidates that differ only in launch constants share one
     host layout (and so, through :class:`~tuner.kernel.DeviceArrays`, one upload). Freed with the matrix.
+    Safe across threads (the planner builds histograms on several): a second caller of a key being built
+    waits for it instead of building it again.
     """
-    per_matrix = _layouts.setdefault(m, {})
-    if key not in per_matrix:
-        per_matrix[key] = build()
+    with _memo_lock:
+        per_matrix = _layouts.setdefault(m, {})
+        if key in per_matrix:
+            return per_matrix[key]
+        gate = _gates.setdefault(m, {}).setdefault(key, threading.Lock())
+    with gate:
+        if key not in per_matrix:
+            per_matrix[key] = build()
     return per_matrix[key]
 
 
@@ -172,12 +182,19 @@ def ordered_matrix(m: CanonicalMatrix, order: str) -> CanonicalMatrix:
 
 
 def ordered_structure(m: CanonicalMatrix, order: str) -> CanonicalMatrix | Structure:
-    """What the model reads of ``m`` relabelled by ``order``: lengths only, no permuted arrays."""
+    """What the model reads of ``m`` relabelled by ``order``: lengths only, no permuted arrays; the
+    permuted matrix itself when it is already built (the tiled families build it to count their tiles),
+    so that the model's memos of that view - tile runs, gather shares - are the planner's."""
     if order == NONE:
         return m
     source = weakref.ref(m)  # not m: the memo's value must not keep its key alive
-    return shared_layout(m, ("structure", order), lambda: permuted_structure(
-        m, ordering(m, order), lambda: ordered_matrix(source(), order)))
+
+    def view():
+        built = known_layout(m, ("permuted", order))
+        return built if built is not None else permuted_structure(
+            m, ordering(m, order), lambda: ordered_matrix(source(), order))
+    # The first answer stays, so that what the model memoises on the view is found again.
+    return shared_layout(m, ("structure", order), view)
 
 
 def plan_matrix(m: CanonicalMatrix | Structure) -> CanonicalMatrix:

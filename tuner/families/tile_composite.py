@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.tile_composite import TileComposite, build_tile_composite, evaluate_tile_composite, tile_ranks
+from ..formats.tile_composite import (Shapes, TileComposite, build_tile_composite, evaluate_tile_composite, pack_runs,
+                                      tile_ranks)
 from ..matrix import CanonicalMatrix
 from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_launch, ordered_matrix, shared_layout
-from .tiles import TILE_ORDER, count_tile_runs, tiling, widths
+from .tiles import TILE_ORDER, count_tile_runs, ranked_tile_runs, tiling, widths
 
 BLOCK_SIZE = 256
 NOMINAL_ACTIVE_WARPS = 132 * 64  # an H100's resident warps: Algorithm 2's bound when there is no profile
@@ -54,6 +55,13 @@ def ranking(m: CanonicalMatrix, width: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`~tuner.formats.tile_composite.tile_ranks` of ``m``'s tiles, once per plan matrix and width
     (the layout's order of the rows inside each tile)."""
     return shared_layout(m, ("tile_ranks", width), lambda: tile_ranks(tiling(m, width)))
+
+
+def packed(m: CanonicalMatrix, width: int, t: int, wl: int, shapes: Shapes | None = None) -> Shapes:
+    """Algorithm 3's packing of tile ``t`` of plan matrix ``m`` at workload size ``wl``, once per matrix: the
+    planner packs it while choosing ``wl`` (and hands it over as ``shapes``), the model reads it again."""
+    return shared_layout(m, ("packed", width, t, wl), lambda: shapes if shapes is not None else pack_runs(
+        *ranked_tile_runs(m, width).tile(t), wl))
 
 
 def fill_workload(longest: int, entries: int, active_warps: int) -> int:

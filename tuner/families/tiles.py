@@ -2,6 +2,8 @@
 tiling of a plan's matrix, built once per matrix and width."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..formats.tiles import RankedRuns, TiledEntries, ranked_runs_many, tile_bounds, tile_entries, tile_widths
 from ..matrix import CanonicalMatrix
 from .base import known_layout, shared_layout
@@ -27,10 +29,16 @@ def widths(m: CanonicalMatrix, profile=None) -> list[int]:
     return tile_widths(l1_sectors(profile), m.value_dtype.itemsize, m.n_cols)
 
 
+def bounds(m: CanonicalMatrix, width: int) -> np.ndarray:
+    """:func:`~tuner.formats.tiles.tile_bounds` of ``m``'s columns, once per matrix (or lengths-only view)
+    and width: the planner, the model's segments and the layout all ask for them."""
+    return shared_layout(m, ("tile_bounds", width), lambda: tile_bounds(m.col_lengths, width))
+
+
 def tiling(m: CanonicalMatrix, width: int) -> TiledEntries:
     """``m``'s entries cut into tiles of ``width`` columns (Algorithm 1's rule), once per matrix and width."""
     return shared_layout(m, ("tiles", width), lambda: tile_entries(
-        m.indptr, m.indices, m.n_cols, tile_bounds(m.col_lengths, width)))
+        m.indptr, m.indices, m.n_cols, bounds(m, width)))
 
 
 def ranked_tile_runs(m: CanonicalMatrix, width: int) -> RankedRuns:
@@ -43,7 +51,7 @@ def count_tile_runs(m: CanonicalMatrix, widths: list[int]) -> list[RankedRuns]:
     """:func:`ranked_tile_runs` of several widths, those not yet counted in one pass over the entries."""
     missing = [w for w in dict.fromkeys(widths) if known_layout(m, ("ranked_tiles", w)) is None]
     if missing:
-        counted = ranked_runs_many(m.indptr, m.indices, [tile_bounds(m.col_lengths, w) for w in missing])
+        counted = ranked_runs_many(m.indptr, m.indices, [bounds(m, w) for w in missing])
         for w, runs in zip(missing, counted):
             shared_layout(m, ("ranked_tiles", w), lambda runs=runs: runs)
     return [known_layout(m, ("ranked_tiles", w)) for w in widths]

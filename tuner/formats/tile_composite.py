@@ -117,68 +117,116 @@ class Shapes:
         return np.where(self.row_major, self.h, self.h / col_shape_height(self.length)).astype(np.float64)
 
 
-def pack_runs(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Shapes:
-    """Algorithm 3's partition (lines 7-16) of a tile whose rows, ranked by decreasing length, come as
-    ``counts`` rows of each of ``lengths`` (run-length encoded, decreasing).
+@dataclass(frozen=True)
+class Packings:
+    """Algorithm 3's partition of one tile at several workload sizes at once (:func:`pack_many`), run by
+    run: row c is workload size ``wls[c]``, entry (c, r) the workloads that start inside run r (all of
+    run r's shape). Algorithm 2 compares the sizes from these arrays; :meth:`shapes` spells one out.
+
+    Attributes:
+        wls: the workload sizes.
+        lengths: the tile's distinct lengths of non-empty rows, decreasing (one per run).
+        first, count, step: rank of the first row of the workloads starting in each run, how many start
+            there, rows between them; count 0 where none does.
+        row_major: those workloads are stored row-major (w >= h).
+        tail_rows: rows of a last row-major workload that would run past the tile's last row and so
+            holds only the rows left (0: none); it is not in ``count``.
+        tail_run, tail_first: its run and first row.
+    """
+
+    wls: np.ndarray
+    lengths: np.ndarray
+    first: np.ndarray
+    count: np.ndarray
+    step: np.ndarray
+    row_major: np.ndarray
+    tail_rows: np.ndarray
+    tail_run: np.ndarray
+    tail_first: np.ndarray
+
+    def shapes(self, c: int) -> Shapes:
+        """The packing at ``wls[c]`` as :class:`Shapes` (runs in rank order, the tail last)."""
+        run = np.flatnonzero(self.count[c] > 0)
+        first, count, step, row_major = (a[c, run] for a in (self.first, self.count, self.step, self.row_major))
+        h = step.copy()
+        if self.tail_rows[c]:
+            run = np.append(run, self.tail_run[c])
+            first, count = np.append(first, self.tail_first[c]), np.append(count, 1)
+            step = np.append(step, self.step[c, self.tail_run[c]])
+            h, row_major = np.append(h, self.tail_rows[c]), np.append(row_major, True)
+        return Shapes(first, count, step, self.lengths[run], h, row_major, run)
+
+
+def pack_many(lengths: np.ndarray, counts: np.ndarray, wls) -> Packings:
+    """Algorithm 3's partition (lines 7-16) at each workload size of ``wls`` of a tile whose rows, ranked by
+    decreasing length, come as ``counts`` rows of each of ``lengths`` (run-length encoded, decreasing).
 
     One workload per step: w_j = length of its first row, h_j = WL // w_j, padded (Padding(w, h, 32)); the
-    next workload starts h_j rows later (column-major: the padded h_j). Inside a run of equal lengths the
-    workloads repeat, so the loop runs once per distinct length met, not once per workload.
+    next workload starts h_j rows later (column-major: the padded h_j). Down the ranking w only shrinks,
+    so h and the step only grow: over a stretch of runs of one step the workloads start every step rows,
+    whatever their first row. A loop finds where each stretch's starts begin (once per distinct step);
+    each run's workloads - those starting inside it - are then counted at once, for all sizes together.
+
+    Example (Fig. 1(d) on a 32-lane GPU: rows of 3, 2, 2, 1 x 4 with WL = 4; with WL = 8 the rows of 3 and
+    2 make one row-major workload, and the rest one column-major workload from the second row of 2):
+        >>> p = pack_many(np.array([3, 2, 1]), np.array([1, 2, 4]), [4, 8])
+        >>> p.count.tolist(), p.shapes(1).first.tolist(), p.shapes(1).h.tolist()
+        ([[1, 1, 1], [1, 1, 0]], [0, 2], [2, 32])
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    wl = np.asarray(wls, dtype=np.int64).reshape(-1, 1)
+    if lengths.size > 1 and np.any(lengths[1:] >= lengths[:-1]):
+        raise ValueError("pack_runs needs distinct row lengths in decreasing order")
+    if wl.size and wl.min() < 1:
+        raise ValueError(f"workload size must be >= 1, got {int(wl.min())}")
+    live_runs = int(np.count_nonzero(lengths))
+    lengths, counts = lengths[:live_runs], counts[:live_runs]
+    if live_runs == 0:
+        none, zero = np.zeros((wl.size, 0), np.int64), np.zeros(wl.size, np.int64)
+        return Packings(wl.ravel(), lengths, none, none, none, none.astype(bool), zero, zero, zero)
+    end = np.cumsum(counts)
+    start = end - counts
+    live = int(end[-1])
+    h = np.maximum(wl // lengths, 1)
+    row_major = lengths >= h
+    step = np.where(row_major, h, _up(h))
+    # Stretches of runs of one step; each one's workloads start at its origin and every step rows after.
+    new = np.ones(step.shape, dtype=bool)
+    new[:, 1:] = step[:, 1:] != step[:, :-1]
+    size, run = np.nonzero(new)  # each stretch's size (row) and first run, size by size
+    last_run = np.append(run[1:], 0) - 1
+    last_run[np.append(size[1:] != size[:-1], True)] = live_runs - 1
+    origins, i, prev = np.empty(run.size, dtype=np.int64), 0, -1
+    for k, (c, s, e) in enumerate(zip(size.tolist(), step[size, run].tolist(), end[last_run].tolist())):
+        if c != prev:
+            i, prev = 0, c
+        origins[k] = i
+        if e > i:
+            i += s * -(-(e - i) // s)  # the first start at or past the stretch's last row
+    origin = origins[np.cumsum(new.ravel()).reshape(step.shape) - 1]
+    before = -(-(np.maximum(start, origin) - origin) // step)  # starts before the run (or the part reached)
+    count = np.maximum(-(-(end - origin) // step) - before, 0)
+    first = origin + before * step
+    # The last row-major workload may run past the tile's last row: it holds only the rows that are left.
+    c_all = np.arange(wl.size)
+    tail_run = live_runs - 1 - np.argmax(count[:, ::-1] > 0, axis=1)
+    tail_first = (first + step * (count - 1))[c_all, tail_run]
+    over = row_major[c_all, tail_run] & (tail_first + step[c_all, tail_run] > live)
+    count[c_all[over], tail_run[over]] -= 1
+    return Packings(wl.ravel(), lengths, first, count, step, row_major, np.where(over, live - tail_first, 0),
+                    tail_run, tail_first)
+
+
+def pack_runs(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Shapes:
+    """:func:`pack_many` at one workload size, as :class:`Shapes`.
 
     Example (Fig. 1(d) on a 32-lane GPU: rows of 3, 2, 2, 1 x 4 with WL = 4):
         >>> s = pack_runs(np.array([3, 2, 1]), np.array([1, 2, 4]), 4)
         >>> s.first.tolist(), s.count.tolist(), s.length.tolist(), s.h.tolist(), s.row_major.tolist()
         ([0, 1, 3], [1, 1, 1], [3, 2, 1], [1, 2, 32], [True, True, False])
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    counts = np.asarray(counts, dtype=np.int64)
-    if lengths.size > 1 and np.any(lengths[1:] >= lengths[:-1]):
-        raise ValueError("pack_runs needs distinct row lengths in decreasing order")
-    if wl < 1:
-        raise ValueError(f"workload size must be >= 1, got {wl}")
-    live_runs = int(np.count_nonzero(lengths))
-    cum = np.cumsum(counts[:live_runs])
-    ends = cum.tolist()
-    values = lengths[:live_runs].tolist()
-    live = ends[-1] if ends else 0
-    # Rows longer than WL / 2 are one-row workloads (h = 1): their runs are done at once, and the loop
-    # walks only the shorter lengths (a power-law tile has many distinct long ones).
-    alone = int(np.count_nonzero(lengths[:live_runs] > wl // 2))
-    firsts = (cum[:alone] - counts[:alone]).tolist()
-    ks = counts[:alone].tolist()
-    steps, runs, majors = [1] * alone, list(range(alone)), [True] * alone
-    i = ends[alone - 1] if alone else 0
-    r = alone
-    while i < live:
-        while ends[r] <= i:  # a workload may end past several runs
-            r += 1
-        w = values[r]
-        h = max(wl // w, 1)
-        row_major = w >= h
-        step = h if row_major else _up(h)
-        k = -(-(ends[r] - i) // step)  # workloads starting in this run
-        firsts.append(i)
-        ks.append(k)
-        steps.append(step)
-        runs.append(r)
-        majors.append(row_major)
-        i += step * k
-    first, count, step, run = (np.array(v, dtype=np.int64) for v in (firsts, ks, steps, runs))
-    length, row_major = lengths[run], np.array(majors, dtype=bool)
-    h = step.copy()
-    if first.size and row_major[-1] and first[-1] + step[-1] * count[-1] > live:
-        # The last row-major workload runs past the tile's last row: it holds only the rows that are left.
-        last_start = int(first[-1] + step[-1] * (count[-1] - 1))
-        count[-1] -= 1
-        first = np.append(first, last_start)
-        count = np.append(count, 1)
-        step, length, run = (np.append(a, a[-1]) for a in (step, length, run))
-        h = np.append(h, live - last_start)
-        row_major = np.append(row_major, True)
-        keep = count > 0
-        first, count, step, length, h, row_major, run = (a[keep] for a in (first, count, step, length, h, row_major,
-                                                                          run))
-    return Shapes(first, count, step, length, h, row_major, run)
+    return pack_many(lengths, counts, [wl]).shapes(0)
 
 
 def pack(lengths: np.ndarray, wl: int) -> Workloads:

@@ -235,19 +235,30 @@ def _chunk_counts(indptr: np.ndarray, indices: np.ndarray, bounds_list: list) ->
         starts = np.flatnonzero(new)
         run_tile, run_row_start = fine[starts], row_start[starts]
     else:  # single tiles only: the runs are the rows
+        cap = 0
         starts = np.flatnonzero(row_start)
         run_tile, run_row_start = np.zeros(starts.size, np.uint16), np.ones(starts.size, dtype=bool)
+    if nnz < (1 << 31):
+        starts = starts.astype(np.int32)
     out = []
     for w, b in zip(widths, bounds_list):
         last = b.size - 2
-        tile = np.minimum(run_tile // (w // narrow), last) if w else np.zeros_like(run_tile)
-        brk = run_row_start.copy()
-        brk[1:] |= tile[1:] != tile[:-1]
-        at = np.flatnonzero(brk)
-        tile, length = tile[at].astype(np.int64), np.diff(starts[at], append=nnz)
-        short = length < COUNTED_LENGTHS
-        dense = np.bincount(tile[short] * COUNTED_LENGTHS + length[short], minlength=(last + 1) * COUNTED_LENGTHS)
-        out.append((dense.reshape(last + 1, COUNTED_LENGTHS), tile[~short], length[~short]))
+        if w == narrow and last >= cap:  # the narrowest tiling's runs are the fine ones
+            tile, run_starts = run_tile, starts
+        else:
+            tile = np.minimum(run_tile // (w // narrow), last) if w else np.zeros_like(run_tile)
+            brk = run_row_start.copy()
+            brk[1:] |= tile[1:] != tile[:-1]
+            at = np.flatnonzero(brk)
+            tile, run_starts = tile[at], starts[at]
+        length = np.diff(run_starts, append=run_starts.dtype.type(nnz))
+        # One bincount of (tile, length) with the long runs in an extra column, dropped: no filtering.
+        kind = np.int32 if (last + 1) * (COUNTED_LENGTHS + 1) < (1 << 31) else np.int64
+        key = tile.astype(kind) * (COUNTED_LENGTHS + 1)
+        key += np.minimum(length, COUNTED_LENGTHS).astype(kind, copy=False)
+        dense = np.bincount(key, minlength=(last + 1) * (COUNTED_LENGTHS + 1)).reshape(last + 1, -1)
+        long = np.flatnonzero(length >= COUNTED_LENGTHS)
+        out.append((dense[:, :COUNTED_LENGTHS], tile[long].astype(np.int64), length[long].astype(np.int64)))
     return out
 
 

@@ -6,9 +6,10 @@ bandwidth, kept beside it so that reports show what the table adds; ``aligned_co
 segment-size heuristic and runtime-cost equations.
 """
 from .baseline import predict_baseline
-from .lookup import predict_lookup, predict_many
+from .lookup import predict_lookup, predict_many, predicted_candidates
 from .profile_data import Profile, load_profile
 
 MODELS = {"lookup": predict_lookup, "baseline": predict_baseline}
 
-__all__ = ["MODELS", "Profile", "load_profile", "predict_baseline", "predict_lookup", "predict_many"]
+__all__ = ["MODELS", "Profile", "load_profile", "predict_baseline", "predict_lookup", "predict_many",
+           "predicted_candidates"]

@@ -1,6 +1,7 @@
 """The lookup-table model of paper 003: per-warp table performance combined by equations 1-5."""
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import numpy as np
@@ -224,6 +225,39 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
         mv = ordered_structure(m, order)
         prebuild(mv, [s for spec in group for _, s in SEGMENTS[spec.family](mv, spec.params)])
     return [predict_lookup(m, spec, profile) if k else None for spec, k in zip(specs, ok)]
+
+
+def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] | None = None
+                         ) -> tuple[list[Specialization], list[float | None]]:
+    """Every candidate of ``m`` (``families.specializations``) and its prediction (:func:`predict_many`),
+    in that order. While the families whose space reads the profile (the tiled ones: they count every
+    tile's rows and run Algorithm 2) build their candidates, the other families' warp histograms (passes
+    over the rows of each class) are built on other threads: the two do not wait for each other.
+
+    Example: see tests/test_model.py (needs a profile).
+    """
+    from .. import families  # here: the families' registry imports the model's users
+    names = list(families.REGISTRY) if names is None else list(names)
+    tiled = [n for n in names if families.get(n).uses_profile]
+    plain = families.specializations(m, [n for n in names if n not in tiled], profile=profile)
+
+    def rows():
+        by_order: dict[str, list] = {}
+        for spec in plain:
+            by_order.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
+        for order in sorted(by_order, key=lambda o: o != NONE):  # the caller's order first: no relabelling
+            view = ordered_structure(m, order)
+            prebuild(view, [s for spec in by_order[order] if can_predict(m, spec, profile)
+                            for _, s in SEGMENTS[spec.family](view, spec.params)])
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        built = pool.submit(rows)
+        tiled_specs = families.specializations(m, tiled, profile=profile)
+        built.result()
+    made = {n: [] for n in names}
+    for spec in plain + tiled_specs:
+        made[spec.family].append(spec)
+    specs = [spec for n in names for spec in made[n]]
+    return specs, predict_many(m, specs, profile)
 
 
 def _segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -> tuple[float, float, float]:

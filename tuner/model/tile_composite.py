@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..families.tile_composite import BLOCK_SIZE, tile_extent
-from ..formats.tile_composite import pack_runs
-from ..formats.tiles import tile_bounds
+from ..families.tile_composite import BLOCK_SIZE, packed, tile_extent
+from ..families.tiles import bounds
+from ..formats.tile_composite import Packings, Shapes, col_shape_height, pack_many
 from ..matrix import CanonicalMatrix
 from .lookup import blended, gather_fractions, table_for
 from .profile_data import REGIMES, Profile, kernel_key
-from .waves import grouped_wave_time
 
 MAX_CANDIDATES = 16  # workload sizes tried per tile (Algorithm 2 tries every multiple of the first row)
 
@@ -30,22 +29,42 @@ def tile_keys(profile: Profile, value_free: bool, block: int = BLOCK_SIZE) -> di
 def tile_time(lengths: np.ndarray, counts: np.ndarray, wl: int, profile: Profile, keys: dict, fractions,
               rates: dict | None = None) -> float:
     """Algorithm 3, PM(T, WL): pack the tile - ``counts`` rows of each of ``lengths``, decreasing - with
-    workload size WL (lines 7-16), look every workload up in its table, and run the warps in waves by
-    equations 1-5 (:func:`~tuner.model.waves.grouped_wave_time`: equal workloads are summed at once); the
-    kernel lasts at least as long as its slowest warp alone. ``rates``: the tile's :func:`length_rates`,
-    when already looked up (Algorithm 2 packs one tile many times).
+    workload size WL (lines 7-16) and time it by :func:`tile_times`. ``rates``: the tile's
+    :func:`length_rates`, when already looked up.
 
     Example: see tests/test_tiles.py (needs a profile).
     """
-    s = pack_runs(lengths, counts, wl)
-    if s.workloads == 0:
-        return 0.0
     rates = rates or length_rates(lengths, profile, keys, fractions)
-    (row_perf, row_alone), (col_perf, col_alone) = rates["row"], rates["col"]
-    perf = np.where(s.row_major, row_perf[s.run], col_perf[s.run])
-    alone = np.where(s.row_major, row_alone[s.run], col_alone[s.run])
-    return grouped_wave_time(s.size.astype(np.float64), perf, s.count, profile.max_active_warps(keys["row"]),
-                             alone=alone * s.rounds)
+    return float(tile_times(pack_many(lengths, counts, [wl]), rates, profile.max_active_warps(keys["row"]))[0])
+
+
+def tile_times(p: Packings, rates: dict, max_active_warps: int) -> np.ndarray:
+    """PM(T, WL) of every workload size of ``p``: each workload looked up in its table by its first row's
+    length (``rates``, from :func:`length_rates`), the warps run in waves by equations 1-5 with the
+    work-weighted mean (:func:`~tuner.model.waves.wave_time`; a wave's time is then the sum of its warps'
+    S / P, so equal workloads are summed at once), and the tile lasting at least as long as its slowest
+    warp alone (and the slots' time alone over the resident warps).
+
+    Example: see tests/test_tiles.py (needs a profile).
+    """
+    runs = p.lengths.size
+    if runs == 0:
+        return np.zeros(p.wls.size)
+    (row_perf, row_alone), (col_perf, col_alone) = ((a[:runs] for a in rates[k]) for k in ("row", "col"))
+    perf = np.where(p.row_major, row_perf, col_perf)
+    rounds = np.where(p.row_major, p.step, p.step / col_shape_height(p.lengths))
+    alone = np.where(p.row_major, row_alone, col_alone) * rounds
+    work = (p.count * (p.lengths * p.step) / perf).sum(axis=1)
+    alone_sum = (p.count * alone).sum(axis=1)
+    slowest = np.where(p.count > 0, alone, 0.0).max(axis=1)
+    # The last row-major workload cut short at the tile's end: a row-major warp of its rows.
+    tail = p.tail_rows > 0
+    r = p.tail_run
+    tail_alone = np.where(tail, row_alone[r] * p.tail_rows, 0.0)
+    work += np.where(tail, p.lengths[r] * p.tail_rows / row_perf[r], 0.0)
+    alone_sum += tail_alone
+    slowest = np.maximum(slowest, tail_alone)
+    return np.maximum(np.maximum(work, alone_sum / max(int(max_active_warps), 1)), slowest)
 
 
 def length_rates(lengths: np.ndarray, profile: Profile, keys: dict, fractions) -> dict:
@@ -91,26 +110,37 @@ def partition(lengths: np.ndarray, counts: np.ndarray, profile: Profile, keys: d
 
     Example: see tests/test_tiles.py (needs a profile).
     """
+    wl, t, _ = _partition(lengths, counts, profile, keys, fractions)
+    return wl, t
+
+
+def _partition(lengths, counts, profile, keys, fractions) -> tuple[int, float, Shapes | None]:
+    """:func:`partition` and the chosen packing (None for an empty tile)."""
     if len(lengths) == 0 or lengths[0] == 0:
-        return 1, 0.0
-    best = (0, np.inf)
+        return 1, 0.0, None
     rates = length_rates(lengths, profile, keys, fractions)
-    for wl in candidates(*tile_extent(lengths, counts), profile.max_active_warps(keys["row"])):
-        t = tile_time(lengths, counts, wl, profile, keys, fractions, rates)
-        if t < best[1]:
-            best = (wl, t)
-    return best
+    sizes = candidates(*tile_extent(lengths, counts), profile.max_active_warps(keys["row"]))
+    packings = pack_many(lengths, counts, sizes)
+    times = tile_times(packings, rates, profile.max_active_warps(keys["row"]))
+    best = int(np.argmin(times))  # the first of equals, as the paper's loop keeps it
+    return sizes[best], float(times[best]), packings.shapes(best)
 
 
 def partition_tiles(plan: CanonicalMatrix, width: int, runs, profile: Profile | None) -> tuple | None:
     """Algorithms 1-2: every tile's workload size by the model, from the tiles' :class:`RankedRuns`
     (None when there is no profile or it lacks the tile_composite tables: the family then falls back on
-    Algorithm 2's bounds alone)."""
+    Algorithm 2's bounds alone). The chosen packings are kept for the model's warps of the plan
+    (:func:`~tuner.families.tile_composite.packed`)."""
     if profile is None:
         return None
     keys = tile_keys(profile, plan.value_free)
     if keys is None:
         return None
-    bounds = tile_bounds(plan.col_lengths, width)
-    return tuple(partition(*runs.tile(t), profile, keys, gather_fractions(plan, profile, (int(a), int(b))))[0]
-                 for t, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])))
+    cuts = bounds(plan, width)
+    out = []
+    for t, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+        wl, _, s = _partition(*runs.tile(t), profile, keys, gather_fractions(plan, profile, (int(a), int(b))))
+        if s is not None:
+            packed(plan, width, t, wl, s)
+        out.append(wl)
+    return tuple(out)

@@ -22,12 +22,10 @@ from ..families.aligned_coo import AlignedCooParams
 from ..families.base import known_layout, plan_matrix, shared_layout
 from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
-from ..families.tile_composite import TileCompositeParams
+from ..families.tile_composite import TileCompositeParams, packed
 from ..families.tile_coo import TileCooParams
-from ..families.tiles import ranked_tile_runs
+from ..families.tiles import bounds, ranked_tile_runs
 from ..formats.aligned_coo import sizes, split_lengths
-from ..formats.tile_composite import pack_runs
-from ..formats.tiles import tile_bounds
 from ..matrix import CanonicalMatrix
 from .profile_data import kernel_key
 
@@ -179,6 +177,38 @@ def group_histograms(lengths: np.ndarray, groups=None) -> dict[int, WarpHistogra
     return out
 
 
+def descending_group_histograms(count: np.ndarray, groups) -> dict[int, WarpHistogram]:
+    """:func:`group_histograms` of rows sorted by decreasing length, given as ``count[v]`` rows of length v:
+    straight from those counts, with no pass over the rows. Warp k holds rows k*R to k*R + R - 1 (R = 32/G),
+    so it is as wide as its first row; the warps that start in one run of equal lengths share its width,
+    and their entries are a difference of the rows' running total.
+
+    Example (rows of 7, 5, 2, 2, 1 sorted: the example of :func:`group_histograms` reordered):
+        >>> h = descending_group_histograms(np.array([0, 1, 2, 0, 0, 1, 0, 1]), (16,))[16]
+        >>> h.w.tolist(), h.count.tolist(), h.size.tolist()
+        ([1, 2, 7], [1.0, 1.0, 1.0], [1.0, 4.0, 12.0])
+    """
+    lengths = np.flatnonzero(count)[::-1]
+    rows = np.asarray(count)[lengths].astype(np.int64)
+    end = np.cumsum(rows)
+    start = end - rows
+    total = np.concatenate([[0], np.cumsum(rows * lengths)])  # entries of the rows before each run
+    n = int(end[-1]) if end.size else 0
+
+    def entries(r):  # entries of the first r rows
+        j = np.maximum(np.searchsorted(start, r, side="right") - 1, 0)
+        return total[j] + (r - start[j]) * lengths[j]
+    out = {}
+    for g in groups:
+        per = WARP // g
+        first, stop = -(-start // per), -(-end // per)  # warps that start in each run: first .. stop - 1
+        has = np.flatnonzero(stop > first)
+        size = entries(np.minimum(stop[has] * per, n)) - entries(first[has] * per)
+        w, warps = lengths[has][::-1], (stop - first)[has][::-1]
+        out[g] = WarpHistogram(w, warps.astype(np.float64), size[::-1].astype(np.float64)) if w.size else EMPTY
+    return out
+
+
 def per_row_histogram(m: CanonicalMatrix, lo: int, hi: int | None, warps_per_row: int) -> WarpHistogram:
     """Warps of rows that fill whole warps (32 lanes, or a block of ``warps_per_row`` warps) per row.
 
@@ -204,21 +234,32 @@ def per_row_histogram(m: CanonicalMatrix, lo: int, hi: int | None, warps_per_row
 NARROW = 255  # classes of rows shorter than this keep their lengths in uint8 (longer rows clip to 255)
 
 
-def class_lengths(m: CanonicalMatrix, lo: int, hi: int | None) -> np.ndarray:
+def class_lengths(m: CanonicalMatrix, lo: int, hi: int | None, within: tuple | None = None) -> np.ndarray:
     """Lengths of the rows with lo <= length < hi, in row order (the order the kernels visit them); uint8
-    when hi <= 255. Rows sorted by decreasing length (a degree-ordered view) give a slice.
+    when hi <= 255. Rows sorted by decreasing length (a degree-ordered view) give a slice. ``within``:
+    (lo', hi', lengths) of a class that contains this one, whose rows are filtered instead of all rows.
 
     Example:
         >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
         >>> m = canonicalize(sp.csr_matrix(np.tril(np.ones((6, 6), np.float32))))
         >>> class_lengths(m, 2, 5).tolist(), class_lengths(m, 2, 5).dtype.name
         ([2, 3, 4], 'uint8')
+        >>> class_lengths(m, 3, 4, within=(2, 5, class_lengths(m, 2, 5))).tolist()
+        [3]
     """
     L = m.row_lengths
+    if within is not None:
+        outer_lo, outer_hi, rows = within
+        if outer_lo > lo or (hi is None and outer_hi is not None) or (outer_hi is not None and outer_hi < hi):
+            raise ValueError(f"rows of lengths {outer_lo}..{outer_hi} do not hold the class {lo}..{hi}")
+        keep = rows >= lo if lo > outer_lo else None
+        if hi is not None and hi != outer_hi:
+            keep = rows < hi if keep is None else keep & (rows < hi)
+        return rows if keep is None else rows[keep]
     if lo <= 0 and hi is None:
         return L
     narrow = hi is not None and hi <= NARROW
-    if shared_layout(m, ("rows_descending",), lambda: bool(np.all(L[1:] <= L[:-1]))):
+    if rows_descending(m):
         rising = L[::-1]  # a view: counting rows of at least v is a binary search
         first = 0 if hi is None else L.size - int(np.searchsorted(rising, hi, "left"))
         end = L.size - int(np.searchsorted(rising, lo, "left"))
@@ -229,6 +270,24 @@ def class_lengths(m: CanonicalMatrix, lo: int, hi: int | None) -> np.ndarray:
         return L8[(L8 >= lo) & (L8 < hi)] if lo > 0 else L8[L8 < hi]
     keep = L >= lo if hi is None else (L >= lo) & (L < hi)
     return L[keep]
+
+
+def outer_classes(classes) -> dict[tuple, tuple]:
+    """For each class of rows (lo, hi) of short rows (hi <= 255), the widest other such class that holds
+    it: its rows are filtered from that class's rows (a fraction of all rows) in the same order. The
+    widest is itself held by none, so classes nest at most one deep.
+
+    Example (binned's medium classes: 4..96 holds 4..16 and 8..32; the class of all rows is not short):
+        >>> outer_classes([(4, 16), (4, 96), (8, 32), (0, 8), (0, None)])
+        {(4, 16): (4, 96), (8, 32): (4, 96)}
+    """
+    narrow = [c for c in classes if c[1] is not None and c[1] <= NARROW]
+    out = {}
+    for c in narrow:
+        holders = [p for p in narrow if p != c and p[0] <= c[0] and c[1] <= p[1]]
+        if holders:
+            out[c] = max(holders, key=lambda p: (p[1] - p[0], p))
+    return out
 
 
 def seg_histogram(row_lengths: np.ndarray, layout: str, counts: np.ndarray | None = None) -> WarpHistogram:
@@ -279,7 +338,7 @@ def tile_workload_histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram
     """TILE-Composite: one tile's row-major or column-major workloads, looked up by their first row's
     length and charged their unpadded rectangle (:attr:`~tuner.formats.tile_composite.Shapes.size`)."""
     width, workloads, t = s.tile
-    p = pack_runs(*ranked_tile_runs(m, width).tile(t), workloads[t])
+    p = packed(m, width, t, workloads[t])
     keep = p.row_major == (s.group == "tile_row")
     return WarpHistogram.of_warps(p.length[keep], p.size[keep], p.rounds[keep], count=p.count[keep])
 
@@ -304,7 +363,7 @@ def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
             return per_row_histogram(m, s.lo, s.hi, 1)
         # Lane groups of several rows per warp: see class_groups.
         return shared_layout(m, _group_key(s.lo, s.hi, s.group),
-                             lambda: group_histograms(class_lengths(m, s.lo, s.hi), (s.group,))[s.group])
+                             lambda: lane_groups(m, s.lo, s.hi, (s.group,))[s.group])
     return shared_layout(m, ("warps",) + s.ident, build)
 
 
@@ -312,14 +371,36 @@ def _group_key(lo: int, hi: int | None, group: int) -> tuple:
     return ("group_warps", lo, hi, group)
 
 
-def class_groups(m: CanonicalMatrix, segments: list[SegmentSpec]) -> None:
+def class_groups(m: CanonicalMatrix, segments: list[SegmentSpec], rows=None) -> None:
     """Build the histograms of lane groups of several rows per warp of one class of rows (``segments``
-    share lo and hi) in one pass of halvings over its rows: binned's medium classes come with several."""
+    share lo and hi) in one pass of halvings over its rows: binned's medium classes come with several.
+    ``rows``: a callable giving the class's lengths in row order (:func:`class_lengths` of an outer class),
+    else :func:`lane_groups` finds them."""
     lo, hi = segments[0].lo, segments[0].hi
     missing = sorted({s.group for s in segments if known_layout(m, _group_key(lo, hi, s.group)) is None})
     if missing:
-        for g, h in group_histograms(class_lengths(m, lo, hi), missing).items():
+        built = group_histograms(rows(), missing) if rows is not None else lane_groups(m, lo, hi, missing)
+        for g, h in built.items():
             shared_layout(m, _group_key(lo, hi, g), lambda h=h: h)
+
+
+def lane_groups(m: CanonicalMatrix, lo: int, hi: int | None, groups) -> dict[int, WarpHistogram]:
+    """:func:`group_histograms` of the rows with lo <= length < hi for the lane groups ``groups``: from the
+    row-length histogram when the rows are sorted by decreasing length (a degree-ordered view), else by a
+    pass over the class's rows in order."""
+    if rows_descending(m):
+        count, _ = row_histogram(m)
+        top = count.size if hi is None else min(hi, count.size)
+        part = np.zeros(max(top, 0))
+        part[max(lo, 0):top] = count[max(lo, 0):top]
+        return descending_group_histograms(part, groups)
+    return group_histograms(class_lengths(m, lo, hi), groups)
+
+
+def rows_descending(m: CanonicalMatrix) -> bool:
+    """Whether ``m``'s rows come by decreasing length (checked once per matrix)."""
+    L = m.row_lengths
+    return shared_layout(m, ("rows_descending",), lambda: bool(np.all(L[1:] <= L[:-1])))
 
 
 def _built_by(s: SegmentSpec) -> tuple:
@@ -335,23 +416,45 @@ def _few_lanes(s: SegmentSpec) -> bool:
 
 def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | None = None) -> None:
     """Build many segments' histograms at once (NumPy's passes over the rows release the GIL), on up to 8
-    threads, no more than the CPUs (more only contend)."""
+    threads, no more than the CPUs (more only contend). Rows in no particular order are filtered into
+    their classes from the widest class that holds them (:func:`outer_classes`): those first, then the
+    classes inside them."""
     # One task per thing built: the group sizes of one class of rows share a pass (see class_groups).
     tasks: dict[tuple, list] = {}
     for s in segments:
         tasks.setdefault(_built_by(s), []).append(s)
+    classes = {(g[0].lo, g[0].hi) for g in tasks.values() if _few_lanes(g[0])}
+    outer = {} if rows_descending(m) else outer_classes(classes)
+    holders = set(outer.values())
+    kept: dict[tuple, np.ndarray] = {}  # an outer class's rows, for the classes inside it
 
     def build(group):
-        if _few_lanes(group[0]):
+        s = group[0]
+        c = (s.lo, s.hi)
+        if not _few_lanes(s):
+            histogram(m, s)
+        elif c in outer:
+            o = outer[c]
+            class_groups(m, group, lambda: class_lengths(m, *c, within=(*o, kept[o])))
+        elif c in holders:
+            kept[c] = class_lengths(m, *c)  # built once: the classes inside it read it
+            class_groups(m, group, lambda: kept[c])
+        else:
             class_groups(m, group)
-        histogram(m, group[0])
     workers = workers or min(8, os.cpu_count() or 1)
-    if len(tasks) > 1 and m.n_rows > (1 << 20) and workers > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(build, tasks.values()))
-    else:
-        for group in tasks.values():
-            build(group)
+    threaded = m.n_rows > (1 << 20) and workers > 1
+    # A tiled family's parts read their tile's packed runs: small, in Python, not worth a thread each.
+    for group in (g for g in tasks.values() if g[0].group in TILE_PARTS):
+        build(group)
+    rows = [g for g in tasks.values() if g[0].group not in TILE_PARTS]
+    for stage in ([g for g in rows if (g[0].lo, g[0].hi) not in outer or not _few_lanes(g[0])],
+                  [g for g in rows if (g[0].lo, g[0].hi) in outer and _few_lanes(g[0])]):
+        if threaded and len(stage) > 1:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(build, stage))
+        else:
+            for group in stage:
+                build(group)
 
 
 def csr_vector_segments(m: CanonicalMatrix, p: CsrVectorParams) -> list[tuple[str, SegmentSpec]]:
@@ -377,8 +480,8 @@ def aligned_coo_segments(m: CanonicalMatrix, p: AlignedCooParams) -> list[tuple[
 
 
 def _tile_cols(m: CanonicalMatrix, width: int) -> list[tuple[int, int]]:
-    bounds = tile_bounds(m.col_lengths, width)  # lengths only: listing the segments builds no tiling
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    cuts = bounds(m, width)  # lengths only: listing the segments builds no tiling
+    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def tile_coo_segments(m: CanonicalMatrix, p: TileCooParams) -> list[tuple[str, SegmentSpec]]:

@@ -51,24 +51,3 @@ def wave_time(sizes: np.ndarray, perf: np.ndarray, max_active_warps: int, alone:
         # Every warp holds a slot for at least its time alone; the slowest one is the critical path.
         total = max(total, float(alone.sum()) / per_wave, float(alone.max()))
     return total
-
-
-def grouped_wave_time(size: np.ndarray, perf: np.ndarray, count: np.ndarray, max_active_warps: int,
-                      alone: np.ndarray | None = None) -> float:
-    """:func:`wave_time` (work-weighted mean) of warps given as groups: ``count`` warps of each ``size``,
-    ``perf`` and ``alone``. With that mean a wave's time is the sum of its warps' S / P, so the total does
-    not depend on which warps share a wave, and groups need not be spelt out warp by warp.
-
-    Example (the second example of :func:`wave_time`, its two equal warps as one group):
-        >>> float(grouped_wave_time(np.array([4.0, 4.0]), np.array([2.0, 4.0]), np.array([2, 1]), 2))
-        5.0
-    """
-    size, perf, count = (np.asarray(a, dtype=np.float64) for a in (size, perf, count))
-    live = count > 0
-    if not live.any():
-        return 0.0
-    total = float((count[live] * size[live] / perf[live]).sum())
-    if alone is not None:
-        alone = np.asarray(alone, dtype=np.float64)[live]
-        total = max(total, float((count[live] * alone).sum()) / max(int(max_active_warps), 1), float(alone.max()))
-    return total
