@@ -228,8 +228,11 @@ def _chunk_counts(indptr: np.ndarray, indices: np.ndarray, bounds_list: list) ->
     if narrow:
         # The narrowest tiles, numbered up to a cap past every tiling's last full tile (the remainders).
         cap = max(w // narrow * (b.size - 2) for w, b in zip(widths, bounds_list) if w)
-        fine = np.minimum(indices // narrow, cap).astype(np.uint16 if cap < 1 << 16 else np.uint32)
-        new = row_start.copy()
+        top = (max(int(b[-1]) for b in bounds_list) - 1) // narrow  # the largest quotient: it must fit
+        fine = (indices // narrow).astype(np.uint16 if top < 1 << 16 else np.uint32)
+        np.minimum(fine, cap, out=fine)  # in the narrow type: half the memory of the division's
+        new = np.empty(nnz, dtype=bool)
+        new[:1] = True
         np.not_equal(fine[1:], fine[:-1], out=new[1:])
         new |= row_start
         starts = np.flatnonzero(new)

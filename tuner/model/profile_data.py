@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -122,16 +121,21 @@ class Profile:
         return np.where(w > top, t * w / top, t)
 
 
-@lru_cache(maxsize=256)
-def _curve_cached(digest: str, key: str, regime: str, items: tuple) -> tuple[np.ndarray, np.ndarray]:
-    w = np.array([k for k, _ in items], dtype=np.float64)
-    p = np.array([v for _, v in items], dtype=np.float64)
-    order = np.argsort(w)
-    return np.log2(w[order]), np.log2(p[order])
+_curves: dict[tuple, tuple] = {}  # (id of a table's points, name, regime) -> (points, log2 w, log2 value)
 
 
-def _curve(profile: Profile, key: str, regime: str, points: dict):
-    return _curve_cached(profile.digest, key, regime, tuple(sorted((float(k), float(v)) for k, v in points.items())))
+def _curve(profile: Profile, key: str, regime: str, points: dict) -> tuple[np.ndarray, np.ndarray]:
+    # Read once per table, not once per tile: the planner looks tables up thousands of times. The points
+    # themselves are kept beside their curve, so that their id stays theirs.
+    hit = _curves.get((id(points), key, regime))
+    if hit is None or hit[0] is not points:
+        if len(_curves) > 4096:
+            _curves.clear()
+        items = sorted((float(k), float(v)) for k, v in points.items())
+        w = np.array([k for k, _ in items], dtype=np.float64)
+        p = np.array([v for _, v in items], dtype=np.float64)
+        hit = _curves[(id(points), key, regime)] = (points, np.log2(w), np.log2(p))
+    return hit[1], hit[2]
 
 
 def profile_path(gpu_name: str) -> Path:

@@ -422,7 +422,8 @@ def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | Non
     # One task per thing built: the group sizes of one class of rows share a pass (see class_groups).
     tasks: dict[tuple, list] = {}
     for s in segments:
-        tasks.setdefault(_built_by(s), []).append(s)
+        if known_layout(m, ("warps",) + s.ident) is None:  # built before (predicted_candidates): skipped
+            tasks.setdefault(_built_by(s), []).append(s)
     classes = {(g[0].lo, g[0].hi) for g in tasks.values() if _few_lanes(g[0])}
     outer = {} if rows_descending(m) else outer_classes(classes)
     holders = set(outer.values())
