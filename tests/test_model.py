@@ -118,6 +118,70 @@ def test_narrow_and_sorted_row_classes_give_the_warps_of_the_plain_pass():
                     (want[g].w.tolist(), want[g].count.tolist(), want[g].size.tolist())
 
 
+def test_sorted_rows_give_every_class_s_warps_from_the_length_histogram_alone():
+    # Rows by decreasing length (a degree-ordered rectangular matrix): a class's warps come from the
+    # count of rows of each length, with no pass over the rows, and equal the pass over them.
+    from tuner.model.warps import class_lengths, group_histograms, lane_groups
+    rng = np.random.default_rng(8)
+    L = np.sort(np.concatenate([rng.zipf(1.6, 4000) % 700, [0] * 50]))[::-1]
+    indptr = np.concatenate([[0], np.cumsum(L)])
+    cols = np.arange(indptr[-1]) - np.repeat(indptr[:-1], L)
+    m = canonicalize(sp.csr_matrix((np.ones(cols.size, np.float32), cols, indptr), shape=(L.size, 700)))
+    for lo, hi in ((0, 4), (0, 8), (4, 96), (8, 32), (96, None), (0, None), (600, 601)):
+        got = lane_groups(m, lo, hi, (1, 2, 4, 8, 16))
+        want = group_histograms(class_lengths(m, lo, hi).astype(np.int64))
+        for g in want:
+            assert (got[g].w.tolist(), got[g].count.tolist(), got[g].size.tolist()) == \
+                (want[g].w.tolist(), want[g].count.tolist(), want[g].size.tolist())
+
+
+def test_classes_inside_another_are_filtered_from_its_rows_with_the_same_warps():
+    from tuner.model.warps import (SegmentSpec, class_lengths, group_histograms, histogram, outer_classes, prebuild,
+                                   rows_descending)
+    assert outer_classes([(4, 16), (4, 96), (8, 96), (0, 8), (0, 4), (0, None), (8, 300)]) == \
+        {(4, 16): (4, 96), (8, 96): (4, 96), (0, 4): (0, 8)}
+    m = canonicalize(power_law(3000, seed=21))
+    assert not rows_descending(m)  # the rows in no order: each class is filtered
+    segs = [SegmentSpec(lo, hi, g, 128) for lo, hi in ((4, 16), (4, 96), (8, 32), (0, 8), (0, 4)) for g in (4, 8)]
+    prebuild(m, segs, workers=2)
+    L = m.row_lengths
+    for s in segs:
+        want = group_histograms(L[(L >= s.lo) & (L < s.hi)], (s.group,))[s.group]
+        h = histogram(m, s)
+        assert (h.w.tolist(), h.count.tolist(), h.size.tolist()) == (want.w.tolist(), want.count.tolist(),
+                                                                    want.size.tolist())
+    with pytest.raises(ValueError, match="do not hold"):
+        class_lengths(m, 2, 20, within=(4, 16, np.zeros(3, np.uint8)))
+
+
+def test_candidates_and_predictions_built_together_equal_those_built_in_turn(profile):
+    from tuner.model import predicted_candidates
+    A = power_law(5000, seed=22)
+    specs, predicted = predicted_candidates(canonicalize(A), profile)
+    m = canonicalize(A)
+    alone = families.specializations(m, profile=profile)
+    assert [s.label() for s in specs] == [s.label() for s in alone]
+    assert predicted == predict_many(m, alone, profile)
+    assert len({s.family for s in specs}) == 5
+
+
+def test_a_layout_asked_for_on_many_threads_at_once_is_built_once():
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    from tuner.families.base import shared_layout
+    m = canonicalize(power_law(100, seed=23))
+    calls = []
+
+    def build():
+        calls.append(threading.get_ident())
+        time.sleep(0.05)  # long enough for every thread to ask while it is being built
+        return object()
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: shared_layout(m, ("test-once",), build), range(8)))
+    assert len(calls) == 1 and all(g is got[0] for g in got)
+
+
 def test_binned_warps_follow_the_layout_classes():
     m = canonicalize(power_law(2000, seed=3))
     p = BinnedParams(small_max=4, medium_max=32, warp_division=8, huge_min=64)
