@@ -6,6 +6,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .. import families
 from ..families.base import Specialization, ordered_structure, shared_layout
 from ..formats.reorder import NONE
 from ..matrix import CanonicalMatrix
@@ -236,7 +237,6 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
 
     Example: see tests/test_model.py (needs a profile).
     """
-    from .. import families  # here: the families' registry imports the model's users
     names = list(families.REGISTRY) if names is None else list(names)
     tiled = [n for n in names if families.get(n).uses_profile]
     plain = families.specializations(m, [n for n in names if n not in tiled], profile=profile)

@@ -432,16 +432,15 @@ def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | Non
     def build(group):
         s = group[0]
         c = (s.lo, s.hi)
-        if not _few_lanes(s):
-            histogram(m, s)
-        elif c in outer:
+        if _few_lanes(s) and c in outer:
             o = outer[c]
             class_groups(m, group, lambda: class_lengths(m, *c, within=(*o, kept[o])))
-        elif c in holders:
+        elif _few_lanes(s) and c in holders:
             kept[c] = class_lengths(m, *c)  # built once: the classes inside it read it
             class_groups(m, group, lambda: kept[c])
-        else:
+        elif _few_lanes(s):
             class_groups(m, group)
+        histogram(m, s)
     workers = workers or min(8, os.cpu_count() or 1)
     threaded = m.n_rows > (1 << 20) and workers > 1
     # A tiled family's parts read their tile's packed runs: small, in Python, not worth a thread each.
