@@ -177,7 +177,7 @@ def pack_many(lengths: np.ndarray, counts: np.ndarray, wls) -> Packings:
     counts = np.asarray(counts, dtype=np.int64)
     wl = np.asarray(wls, dtype=np.int64).reshape(-1, 1)
     if lengths.size > 1 and np.any(lengths[1:] >= lengths[:-1]):
-        raise ValueError("pack_runs needs distinct row lengths in decreasing order")
+        raise ValueError("packing runs needs distinct row lengths in decreasing order")
     if wl.size and wl.min() < 1:
         raise ValueError(f"workload size must be >= 1, got {int(wl.min())}")
     live_runs = int(np.count_nonzero(lengths))

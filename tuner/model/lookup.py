@@ -219,12 +219,7 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
     Example: see tests/test_model.py (needs a profile).
     """
     ok = [can_predict(m, spec, profile) for spec in specs]
-    by_order: dict[str, list] = {}
-    for spec in (s for s, k in zip(specs, ok) if k):
-        by_order.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
-    for order, group in by_order.items():
-        mv = ordered_structure(m, order)
-        prebuild(mv, [s for spec in group for _, s in SEGMENTS[spec.family](mv, spec.params)])
+    _prebuild(m, [spec for spec, k in zip(specs, ok) if k])
     return [predict_lookup(m, spec, profile) if k else None for spec, k in zip(specs, ok)]
 
 
@@ -241,16 +236,8 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
     tiled = [n for n in names if families.get(n).uses_profile]
     plain = families.specializations(m, [n for n in names if n not in tiled], profile=profile)
 
-    def rows():
-        by_order: dict[str, list] = {}
-        for spec in plain:
-            by_order.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
-        for order in sorted(by_order, key=lambda o: o != NONE):  # the caller's order first: no relabelling
-            view = ordered_structure(m, order)
-            prebuild(view, [s for spec in by_order[order] if can_predict(m, spec, profile)
-                            for _, s in SEGMENTS[spec.family](view, spec.params)])
     with ThreadPoolExecutor(max_workers=1) as pool:
-        built = pool.submit(rows)
+        built = pool.submit(_prebuild, m, [spec for spec in plain if can_predict(m, spec, profile)])
         tiled_specs = families.specializations(m, tiled, profile=profile)
         built.result()
     made = {n: [] for n in names}
@@ -258,6 +245,16 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
         made[spec.family].append(spec)
     specs = [spec for n in names for spec in made[n]]
     return specs, predict_many(m, specs, profile)
+
+
+def _prebuild(m: CanonicalMatrix, specs: list[Specialization]) -> None:
+    """Build the warp histograms of ``specs``, view by view (the caller's order first: no relabelling)."""
+    by_order: dict[str, list] = {}
+    for spec in specs:
+        by_order.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
+    for order in sorted(by_order, key=lambda o: o != NONE):
+        view = ordered_structure(m, order)
+        prebuild(view, [s for spec in by_order[order] for _, s in SEGMENTS[spec.family](view, spec.params)])
 
 
 def _segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -> tuple[float, float, float]:
