@@ -95,7 +95,7 @@ class Profile:
 
     def performance(self, key: str, regime: str, w: np.ndarray) -> np.ndarray:
         """Table performance at row lengths ``w``: log-log interpolation, clamped to the measured range."""
-        xs, ys = _curve(self, key, regime, self.tables[key]["points"][regime])
+        xs, ys = _curve(key, regime, self.tables[key]["points"][regime])
         lw = np.log2(np.maximum(np.asarray(w, dtype=np.float64), 1.0))
         return np.exp2(np.interp(lw, xs, ys))
 
@@ -114,7 +114,7 @@ class Profile:
         return one + np.maximum(full - one, 0.0) * np.clip(np.asarray(fill, dtype=np.float64), 0.0, 1.0)
 
     def _lone(self, points: dict, name: str, regime: str, w: np.ndarray) -> np.ndarray:
-        xs, ys = _curve(self, name, regime, points)
+        xs, ys = _curve(name, regime, points)
         w = np.maximum(np.asarray(w, dtype=np.float64), 1.0)
         t = np.exp2(np.interp(np.log2(w), xs, ys))
         top = np.exp2(xs[-1])
@@ -124,7 +124,7 @@ class Profile:
 _curves: dict[tuple, tuple] = {}  # (id of a table's points, name, regime) -> (points, log2 w, log2 value)
 
 
-def _curve(profile: Profile, key: str, regime: str, points: dict) -> tuple[np.ndarray, np.ndarray]:
+def _curve(key: str, regime: str, points: dict) -> tuple[np.ndarray, np.ndarray]:
     # Read once per table, not once per tile: the planner looks tables up thousands of times. The points
     # themselves are kept beside their curve, so that their id stays theirs.
     hit = _curves.get((id(points), key, regime))
