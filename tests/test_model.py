@@ -272,7 +272,7 @@ def test_cache_level_reproduces_the_sweep_for_uniform_gathers():
 
 
 def test_cache_level_reads_the_profile_sweep_or_falls_back_to_the_fitted_capacity():
-    from tuner.model.lookup import cache_level
+    from tuner.model.tables import cache_level
     constants = {"l1_sectors": 1500.0, "l1_bytes": 262144}
     sweep = {"columns": [2048, 4096, 8192, 16384], "ms": [1.0, 1.0, 1.5, 2.0], "sectors": 1500.0}
     prof = Profile(gpu={}, constants=constants, tables={}, digest="d", caches={"l1": sweep},
@@ -326,7 +326,7 @@ def test_h100_profile_l1_serves_fewer_gathers_of_the_widest_tile():
     # tile's slice of x hit the L1 measurably less often than over the narrower ones (the sweep of the
     # committed profile); an LRU of the fitted capacity would serve all three alike.
     from tuner.formats.tiles import tile_widths
-    from tuner.model.lookup import cache_level
+    from tuner.model.tables import cache_level
     profile = load_profile("NVIDIA H100 80GB HBM3")
     level = cache_level(profile, "l1")
     widths = tile_widths(cache_sectors(profile.constants, "l1"), 4, 10 ** 7)
@@ -498,7 +498,7 @@ def test_valued_kernels_fall_back_to_value_free_tables_scaled_by_bytes():
 
 def test_lookup_work_term_is_the_wave_model_with_work_weighted_means(one_sm):
     profile = one_sm
-    from tuner.model.lookup import blended, gather_fractions
+    from tuner.model.tables import blended, gather_fractions
     m = canonicalize(power_law(4000, seed=11))
     spec = Specialization("binned", BinnedParams(4, 32, 8, 64), m.value_dtype, m.index_dtype, m.value_free)
     segs = [s for s in warp_segments(m, "binned", spec.params) if s.warps.w.size]
@@ -514,6 +514,22 @@ def test_lookup_work_term_is_the_wave_model_with_work_weighted_means(one_sm):
     fr_l1 = fr[0]
     assert fr_l1 == 1.0  # x is small enough for L1, so the alone times are those of the L1 regime
     assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + max(waves, waves / 2 + tail), rel=1e-9)
+
+
+def test_blended_rates_take_one_share_triple_or_one_per_warp(profile):
+    from tuner.model.tables import blended, blended_alone
+    rng = np.random.default_rng(3)
+    w = rng.integers(1, 5000, 40)
+    shares = rng.dirichlet([1.0, 1.0, 1.0], 40)
+    shares[:10, 2] = 0.0  # some warps never reach memory: that regime is skipped for them
+    key = "csr_vector:4:256:v"
+    each = blended(profile, key, w, shares)
+    alone = blended_alone(profile, key, w, shares)
+    for i in range(w.size):
+        assert each[i] == blended(profile, key, w[i:i + 1], shares[i])[0]
+        assert alone[i] == blended_alone(profile, key, w[i:i + 1], shares[i])[0]
+    # Harmonic in performance, linear in time: 1/4 at 1e6 and 3/4 at 1e5 (the fake table's plateau).
+    assert blended(profile, key, [64], [0.25, 0.0, 0.75])[0] == pytest.approx(1 / (0.25 / 1e6 + 0.75 / 1e5))
 
 
 def test_relabelled_candidate_is_the_permuted_matrix_plus_two_gathers(profile):
@@ -597,7 +613,7 @@ def test_a_long_row_in_binneds_last_class_starts_after_the_earlier_classes(one_s
     p = BinnedParams(small_max=8, medium_max=16, warp_division=8, huge_min=None)
     spec = Specialization("binned", p, m.value_dtype, m.index_dtype, True)
     small_work = predict_lookup(bulk, spec, profile) - 0.004  # the bulk alone is bound by its work
-    from tuner.model.lookup import blended, gather_fractions
+    from tuner.model.tables import blended, gather_fractions
     long_work = 6400 / blended(profile, "binned:32:256:vf", np.array([6400]), gather_fractions(m, profile))[0]
     alone = 4e-4 * 6400 / 32  # the fake profile's lone warp; its tail factor is 1
     assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + small_work + long_work / 2 + alone, rel=1e-6)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+import tuner
 from tuner import families
 from tuner.families.base import Specialization, ordered_matrix
 from tuner.families.tile_composite import TileCompositeParams, fill_workload
@@ -350,6 +351,48 @@ def test_with_a_profile_the_space_uses_its_l1_and_algorithm_2(profile):
             ranked = [np.sort(t.tile_lengths(k))[::-1] for k in range(t.n_tiles)]
             assert all(wl in tc_model.candidates(r[0], r.sum(), prof.max_active_warps("tile_composite:row:256:v"))
                        for wl, r in zip(s.params.workloads, ranked) if r.size)
+
+
+def tiled_case():
+    """A profile whose L1 holds 16 sectors and an R-MAT graph cut into tiles of 32 to 128 columns (the full
+    tiles fit that L1, the last one, of the columns with one entry or none, does not: its gather shares
+    differ), with the tiled candidates Algorithm 2 makes for it."""
+    prof = Profile.from_json(fake_profile_json(l1_sectors=16.0, l2_sectors=400.0))
+    m = canonicalize(tuner.load("rmat:13"))
+    return prof, m, families.specializations(m, ["tile_coo", "tile_composite"], profile=prof)
+
+
+def test_tiled_launches_summed_at_once_equal_their_segments_summed_one_by_one():
+    from tuner.families.base import ordered_structure
+    from tuner.model.lookup import segment_by_segment
+    from tuner.model.tiled import TILED_SUMS, tile_fractions
+    prof, m, specs = tiled_case()
+    assert {s.family for s in specs} == {"tile_coo", "tile_composite"}
+    for spec in specs:
+        view = ordered_structure(m, spec.params.order)
+        if spec.params.tile_width:
+            assert len({tuple(f) for f in tile_fractions(view, prof, spec.params.tile_width)}) == 2
+        at_once = TILED_SUMS[spec.family](view, spec.params, prof)
+        one_by_one = segment_by_segment(view, spec, prof)
+        assert at_once.blocks.tolist() == one_by_one.blocks.tolist() and at_once.blocks.size > 2
+        assert at_once.max_active == one_by_one.max_active
+        for name in ("work", "profiled_bytes", "alone_sum", "alone_max"):
+            assert getattr(at_once, name) == pytest.approx(getattr(one_by_one, name), rel=1e-12), name
+
+
+def test_algorithm_2_over_every_tile_at_once_chooses_as_tile_by_tile():
+    from tuner.families.tiles import bounds, ranked_tile_runs
+    from tuner.model.tables import gather_fractions
+    prof, m, specs = tiled_case()
+    plan = ordered_matrix(m, "degree")
+    keys = tc_model.tile_keys(prof, plan.value_free)
+    for spec in (s for s in specs if s.family == "tile_composite"):
+        width = spec.params.tile_width
+        runs, cuts = ranked_tile_runs(plan, width), bounds(plan, width)
+        alone = [tc_model.partition(*runs.tile(t), prof, keys, gather_fractions(plan, prof, (int(a), int(b))))[0]
+                 for t, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
+        assert tc_model.partition_tiles(plan, width, runs, prof) == spec.params.workloads == tuple(alone)
+        assert len(set(alone)) > 1
 
 
 def test_a_tile_composite_plan_equals_itself_read_back_from_json():

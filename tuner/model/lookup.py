@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 
 import numpy as np
 
@@ -10,76 +9,14 @@ from .. import families
 from ..families.base import Specialization, ordered_structure, shared_layout
 from ..formats.reorder import NONE
 from ..matrix import CanonicalMatrix
-from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, sector_fractions,
-                       sweep_level)
-from .profile_data import REGIMES, Profile, warp_rows
-from .warps import SEGMENTS, WARP, WarpHistogram, prebuild, warp_segments
+from .locality import SECTOR_BYTES, cache_sectors
+from .profile_data import Profile
+from .tables import SegmentSums, block_threads, gather_fractions, segment_sums, table_for
+from .tiled import TILED_SUMS
+from .warps import SEGMENTS, WARP, prebuild, warp_segments
 
 DEFAULT_TAIL_FACTOR = 1.0  # a profile without the measured factor: the slowest warp as fast as alone
 TAIL_START = 0.5  # rows of a segment come in no particular order: its slowest warp starts halfway through it
-
-# Tables are measured with float32 values and int32 indices; other types scale by the bytes each entry
-# streams (an approximation: the gathers of x move whole 32-byte sectors either way). A profile without
-# the valued tables (a reduced grid) serves valued kernels from the value-free ones the same way.
-def table_for(profile: Profile, key: str) -> tuple[str, int]:
-    """The table to read for ``key`` and the bytes per entry it was measured with."""
-    if key.endswith(":v") and key not in profile.tables and key + "f" in profile.tables:
-        return key + "f", 4
-    return key, 4 if key.endswith(":vf") else 8
-
-
-def block_threads(key: str) -> int:
-    """Threads per block of the kernel shape ``key`` (:func:`~tuner.model.profile_data.kernel_key`).
-
-    Example:
-        >>> block_threads("csr_vector:8:128:v")
-        128
-    """
-    return int(key.split(":")[2])
-
-
-def cache_level(profile: Profile, level: str) -> CacheLevel:
-    """Cache ``level`` ('l1' or 'l2') for gathers: its fitted LRU capacity and, where the profile kept a
-    readable sweep, how the real cache departs from it (:func:`~tuner.model.locality.sweep_level`)."""
-    sweep = (profile.caches or {}).get(level) or {}
-    return _cache_level(cache_sectors(profile.constants, level), tuple(sweep.get("columns", ())),
-                        tuple(sweep.get("ms", ())), (profile.regime_columns or {}).get(level))
-
-
-@lru_cache(maxsize=64)  # read once per profile, not once per tile
-def _cache_level(capacity: float, columns: tuple, ms: tuple, hit_columns) -> CacheLevel:
-    if columns and hit_columns:
-        try:
-            return sweep_level(columns, ms, capacity, hit_columns)
-        except ValueError:  # a sweep too flat to read (a reduced grid): the fitted LRU alone
-            pass
-    return CacheLevel(capacity)
-
-
-def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int] | None = None) -> np.ndarray:
-    """Shares of the gathers of x served by L1, L2 and memory (see :mod:`tuner.model.locality`), for the
-    whole matrix or for the columns ``cols`` = (first, end) of one tile, whose warps gather from its slice
-    of x alone."""
-    itemsize = m.value_dtype.itemsize
-    per = max(SECTOR_BYTES // itemsize, 1)
-
-    def build():
-        l1, l2 = cache_level(profile, "l1"), cache_level(profile, "l2")
-        a, b = cols if cols is not None else (0, m.n_cols)
-        if a % per or (b % per and b != m.n_cols):  # a tile that splits a sector: count its own
-            return regime_fractions(m.col_lengths[a:b], itemsize, l1, l2)
-        # The whole matrix, and tiles of whole sectors (the widths are), slice its sector counts, counted once.
-        whole = shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))
-        return sector_fractions(whole[a // per:-(-b // per)], l1, l2)
-    return shared_layout(m, ("gather_fractions", profile.digest, cols), build)
-
-
-def blended(profile: Profile, key: str, w: np.ndarray, fractions) -> np.ndarray:
-    # Times add across regimes, so performances blend harmonically.
-    w = np.asarray(w, dtype=np.float64)
-    inv = sum(f / profile.performance(key, r, w) for f, r in zip(fractions, REGIMES) if f > 0)
-    return 1.0 / inv
-
 
 def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> float:
     """Predicted kernel milliseconds of ``spec`` on ``m``.
@@ -108,28 +45,52 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
                              profile.constants)
         m = ordered_structure(m, order)
     entry_bytes = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
-    work, alone_sum, max_active, slowest, blocks = 0.0, 0.0, 1, [], 0
+    s = launch_sums(m, spec, profile)
+    seg_work = s.work * entry_bytes / s.profiled_bytes
+    done = np.cumsum(seg_work)  # in launch order, as the blocks are dispatched
+    work = float(done[-1]) if done.size else 0.0
+    # A segment's slowest warp starts after the earlier segments' work and somewhere in its own; it runs
+    # slower than alone by the tail factor of a bulk of this kernel's work, and the kernel ends when it
+    # does, if after the bulk.
+    start = np.concatenate(([0.0], done[:-1])) + TAIL_START * seg_work
+    tail = float((start + tail_factor(profile, work) * s.alone_max).max(initial=0.0))
+    alone_sum = float(np.cumsum(s.alone_sum)[-1]) if s.alone_sum.size else 0.0
+    spread = sm_spread(int(s.blocks.sum()), int(profile.constants["sm_count"]))
+    t = max(work * spread, alone_sum / max(s.max_active, 1) * spread, tail)
+    return float(profile.constants["launch_overhead_ms"] + t + gathers)
+
+
+def launch_sums(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> SegmentSums:
+    """The segments of ``spec``'s launch on view ``m``, summed (:class:`~tuner.model.tables.SegmentSums`): a
+    tiled family's tiles all at once (:mod:`tuner.model.tiled`), memoised per candidate; other families
+    by :func:`segment_by_segment`.
+
+    Example: see tests/test_tiles.py (needs a profile).
+    """
+    batched = TILED_SUMS.get(spec.family)
+    if batched is None:
+        return segment_by_segment(m, spec, profile)
+    return shared_layout(m, ("launch_sums", spec.family, spec.params, profile.digest),
+                         lambda: batched(m, spec.params, profile))
+
+
+def segment_by_segment(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> SegmentSums:
+    """:func:`launch_sums` one warp segment at a time (:func:`~tuner.model.warps.warp_segments`), each
+    segment's sums memoised per view: candidates share segments (binned's classes, csr_vector's rows).
+
+    Example: see tests/test_model.py (needs a profile).
+    """
+    rows = []
     for seg in warp_segments(m, spec.family, spec.params):
         if seg.warps.w.size == 0:
             continue
-        blocks += -(-seg.warps.warps * WARP // block_threads(seg.key))
         key, profiled_bytes = table_for(profile, seg.key)
-        max_active = profile.max_active_warps(key)  # one launch: the same occupancy for all its warps
         fractions = gather_fractions(m, profile, seg.cols)
-        w_sum, a_sum, a_max = shared_layout(m, ("segment", seg.ident, key, profile.digest),
-                                            lambda: _segment_sums(profile, key, seg.warps, fractions))
-        seg_work = w_sum * entry_bytes / profiled_bytes
-        # The segment's slowest warp starts after the earlier segments' work and somewhere in its own.
-        slowest.append((work + TAIL_START * seg_work, a_max))
-        work += seg_work
-        alone_sum += a_sum
-    # It runs slower than alone by the tail factor of a bulk of this kernel's work; the kernel ends when it
-    # does, if after the bulk.
-    factor = tail_factor(profile, work)
-    tail = max((start + factor * a_max for start, a_max in slowest), default=0.0)
-    spread = sm_spread(blocks, int(profile.constants["sm_count"]))
-    t = max(work * spread, alone_sum / max_active * spread, tail)
-    return float(profile.constants["launch_overhead_ms"] + t + gathers)
+        sums = shared_layout(m, ("segment", seg.ident, key, profile.digest),
+                             lambda: segment_sums(profile, key, seg.warps, fractions))
+        blocks = -(-seg.warps.warps * WARP // block_threads(seg.key))
+        rows.append((*sums, blocks, profiled_bytes, profile.max_active_warps(key)))
+    return SegmentSums.of_rows(rows)
 
 
 def sm_spread(blocks: int, sm_count: int) -> float:
@@ -219,7 +180,7 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
     Example: see tests/test_model.py (needs a profile).
     """
     ok = [can_predict(m, spec, profile) for spec in specs]
-    _prebuild(m, [spec for spec, k in zip(specs, ok) if k])
+    _prebuild(m, [spec for spec, k in zip(specs, ok) if k], profile)
     return [predict_lookup(m, spec, profile) if k else None for spec, k in zip(specs, ok)]
 
 
@@ -237,7 +198,7 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
     plain = families.specializations(m, [n for n in names if n not in tiled], profile=profile)
 
     with ThreadPoolExecutor(max_workers=1) as pool:
-        built = pool.submit(_prebuild, m, [spec for spec in plain if can_predict(m, spec, profile)])
+        built = pool.submit(_prebuild, m, [spec for spec in plain if can_predict(m, spec, profile)], profile)
         tiled_specs = families.specializations(m, tiled, profile=profile)
         built.result()
     made = {n: [] for n in names}
@@ -247,27 +208,13 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
     return specs, predict_many(m, specs, profile)
 
 
-def _prebuild(m: CanonicalMatrix, specs: list[Specialization]) -> None:
-    """Build the warp histograms of ``specs``, view by view (the caller's order first: no relabelling)."""
+def _prebuild(m: CanonicalMatrix, specs: list[Specialization], profile: Profile) -> None:
+    """Build the warp histograms of ``specs`` and each view's gather shares, view by view (the caller's order
+    first: no relabelling); the tiled families' launches need no histograms (:mod:`tuner.model.tiled`)."""
     by_order: dict[str, list] = {}
-    for spec in specs:
+    for spec in (s for s in specs if s.family not in TILED_SUMS):
         by_order.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
     for order in sorted(by_order, key=lambda o: o != NONE):
         view = ordered_structure(m, order)
         prebuild(view, [s for spec in by_order[order] for _, s in SEGMENTS[spec.family](view, spec.params)])
-
-
-def _segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -> tuple[float, float, float]:
-    """Sum of S_j / P_j at the profiled bytes, and the sum and maximum of the warps' times alone."""
-    perf = blended(profile, key, warps.w, fractions)
-    # A block row appears as block / 32 warps, each holding its slot for the block's time alone; a warp that
-    # repeats its shape (rounds) holds it that many times longer.
-    rows = warp_rows(key)
-    # How full of rows as long as its longest a warp is: one hub among short rows runs as one row alone.
-    fill = (warps.size / (warps.count * np.maximum(warps.w, 1) * rows)
-            if rows > 1 and warps.rounds is None else None)
-    alone = sum(f * profile.alone_time(key, r, warps.w, fill) for f, r in zip(fractions, REGIMES) if f > 0)
-    if warps.rounds is None:
-        return float((warps.size / perf).sum()), float((warps.count * alone).sum()), float(alone.max())
-    total, most = warps.rounds
-    return float((warps.size / perf).sum()), float((total * alone).sum()), float((most * alone).max())
+        gather_fractions(view, profile)

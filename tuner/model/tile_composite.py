@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..families.tile_composite import BLOCK_SIZE, packed, tile_extent
-from ..families.tiles import bounds
 from ..formats.tile_composite import Packings, Shapes, col_shape_height, pack_many
 from ..matrix import CanonicalMatrix
-from .lookup import blended, gather_fractions, table_for
-from .profile_data import REGIMES, Profile, kernel_key
+from .tables import blended, blended_alone, table_for
+from .tiled import tile_fractions
+from .profile_data import Profile, kernel_key
 
 MAX_CANDIDATES = 16  # workload sizes tried per tile (Algorithm 2 tries every multiple of the first row)
 
@@ -70,11 +70,12 @@ def tile_times(p: Packings, rates: dict, max_active_warps: int) -> np.ndarray:
 def length_rates(lengths: np.ndarray, profile: Profile, keys: dict, fractions) -> dict:
     """{'row': (performance, time alone), 'col': (...)}: a warp's table performance and the time of one of
     its rounds alone, for a row-major and a column-major workload whose first row has each of ``lengths``
-    (whatever the workload size, a workload's shape is one of its tile's lengths)."""
+    (whatever the workload size, a workload's shape is one of its tile's lengths). ``fractions``: the
+    tile's gather shares, or one triple per length (several tiles' lengths looked up at once)."""
     out = {}
     for kind in ("row", "col"):
         key = keys[kind]
-        alone = sum(f * profile.alone_time(key, r, lengths) for f, r in zip(fractions, REGIMES) if f > 0)
+        alone = blended_alone(profile, key, lengths, fractions)
         out[kind] = (blended(profile, key, lengths, fractions), np.asarray(alone, dtype=np.float64))
     return out
 
@@ -110,18 +111,19 @@ def partition(lengths: np.ndarray, counts: np.ndarray, profile: Profile, keys: d
 
     Example: see tests/test_tiles.py (needs a profile).
     """
-    wl, t, _ = _partition(lengths, counts, profile, keys, fractions)
+    rates = length_rates(lengths, profile, keys, fractions)
+    wl, t, _ = _partition(lengths, counts, rates, profile.max_active_warps(keys["row"]))
     return wl, t
 
 
-def _partition(lengths, counts, profile, keys, fractions) -> tuple[int, float, Shapes | None]:
-    """:func:`partition` and the chosen packing (None for an empty tile)."""
+def _partition(lengths, counts, rates: dict, max_active_warps: int) -> tuple[int, float, Shapes | None]:
+    """:func:`partition` from the tile's :func:`length_rates`, and the chosen packing (None for an empty
+    tile)."""
     if len(lengths) == 0 or lengths[0] == 0:
         return 1, 0.0, None
-    rates = length_rates(lengths, profile, keys, fractions)
-    sizes = candidates(*tile_extent(lengths, counts), profile.max_active_warps(keys["row"]))
+    sizes = candidates(*tile_extent(lengths, counts), max_active_warps)
     packings = pack_many(lengths, counts, sizes)
-    times = tile_times(packings, rates, profile.max_active_warps(keys["row"]))
+    times = tile_times(packings, rates, max_active_warps)
     best = int(np.argmin(times))  # the first of equals, as the paper's loop keeps it
     return sizes[best], float(times[best]), packings.shapes(best)
 
@@ -130,16 +132,21 @@ def partition_tiles(plan: CanonicalMatrix, width: int, runs, profile: Profile | 
     """Algorithms 1-2: every tile's workload size by the model, from the tiles' :class:`RankedRuns`
     (None when there is no profile or it lacks the tile_composite tables: the family then falls back on
     Algorithm 2's bounds alone). The chosen packings are kept for the model's warps of the plan
-    (:func:`~tuner.families.tile_composite.packed`)."""
+    (:func:`~tuner.families.tile_composite.packed`). Every tile's lengths are looked up in one pass, each
+    with its own tile's gather shares."""
     if profile is None:
         return None
     keys = tile_keys(profile, plan.value_free)
     if keys is None:
         return None
-    cuts = bounds(plan, width)
+    tile = np.repeat(np.arange(runs.n_tiles), np.diff(runs.offsets))
+    rates = length_rates(runs.lengths, profile, keys, tile_fractions(plan, profile, width)[tile])
+    active = profile.max_active_warps(keys["row"])
     out = []
-    for t, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
-        wl, _, s = _partition(*runs.tile(t), profile, keys, gather_fractions(plan, profile, (int(a), int(b))))
+    for t in range(runs.n_tiles):
+        a, b = int(runs.offsets[t]), int(runs.offsets[t + 1])
+        own = {kind: (perf[a:b], alone[a:b]) for kind, (perf, alone) in rates.items()}
+        wl, _, s = _partition(*runs.tile(t), own, active)
         if s is not None:
             packed(plan, width, t, wl, s)
         out.append(wl)

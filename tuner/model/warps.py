@@ -440,7 +440,8 @@ def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | Non
             class_groups(m, group, lambda: kept[c])
         elif _few_lanes(s):
             class_groups(m, group)
-        histogram(m, s)
+        for each in group:  # all of them, so that a later prebuild finds nothing left to do
+            histogram(m, each)
     workers = workers or min(8, os.cpu_count() or 1)
     threaded = m.n_rows > (1 << 20) and workers > 1
     # A tiled family's parts read their tile's packed runs: small, in Python, not worth a thread each.

@@ -1,0 +1,160 @@
+"""Reading the profile's tables for a launch segment: which table a kernel shape reads, a warp's
+performance and time alone blended over the gather regimes, the share of gathers each regime serves, and
+the sums over a segment's warps that equations 1-5 and the tail need (:class:`SegmentSums`).
+
+:mod:`tuner.model.lookup` combines a launch's segments into its time; the tiled families sum all their
+tiles' segments at once (:mod:`tuner.model.tiled`) from the same pieces.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..families.base import shared_layout
+from ..matrix import CanonicalMatrix
+from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, sector_fractions,
+                       sweep_level)
+from .profile_data import REGIMES, Profile, warp_rows
+from .warps import WarpHistogram
+
+
+# Tables are measured with float32 values and int32 indices; other types scale by the bytes each entry
+# streams (an approximation: the gathers of x move whole 32-byte sectors either way). A profile without
+# the valued tables (a reduced grid) serves valued kernels from the value-free ones the same way.
+def table_for(profile: Profile, key: str) -> tuple[str, int]:
+    """The table to read for ``key`` and the bytes per entry it was measured with."""
+    if key.endswith(":v") and key not in profile.tables and key + "f" in profile.tables:
+        return key + "f", 4
+    return key, 4 if key.endswith(":vf") else 8
+
+
+def block_threads(key: str) -> int:
+    """Threads per block of the kernel shape ``key`` (:func:`~tuner.model.profile_data.kernel_key`).
+
+    Example:
+        >>> block_threads("csr_vector:8:128:v")
+        128
+    """
+    return int(key.split(":")[2])
+
+
+def cache_level(profile: Profile, level: str) -> CacheLevel:
+    """Cache ``level`` ('l1' or 'l2') for gathers: its fitted LRU capacity and, where the profile kept a
+    readable sweep, how the real cache departs from it (:func:`~tuner.model.locality.sweep_level`)."""
+    sweep = (profile.caches or {}).get(level) or {}
+    return _cache_level(cache_sectors(profile.constants, level), tuple(sweep.get("columns", ())),
+                        tuple(sweep.get("ms", ())), (profile.regime_columns or {}).get(level))
+
+
+@lru_cache(maxsize=64)  # read once per profile, not once per tile
+def _cache_level(capacity: float, columns: tuple, ms: tuple, hit_columns) -> CacheLevel:
+    if columns and hit_columns:
+        try:
+            return sweep_level(columns, ms, capacity, hit_columns)
+        except ValueError:  # a sweep too flat to read (a reduced grid): the fitted LRU alone
+            pass
+    return CacheLevel(capacity)
+
+
+def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int] | None = None) -> np.ndarray:
+    """Shares of the gathers of x served by L1, L2 and memory (see :mod:`tuner.model.locality`), for the
+    whole matrix or for the columns ``cols`` = (first, end) of one tile, whose warps gather from its slice
+    of x alone."""
+    itemsize = m.value_dtype.itemsize
+    per = max(SECTOR_BYTES // itemsize, 1)
+
+    def build():
+        l1, l2 = cache_level(profile, "l1"), cache_level(profile, "l2")
+        a, b = cols if cols is not None else (0, m.n_cols)
+        if a % per or (b % per and b != m.n_cols):  # a tile that splits a sector: count its own
+            return regime_fractions(m.col_lengths[a:b], itemsize, l1, l2)
+        # The whole matrix, and tiles of whole sectors (the widths are), slice its sector counts, counted once.
+        whole = shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))
+        return sector_fractions(whole[a // per:-(-b // per)], l1, l2)
+    return shared_layout(m, ("gather_fractions", profile.digest, cols), build)
+
+
+def _regimes(fractions) -> list:
+    """(shares, regime) of the regimes some gather reaches: ``fractions`` is one (L1, L2, memory) triple
+    or a triple per warp (n x 3), whose columns come out."""
+    return [(f, r) for f, r in zip(np.asarray(fractions, dtype=np.float64).T, REGIMES) if np.any(f > 0)]
+
+
+def blended(profile: Profile, key: str, w: np.ndarray, fractions) -> np.ndarray:
+    """Table performance of warps of shape ``w`` whose gathers the regimes serve in ``fractions`` (one
+    triple for all, or one per warp): times add across regimes, so performances blend harmonically.
+
+    Example: see tests/test_model.py (needs a profile).
+    """
+    w = np.asarray(w, dtype=np.float64)
+    inv = sum(f / profile.performance(key, r, w) for f, r in _regimes(fractions))
+    return 1.0 / inv
+
+
+def blended_alone(profile: Profile, key: str, w: np.ndarray, fractions, fill=None) -> np.ndarray:
+    """Time alone of warps of shape ``w`` (:meth:`~tuner.model.profile_data.Profile.alone_time`), blended
+    linearly by the regimes' shares ``fractions`` (one triple, or one per warp).
+
+    Example: see tests/test_model.py (needs a profile).
+    """
+    return sum(f * profile.alone_time(key, r, w, fill) for f, r in _regimes(fractions))
+
+
+def segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -> tuple[float, float, float]:
+    """Sum of S_j / P_j at the profiled bytes, and the sum and maximum of the warps' times alone.
+
+    Example: see tests/test_model.py (needs a profile).
+    """
+    perf = blended(profile, key, warps.w, fractions)
+    # A block row appears as block / 32 warps, each holding its slot for the block's time alone; a warp that
+    # repeats its shape (rounds) holds it that many times longer.
+    rows = warp_rows(key)
+    # How full of rows as long as its longest a warp is: one hub among short rows runs as one row alone.
+    fill = (warps.size / (warps.count * np.maximum(warps.w, 1) * rows)
+            if rows > 1 and warps.rounds is None else None)
+    alone = blended_alone(profile, key, warps.w, fractions, fill)
+    if warps.rounds is None:
+        return float((warps.size / perf).sum()), float((warps.count * alone).sum()), float(alone.max())
+    total, most = warps.rounds
+    return float((warps.size / perf).sum()), float((total * alone).sum()), float((most * alone).max())
+
+
+@dataclass(frozen=True)
+class SegmentSums:
+    """A launch's segments of warps (those that have any), in launch order, reduced to what the lookup
+    model combines (:func:`~tuner.model.lookup.predict_lookup`).
+
+    Attributes:
+        work: each segment's sum of S_j / P_j (ms) at the bytes per entry its table was measured with.
+        profiled_bytes: those bytes per entry.
+        alone_sum: the segment's warps' slot time alone, summed (ms).
+        alone_max: its slowest warp's time alone (ms).
+        blocks: blocks the segment launches.
+        max_active: warps resident on the GPU at once for the launch (one launch, one occupancy: its last
+            segment's table).
+    """
+
+    work: np.ndarray
+    profiled_bytes: np.ndarray
+    alone_sum: np.ndarray
+    alone_max: np.ndarray
+    blocks: np.ndarray
+    max_active: int
+
+    @classmethod
+    def of_rows(cls, rows: list[tuple]) -> "SegmentSums":
+        """From one (work, alone sum, alone max, blocks, profiled bytes, max active) tuple per segment.
+
+        Example:
+            >>> s = SegmentSums.of_rows([(2.0, 1.0, 0.5, 3, 8, 100), (4.0, 1.0, 0.25, 1, 8, 64)])
+            >>> s.work.tolist(), s.blocks.tolist(), s.max_active
+            ([2.0, 4.0], [3, 1], 64)
+        """
+        if not rows:
+            z = np.zeros(0)
+            return cls(z, z, z, z, np.zeros(0, np.int64), 1)
+        work, a_sum, a_max, blocks, profiled, active = zip(*rows)
+        return cls(np.array(work, np.float64), np.array(profiled, np.float64), np.array(a_sum, np.float64),
+                   np.array(a_max, np.float64), np.array(blocks, np.int64), int(active[-1]))

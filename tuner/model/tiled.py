@@ -1,0 +1,101 @@
+"""The tiled families' launches, summed for all their tiles at once.
+
+Every tile of tile_coo and tile_composite is a segment of warps of its own (its warps gather from its slice
+of x, so its gather shares are its own), and a plan of a large graph has hundreds of tiles: summing them
+one segment at a time (:func:`~tuner.model.tables.segment_sums`) cost more than the rest of planning. Here
+every tile's warps are looked up in one pass, each with its tile's shares, and reduced per segment: the
+same sums, in the same launch order (:class:`~tuner.model.tables.SegmentSums`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..families.base import plan_matrix
+from ..families.tile_composite import TileCompositeParams, packed
+from ..families.tile_coo import TileCooParams
+from ..families.tiles import bounds, ranked_tile_runs
+from ..matrix import CanonicalMatrix
+from .profile_data import Profile, kernel_key
+from .tables import SegmentSums, blended, blended_alone, gather_fractions, table_for
+
+WARP = 32
+
+
+def tile_fractions(m: CanonicalMatrix, profile: Profile, width: int) -> np.ndarray:
+    """Every tile's gather shares (:func:`~tuner.model.tables.gather_fractions`), one row per tile."""
+    cuts = bounds(m, width)
+    return np.array([gather_fractions(m, profile, (int(a), int(b))) for a, b in zip(cuts[:-1], cuts[1:])],
+                    dtype=np.float64).reshape(-1, 3)
+
+
+def _reduce(seg: np.ndarray, n_segs: int, work: np.ndarray, alone_total: np.ndarray, alone_one: np.ndarray,
+            warps: np.ndarray, threads: int, profiled: np.ndarray, active: np.ndarray) -> SegmentSums:
+    """Per-warp-shape terms summed into their segments ``seg``, the empty segments left out. ``warps``:
+    each segment's warp count; ``profiled``, ``active``: each segment's table's bytes and resident warps."""
+    live = np.bincount(seg, minlength=n_segs) > 0
+    w_sum = np.bincount(seg, weights=work, minlength=n_segs)
+    a_sum = np.bincount(seg, weights=alone_total, minlength=n_segs)
+    a_max = np.zeros(n_segs)
+    np.maximum.at(a_max, seg, alone_one)
+    blocks = -(-warps.astype(np.int64) * WARP // threads)
+    at = np.flatnonzero(live)
+    return SegmentSums(w_sum[at], profiled[at].astype(np.float64), a_sum[at], a_max[at], blocks[at],
+                       int(active[at[-1]]) if at.size else 1)
+
+
+def tile_coo_sums(m: CanonicalMatrix, p: TileCooParams, profile: Profile) -> SegmentSums:
+    """TILE-COO: a segment per tile, its entries in COO warps of 32 looked up by the length of their row
+    inside the tile (:func:`~tuner.model.warps.tile_flat_histogram`, every tile at once).
+
+    Example: see tests/test_tiles.py (needs a profile).
+    """
+    runs = ranked_tile_runs(plan_matrix(m), p.tile_width)
+    key, profiled = table_for(profile, kernel_key("aligned_coo", "flat", p.block_size, m.value_free))
+    tile = np.repeat(np.arange(runs.n_tiles), np.diff(runs.offsets))
+    keep = runs.lengths > 0
+    tile, w, rows = tile[keep], runs.lengths[keep], runs.counts[keep].astype(np.float64)
+    fractions = tile_fractions(m, profile, p.tile_width)[tile]
+    size = rows * w
+    count = size / WARP  # a row contributes length / 32 warps
+    alone = blended_alone(profile, key, w, fractions)
+    n = runs.n_tiles
+    warps = np.floor(np.bincount(tile, weights=size, minlength=n) / WARP)  # exact: integer entries
+    return _reduce(tile, n, size / blended(profile, key, w, fractions), count * alone, alone, warps, p.block_size,
+                   np.full(n, profiled), np.full(n, profile.max_active_warps(key)))
+
+
+def tile_composite_sums(m: CanonicalMatrix, p: TileCompositeParams, profile: Profile) -> SegmentSums:
+    """TILE-Composite: per tile, a segment of its row-major workloads then one of its column-major ones,
+    each workload looked up by its first row's length, charged its unpadded rectangle and held alone for its
+    rounds of the profiled shape (:func:`~tuner.model.warps.tile_workload_histogram`, every tile at once,
+    from the packings Algorithm 2 chose).
+
+    Example: see tests/test_tiles.py (needs a profile).
+    """
+    plan = plan_matrix(m)
+    shapes = [packed(plan, p.tile_width, t, wl) for t, wl in enumerate(p.workloads)]
+    n_tiles = len(shapes)
+    tile = np.repeat(np.arange(n_tiles), [s.length.size for s in shapes])
+    length, size, rounds, count, row_major = (np.concatenate([getattr(s, a) for s in shapes] or [np.zeros(0)])
+                                              for a in ("length", "size", "rounds", "count", "row_major"))
+    row_major = row_major.astype(bool)
+    count = count.astype(np.float64)
+    seg = 2 * tile + (~row_major)  # a tile's row-major segment, then its column-major one
+    fractions = tile_fractions(m, profile, p.tile_width)[tile]
+    perf, alone = np.empty(length.size), np.empty(length.size)
+    profiled, active = np.empty(2 * n_tiles), np.empty(2 * n_tiles)
+    for part, major in (("row", True), ("col", False)):
+        key, nbytes = table_for(profile, kernel_key("tile_composite", part, p.block_size, m.value_free))
+        at = np.flatnonzero(row_major == major)
+        if at.size:
+            perf[at] = blended(profile, key, length[at], fractions[at])
+            alone[at] = blended_alone(profile, key, length[at], fractions[at])
+        profiled[0 if major else 1::2] = nbytes
+        active[0 if major else 1::2] = profile.max_active_warps(key)
+    warps = np.bincount(seg, weights=count, minlength=2 * n_tiles)
+    return _reduce(seg, 2 * n_tiles, count * size / perf, count * rounds * alone, rounds * alone, warps,
+                   p.block_size, profiled, active)
+
+
+# Families whose launches are summed here, by registry name: (view, params, profile) -> SegmentSums.
+TILED_SUMS = {"tile_coo": tile_coo_sums, "tile_composite": tile_composite_sums}
