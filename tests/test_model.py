@@ -321,6 +321,25 @@ def test_footprint_is_the_number_of_sectors_uniform_gathers_would_spread_over():
     assert 1 < footprint(np.array([1000, 1, 1, 1, 1])) < 1.1
 
 
+def test_slices_get_the_shares_each_gets_alone():
+    # Several tiles' sector counts at once, against the H100 profile's measured levels (sweeps and all):
+    # every slice's row is exactly what sector_fractions gives that slice alone, including slices too
+    # large for the L1 (their own solve of Che's approximation) and a slice of nothing.
+    from tuner.model.locality import sector_fractions, slice_fractions
+    from tuner.model.tables import cache_level
+    profile = load_profile("NVIDIA H100 80GB HBM3")
+    l1, l2 = cache_level(profile, "l1"), cache_level(profile, "l2")
+    rng = np.random.default_rng(5)
+    sectors = np.concatenate([rng.zipf(1.6, 1000), rng.integers(0, 3, 9000), np.zeros(50, np.int64),
+                              rng.zipf(2.2, 20000)])
+    cuts = np.array([0, 1000, 10000, 10050, 30050])
+    each = slice_fractions(sectors, cuts, l1, l2)
+    for row, a, b in zip(each, cuts[:-1], cuts[1:]):
+        assert row.tolist() == sector_fractions(sectors[a:b], l1, l2).tolist()
+    assert each[0].tolist() == each[2].tolist() == [1.0, 0.0, 0.0]  # fits the L1; nothing gathered
+    assert 0.5 < each[3, 0] < each[1, 0] < 0.9 and np.allclose(each.sum(axis=1), 1.0)
+
+
 def test_h100_profile_l1_serves_fewer_gathers_of_the_widest_tile():
     # The tile widths are a quarter of the L1's columns and its multiples: uniform gathers over the widest
     # tile's slice of x hit the L1 measurably less often than over the narrower ones (the sweep of the
@@ -530,6 +549,16 @@ def test_blended_rates_take_one_share_triple_or_one_per_warp(profile):
         assert alone[i] == blended_alone(profile, key, w[i:i + 1], shares[i])[0]
     # Harmonic in performance, linear in time: 1/4 at 1e6 and 3/4 at 1e5 (the fake table's plateau).
     assert blended(profile, key, [64], [0.25, 0.0, 0.75])[0] == pytest.approx(1 / (0.25 / 1e6 + 0.75 / 1e5))
+
+
+def test_every_family_predicts_a_matrix_without_entries(profile):
+    from tuner.model import predicted_candidates
+    for A in (sp.csr_matrix((40, 30), dtype=np.float32), sp.csr_matrix((0, 5), dtype=np.float32)):
+        m = canonicalize(A)
+        specs, times = predicted_candidates(m, profile)
+        assert {s.family for s in specs} == set(families.REGISTRY)
+        # Nothing to stream: the launch alone (plus a relabelled plan's gathers of x and y).
+        assert all(t is not None and 0.004 <= t < 0.05 for t in times)
 
 
 def test_relabelled_candidate_is_the_permuted_matrix_plus_two_gathers(profile):

@@ -364,14 +364,20 @@ def tiled_case():
 
 def test_tiled_launches_summed_at_once_equal_their_segments_summed_one_by_one():
     from tuner.families.base import ordered_structure
+    from tuner.families.tiles import bounds
     from tuner.model.lookup import segment_by_segment
+    from tuner.model.tables import gather_fractions
     from tuner.model.tiled import TILED_SUMS, tile_fractions
     prof, m, specs = tiled_case()
     assert {s.family for s in specs} == {"tile_coo", "tile_composite"}
     for spec in specs:
         view = ordered_structure(m, spec.params.order)
         if spec.params.tile_width:
-            assert len({tuple(f) for f in tile_fractions(view, prof, spec.params.tile_width)}) == 2
+            shares = tile_fractions(view, prof, spec.params.tile_width)
+            assert len({tuple(f) for f in shares}) == 2  # the full tiles', the last one's
+            cuts = bounds(view, spec.params.tile_width)
+            assert shares.tolist() == [gather_fractions(view, prof, (int(a), int(b))).tolist()
+                                       for a, b in zip(cuts[:-1], cuts[1:])]
         at_once = TILED_SUMS[spec.family](view, spec.params, prof)
         one_by_one = segment_by_segment(view, spec, prof)
         assert at_once.blocks.tolist() == one_by_one.blocks.tolist() and at_once.blocks.size > 2

@@ -109,14 +109,16 @@ class CacheLevel:
             return hit
         return hit * self.departure(footprint(counts) if spread is None else spread)
 
-    def departure(self, spread: float) -> float:
-        """Measured over LRU hit rate of uniform gathers over ``spread`` sectors (1 without a sweep)."""
+    def departure(self, spread):
+        """Measured over LRU hit rate of uniform gathers over ``spread`` sectors (1 without a sweep); an
+        array of spreads gives an array."""
         if not self.footprints:
-            return 1.0
+            return 1.0 if np.ndim(spread) == 0 else np.ones(np.shape(spread))
         fp = np.asarray(self.footprints)
         lru = np.minimum(1.0, self.capacity / fp)
         ratio = np.minimum(np.asarray(self.hits) / lru, 1.0)
-        return float(np.interp(np.log(max(spread, 1.0)), np.log(fp), ratio))
+        out = np.interp(np.log(np.maximum(spread, 1.0)), np.log(fp), ratio)
+        return float(out) if np.ndim(out) == 0 else out
 
 
 def sweep_level(columns, ms, capacity: float, hit_columns: float, itemsize: int = 4) -> CacheLevel:
@@ -179,11 +181,44 @@ def sector_fractions(sectors: np.ndarray, l1_sectors, l2_sectors) -> np.ndarray:
         >>> sector_fractions(np.full(8, 8), CacheLevel(2.0, (4.0, 8.0), (0.5, 0.125)), 4).round(3).tolist()
         [0.125, 0.375, 0.5]
     """
+    sectors = np.asarray(sectors)
+    return slice_fractions(sectors, np.array([0, sectors.size]), l1_sectors, l2_sectors)[0]
+
+
+def slice_fractions(sectors: np.ndarray, cuts: np.ndarray, l1_sectors, l2_sectors) -> np.ndarray:
+    """:func:`sector_fractions` of every slice ``sectors[cuts[i]:cuts[i + 1]]`` (a tiling's tiles), one row
+    each, in a few passes over all of them: only a slice with more sectors in use than a level holds needs
+    a solve of Che's approximation of its own; the others hit as far as the sweep says.
+
+    Example (the second slice's 8 sectors overflow an L1 of 2; the first's 2 do not):
+        >>> slice_fractions(np.array([8, 8, 1, 1, 1, 1, 1, 1, 1, 1]), np.array([0, 2, 10]), 2, 16).round(3).tolist()
+        [[1.0, 0.0, 0.0], [0.25, 0.75, 0.0]]
+    """
     levels = [c if isinstance(c, CacheLevel) else CacheLevel(float(c)) for c in (l1_sectors, l2_sectors)]
-    spread = footprint(sectors) if any(c.footprints for c in levels) else None  # one for both levels
-    h1, h2 = (c.hit_rate(sectors, spread) for c in levels)
-    h2 = max(h2, h1)
-    return np.array([h1, h2 - h1, 1.0 - h2])
+    cuts = np.asarray(cuts, dtype=np.int64)
+    n = cuts.size - 1
+    counts = np.asarray(sectors)
+    live = counts > 0
+    which = np.repeat(np.arange(n), np.diff(cuts))[live]  # the slice of each sector in use
+    v = counts[live].astype(np.float64)
+    used = np.bincount(which, minlength=n)
+    total = np.bincount(which, weights=v, minlength=n)
+    spread = None
+    if any(c.footprints for c in levels):  # footprint() of every slice: one for both levels
+        p = v / total[which]
+        spread = np.where(used > 0, np.exp(-np.bincount(which, weights=p * np.log(p), minlength=n)), 0.0)
+    hits = []
+    for level in levels:
+        hit = np.ones(n)  # che_hit_rate: nothing gathered, or every sector in use fits
+        over = np.flatnonzero((total > 0) & (used > level.capacity))
+        for i in over.tolist():
+            hit[i] = che_hit_rate(counts[cuts[i]:cuts[i + 1]], level.capacity)
+        if level.footprints:
+            hit = np.where(hit == 0.0, hit, hit * level.departure(spread))
+        hits.append(hit)
+    h1, h2 = hits
+    h2 = np.maximum(h2, h1)
+    return np.stack([h1, h2 - h1, 1.0 - h2], axis=1)
 
 
 def cache_sectors(constants: dict, level: str) -> float:

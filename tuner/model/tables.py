@@ -14,7 +14,7 @@ import numpy as np
 
 from ..families.base import shared_layout
 from ..matrix import CanonicalMatrix
-from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, sector_fractions,
+from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, slice_fractions,
                        sweep_level)
 from .profile_data import REGIMES, Profile, warp_rows
 from .warps import WarpHistogram
@@ -62,23 +62,33 @@ def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int]
     """Shares of the gathers of x served by L1, L2 and memory (see :mod:`tuner.model.locality`), for the
     whole matrix or for the columns ``cols`` = (first, end) of one tile, whose warps gather from its slice
     of x alone."""
+    a, b = cols if cols is not None else (0, m.n_cols)
+    return shared_layout(m, ("gather_fractions", profile.digest, cols),
+                         lambda: column_fractions(m, profile, np.array([a, b]))[0])
+
+
+def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray) -> np.ndarray:
+    """:func:`gather_fractions` of the columns ``cuts[i]`` to ``cuts[i + 1]`` - 1 of each i (a tiling's
+    tiles), one row each, all at once; a range's shares are the same as when asked for alone.
+
+    Example: see tests/test_tiles.py (needs a profile).
+    """
     itemsize = m.value_dtype.itemsize
     per = max(SECTOR_BYTES // itemsize, 1)
-
-    def build():
-        l1, l2 = cache_level(profile, "l1"), cache_level(profile, "l2")
-        a, b = cols if cols is not None else (0, m.n_cols)
-        if a % per or (b % per and b != m.n_cols):  # a tile that splits a sector: count its own
-            return regime_fractions(m.col_lengths[a:b], itemsize, l1, l2)
-        # The whole matrix, and tiles of whole sectors (the widths are), slice its sector counts, counted once.
+    l1, l2 = cache_level(profile, "l1"), cache_level(profile, "l2")
+    cuts = np.asarray(cuts, dtype=np.int64)
+    a, b = cuts[:-1], cuts[1:]
+    if np.all(a % per == 0) and np.all((b % per == 0) | (b == m.n_cols)):
+        # Ranges of whole sectors (the tile widths are) slice the matrix's sector counts, counted once.
         whole = shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))
-        return sector_fractions(whole[a // per:-(-b // per)], l1, l2)
-    return shared_layout(m, ("gather_fractions", profile.digest, cols), build)
+        return slice_fractions(whole[a[0] // per:-(-b[-1] // per)], -(-cuts // per) - a[0] // per, l1, l2)
+    # A range that splits a sector counts its own.
+    return np.array([regime_fractions(m.col_lengths[i:j], itemsize, l1, l2) for i, j in zip(a, b)]).reshape(-1, 3)
 
 
 def _regimes(fractions) -> list:
     """(shares, regime) of the regimes some gather reaches: ``fractions`` is one (L1, L2, memory) triple
-    or a triple per warp (n x 3), whose columns come out."""
+    or a triple per warp (n x 3), whose columns come out (none for no warps: the sums start from zeros)."""
     return [(f, r) for f, r in zip(np.asarray(fractions, dtype=np.float64).T, REGIMES) if np.any(f > 0)]
 
 
@@ -89,7 +99,7 @@ def blended(profile: Profile, key: str, w: np.ndarray, fractions) -> np.ndarray:
     Example: see tests/test_model.py (needs a profile).
     """
     w = np.asarray(w, dtype=np.float64)
-    inv = sum(f / profile.performance(key, r, w) for f, r in _regimes(fractions))
+    inv = sum((f / profile.performance(key, r, w) for f, r in _regimes(fractions)), np.zeros(w.shape))
     return 1.0 / inv
 
 
@@ -99,7 +109,7 @@ def blended_alone(profile: Profile, key: str, w: np.ndarray, fractions, fill=Non
 
     Example: see tests/test_model.py (needs a profile).
     """
-    return sum(f * profile.alone_time(key, r, w, fill) for f, r in _regimes(fractions))
+    return sum((f * profile.alone_time(key, r, w, fill) for f, r in _regimes(fractions)), np.zeros(np.shape(w)))
 
 
 def segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -> tuple[float, float, float]:

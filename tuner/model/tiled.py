@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..families.base import plan_matrix
+from ..families.base import plan_matrix, shared_layout
 from ..families.tile_composite import TileCompositeParams, packed
 from ..families.tile_coo import TileCooParams
 from ..families.tiles import bounds, ranked_tile_runs
 from ..matrix import CanonicalMatrix
 from .profile_data import Profile, kernel_key
-from .tables import SegmentSums, blended, blended_alone, gather_fractions, table_for
+from .tables import SegmentSums, blended, blended_alone, column_fractions, table_for
 
 WARP = 32
 
 
 def tile_fractions(m: CanonicalMatrix, profile: Profile, width: int) -> np.ndarray:
-    """Every tile's gather shares (:func:`~tuner.model.tables.gather_fractions`), one row per tile."""
-    cuts = bounds(m, width)
-    return np.array([gather_fractions(m, profile, (int(a), int(b))) for a, b in zip(cuts[:-1], cuts[1:])],
-                    dtype=np.float64).reshape(-1, 3)
+    """Every tile's gather shares (:func:`~tuner.model.tables.gather_fractions`), one row per tile, all
+    at once and once per view, profile and width."""
+    return shared_layout(m, ("tile_fractions", profile.digest, width),
+                         lambda: column_fractions(m, profile, bounds(m, width)))
 
 
 def _reduce(seg: np.ndarray, n_segs: int, work: np.ndarray, alone_total: np.ndarray, alone_one: np.ndarray,
