@@ -284,7 +284,7 @@ def test_report_metrics_come_from_real_timings(reduced_profile, tmp_path):
     for model in ("lookup", "baseline"):
         o = summary["overall"][model]
         assert 0 <= o["top1"] <= 1 and o["regret_geomean"] >= 1 and np.isfinite(o["mdape"])
-    assert meta["matrices"]["power_law"]["plan_seconds"] < 5
+    assert meta["matrices"]["power_law"]["planning_seconds"] < 5
 
 
 def test_queued_timing_measures_the_gpu_not_the_launch_rate():

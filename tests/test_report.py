@@ -123,6 +123,8 @@ def test_interrupted_report_resumes_measuring_only_what_is_missing(tmp_path, fak
     key = lambda r: (r.matrix, r.candidate)  # noqa: E731
     assert sorted(rows, key=key) == sorted(whole, key=key) == sorted(read_csv(tmp_path / "report.csv"), key=key)
     assert meta["command"] == "first ; then second" and set(meta["matrices"]) == set(SUITE)
+    # Planning (candidates and predictions) is timed apart from the relabelled layout it reads.
+    assert all(0 < m["planning_seconds"] < 30 and m["layout_seconds"] >= 0 for m in meta["matrices"].values())
 
 
 def test_resume_refuses_a_report_of_another_gpu_or_profile(tmp_path, fake_profile):
