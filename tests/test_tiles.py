@@ -165,6 +165,36 @@ def test_packings_of_several_sizes_equal_each_packed_alone():
     assert many.tail_rows.tolist()[:2] == [0, 0] and pack_many(np.array([5]), np.array([3]), [10]).tail_rows[0] == 1
 
 
+def test_tiles_packed_together_equal_each_packed_alone():
+    from tuner.formats.tile_composite import pack_many, pack_tiles
+    rng = np.random.default_rng(11)
+    tiles, sizes = [], []
+    for k in range(40):
+        ranked = np.sort(rng.zipf(rng.uniform(1.3, 2.5), rng.integers(1, 400)) % 2000)[::-1]
+        if k % 9 == 0:
+            ranked = np.zeros(int(rng.integers(1, 5)), np.int64)  # a tile of empty rows only
+        lengths, counts = np.unique(ranked, return_counts=True)
+        tiles.append((lengths[::-1], counts[::-1]))  # zero-length runs last, as in a ranking
+        sizes.append(sorted({1, 32, int(ranked[0]) or 1, int(rng.integers(1, 5000))}))
+    offsets = np.cumsum([0] + [t[0].size for t in tiles])
+    rates = {k: (rng.uniform(1e5, 1e6, offsets[-1]), rng.uniform(1e-4, 1e-2, offsets[-1])) for k in ("row", "col")}
+    together = pack_tiles(np.concatenate([t[0] for t in tiles]), np.concatenate([t[1] for t in tiles]), offsets, sizes)
+    times = tc_model.tile_times(together, rates, max_active_warps=50)
+    c = 0
+    for t, ((lengths, counts), wls) in enumerate(zip(tiles, sizes)):
+        alone = pack_many(lengths, counts, wls)
+        own = {k: (perf[offsets[t]:offsets[t + 1]], lone[offsets[t]:offsets[t + 1]]) for k, (perf, lone) in rates.items()}
+        assert times[c:c + len(wls)].tolist() == pytest.approx(tc_model.tile_times(alone, own, 50).tolist(), rel=1e-12)
+        for j in range(len(wls)):
+            a, b = together.shapes(c + j), alone.shapes(j)
+            assert all(getattr(a, f).tolist() == getattr(b, f).tolist()
+                       for f in ("first", "count", "step", "length", "h", "row_major", "run"))
+        c += len(wls)
+    empty = [len(wls) for (lengths, _), wls in zip(tiles, sizes) if not lengths.any()]
+    assert len(empty) == 5 and (times == 0).sum() == sum(empty)  # the empty tiles cost nothing
+    assert (together.tail_rows > 0).any()
+
+
 def test_packing_follows_algorithm_3_and_figure_1d():
     # Fig. 1(d): rows ranked 3, 2, 2, 1, 1, 1, 1 with WL = 4: the first row alone, then two rows of 2
     # row-major, then the single-entry rows column-major (their 4 rows padded to a warp of 32).

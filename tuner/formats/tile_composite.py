@@ -119,103 +119,157 @@ class Shapes:
 
 @dataclass(frozen=True)
 class Packings:
-    """Algorithm 3's partition of one tile at several workload sizes at once (:func:`pack_many`), run by
-    run: row c is workload size ``wls[c]``, entry (c, r) the workloads that start inside run r (all of
-    run r's shape). Algorithm 2 compares the sizes from these arrays; :meth:`shapes` spells one out.
+    """Algorithm 3's partition of one or more tiles at several workload sizes each (:func:`pack_tiles`,
+    :func:`pack_many`), flat: a *pairing* is one tile at one workload size, and it has an entry per
+    distinct length of its tile (a run), in rank order, holding the workloads that start inside that run
+    (all of its shape). Algorithm 2 compares the sizes from these arrays; :meth:`shapes` spells one out.
 
     Attributes:
-        wls: the workload sizes.
-        lengths: the tile's distinct lengths of non-empty rows, decreasing (one per run).
-        first, count, step: rank of the first row of the workloads starting in each run, how many start
-            there, rows between them; count 0 where none does.
+        wls, tile: each pairing's workload size and tile.
+        bounds: where each pairing's entries begin (pairings + 1 values).
+        source: each entry's run as an index into the lengths packed (the tile's run is ``run``).
+        lengths, run: each entry's length (the tile's distinct lengths of non-empty rows, decreasing) and
+            its index among the tile's runs.
+        first, count, step: rank of the first row of the workloads starting in the entry's run, how many
+            start there, rows between them; count 0 where none does.
         row_major: those workloads are stored row-major (w >= h).
-        tail_rows: rows of a last row-major workload that would run past the tile's last row and so
-            holds only the rows left (0: none); it is not in ``count``.
-        tail_run, tail_first: its run and first row.
+        tail_rows: per pairing, rows of a last row-major workload that would run past the tile's last row
+            and so holds only the rows left (0: none); it is not in ``count``.
+        tail_entry, tail_first: its entry and first row.
     """
 
     wls: np.ndarray
+    tile: np.ndarray
+    bounds: np.ndarray
+    source: np.ndarray
     lengths: np.ndarray
+    run: np.ndarray
     first: np.ndarray
     count: np.ndarray
     step: np.ndarray
     row_major: np.ndarray
     tail_rows: np.ndarray
-    tail_run: np.ndarray
+    tail_entry: np.ndarray
     tail_first: np.ndarray
 
+    def entries(self, c: int) -> slice:
+        """Pairing ``c``'s entries in the flat arrays."""
+        return slice(int(self.bounds[c]), int(self.bounds[c + 1]))
+
     def shapes(self, c: int) -> Shapes:
-        """The packing at ``wls[c]`` as :class:`Shapes` (runs in rank order, the tail last)."""
-        run = np.flatnonzero(self.count[c] > 0)
-        first, count, step, row_major = (a[c, run] for a in (self.first, self.count, self.step, self.row_major))
-        h = step.copy()
+        """Pairing ``c``'s packing as :class:`Shapes` (runs in rank order, the tail last)."""
+        e = self.bounds[c] + np.flatnonzero(self.count[self.entries(c)] > 0)
         if self.tail_rows[c]:
-            run = np.append(run, self.tail_run[c])
-            first, count = np.append(first, self.tail_first[c]), np.append(count, 1)
-            step = np.append(step, self.step[c, self.tail_run[c]])
-            h, row_major = np.append(h, self.tail_rows[c]), np.append(row_major, True)
-        return Shapes(first, count, step, self.lengths[run], h, row_major, run)
+            e = np.append(e, self.tail_entry[c])
+        count, h, row_major = self.count[e], self.step[e], self.row_major[e]
+        if self.tail_rows[c]:
+            count[-1], h[-1], row_major[-1] = 1, self.tail_rows[c], True
+        first = self.first[e]
+        if self.tail_rows[c]:
+            first[-1] = self.tail_first[c]
+        return Shapes(first, count, self.step[e], self.lengths[e], h, row_major, self.run[e])
 
 
 def pack_many(lengths: np.ndarray, counts: np.ndarray, wls) -> Packings:
-    """Algorithm 3's partition (lines 7-16) at each workload size of ``wls`` of a tile whose rows, ranked by
-    decreasing length, come as ``counts`` rows of each of ``lengths`` (run-length encoded, decreasing).
-
-    One workload per step: w_j = length of its first row, h_j = WL // w_j, padded (Padding(w, h, 32)); the
-    next workload starts h_j rows later (column-major: the padded h_j). Down the ranking w only shrinks,
-    so h and the step only grow: over a stretch of runs of one step the workloads start every step rows,
-    whatever their first row. A loop finds where each stretch's starts begin (once per distinct step);
-    each run's workloads - those starting inside it - are then counted at once, for all sizes together.
+    """Algorithm 3's partition (lines 7-16) of one tile at each workload size of ``wls``: :func:`pack_tiles`
+    of that tile alone.
 
     Example (Fig. 1(d) on a 32-lane GPU: rows of 3, 2, 2, 1 x 4 with WL = 4; with WL = 8 the rows of 3 and
     2 make one row-major workload, and the rest one column-major workload from the second row of 2):
         >>> p = pack_many(np.array([3, 2, 1]), np.array([1, 2, 4]), [4, 8])
         >>> p.count.tolist(), p.shapes(1).first.tolist(), p.shapes(1).h.tolist()
-        ([[1, 1, 1], [1, 1, 0]], [0, 2], [2, 32])
+        ([1, 1, 1, 1, 1, 0], [0, 2], [2, 32])
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return pack_tiles(lengths, counts, np.array([0, lengths.size]), [wls])
+
+
+def pack_tiles(lengths: np.ndarray, counts: np.ndarray, offsets: np.ndarray, sizes: list) -> Packings:
+    """Algorithm 3's partition (lines 7-16) of every tile at each of its workload sizes, all at once. Tile
+    t's rows, ranked by decreasing length, come as ``counts`` rows of each of ``lengths[offsets[t]:
+    offsets[t + 1]]`` (run-length encoded, decreasing); its sizes are ``sizes[t]``.
+
+    One workload per step: w_j = length of its first row, h_j = WL // w_j, padded (Padding(w, h, 32)); the
+    next workload starts h_j rows later (column-major: the padded h_j). Down the ranking w only shrinks,
+    so h and the step only grow: over a stretch of runs of one step the workloads start every step rows,
+    whatever their first row. Where each stretch's starts begin follows from the stretch before (a loop
+    over the k-th stretches of every pairing at once); each run's workloads - those starting inside it -
+    are then counted at once.
+
+    Example (two tiles: rows of 3, 2, 2, 1 x 4 at WL = 4; one row of 5 at WL = 2, a workload of its own):
+        >>> p = pack_tiles(np.array([3, 2, 1, 5]), np.array([1, 2, 4, 1]), np.array([0, 3, 4]), [[4], [2]])
+        >>> [p.shapes(c).first.tolist() for c in range(2)], p.shapes(1).length.tolist()
+        ([[0, 1, 3], [0]], [5])
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     counts = np.asarray(counts, dtype=np.int64)
-    wl = np.asarray(wls, dtype=np.int64).reshape(-1, 1)
-    if lengths.size > 1 and np.any(lengths[1:] >= lengths[:-1]):
-        raise ValueError("packing runs needs distinct row lengths in decreasing order")
-    if wl.size and wl.min() < 1:
-        raise ValueError(f"workload size must be >= 1, got {int(wl.min())}")
-    live_runs = int(np.count_nonzero(lengths))
-    lengths, counts = lengths[:live_runs], counts[:live_runs]
-    if live_runs == 0:
-        none, zero = np.zeros((wl.size, 0), np.int64), np.zeros(wl.size, np.int64)
-        return Packings(wl.ravel(), lengths, none, none, none, none.astype(bool), zero, zero, zero)
-    end = np.cumsum(counts)
-    start = end - counts
-    live = int(end[-1])
-    h = np.maximum(wl // lengths, 1)
-    row_major = lengths >= h
+    offsets = np.asarray(offsets, dtype=np.int64)
+    n_tiles = offsets.size - 1
+    per_tile = np.array([len(s) for s in sizes], dtype=np.int64)
+    if per_tile.size != n_tiles:
+        raise ValueError(f"packing needs workload sizes for each of the {n_tiles} tiles, got {per_tile.size}")
+    wls = np.concatenate([np.asarray(s, dtype=np.int64).ravel() for s in sizes] or [np.zeros(0, np.int64)])
+    if wls.size and wls.min() < 1:
+        raise ValueError(f"workload size must be >= 1, got {int(wls.min())}")
+    tile_of_run = np.repeat(np.arange(n_tiles), np.diff(offsets))
+    if np.any((lengths[1:] >= lengths[:-1]) & (tile_of_run[1:] == tile_of_run[:-1])):
+        raise ValueError("packing runs needs each tile's distinct row lengths in decreasing order")
+    # Each tile's live runs (non-empty rows come first), their rows' ranks and the tile's live rows.
+    live_runs = np.bincount(tile_of_run[lengths > 0], minlength=n_tiles)
+    ends = np.cumsum(np.where(lengths > 0, counts, 0))
+    base = np.concatenate([[0], ends])[offsets[:-1]]
+    live_rows = np.zeros(n_tiles, dtype=np.int64)
+    some = live_runs > 0
+    live_rows[some] = ends[offsets[:-1][some] + live_runs[some] - 1] - base[some]
+    # Entries: every pairing (tile at a size) times its tile's live runs.
+    tile = np.repeat(np.arange(n_tiles), per_tile)
+    n_entries = live_runs[tile]
+    bounds = np.concatenate([[0], np.cumsum(n_entries)])
+    pairing = np.repeat(np.arange(wls.size), n_entries)
+    run = np.arange(int(bounds[-1])) - bounds[pairing]
+    source = offsets[tile[pairing]] + run
+    L = lengths[source]
+    end = ends[source] - base[tile[pairing]]
+    start = end - counts[source]
+    h = np.maximum(wls[pairing] // L, 1)
+    row_major = L >= h
     step = np.where(row_major, h, _up(h))
     # Stretches of runs of one step; each one's workloads start at its origin and every step rows after.
-    new = np.ones(step.shape, dtype=bool)
-    new[:, 1:] = step[:, 1:] != step[:, :-1]
-    size, run = np.nonzero(new)  # each stretch's size (row) and first run, size by size
-    last_run = np.append(run[1:], 0) - 1
-    last_run[np.append(size[1:] != size[:-1], True)] = live_runs - 1
-    origins, i, prev = np.empty(run.size, dtype=np.int64), 0, -1
-    for k, (c, s, e) in enumerate(zip(size.tolist(), step[size, run].tolist(), end[last_run].tolist())):
-        if c != prev:
-            i, prev = 0, c
-        origins[k] = i
-        if e > i:
-            i += s * -(-(e - i) // s)  # the first start at or past the stretch's last row
-    origin = origins[np.cumsum(new.ravel()).reshape(step.shape) - 1]
+    new = np.ones(L.size, dtype=bool)
+    np.not_equal(step[1:], step[:-1], out=new[1:])
+    new[bounds[:-1][n_entries > 0]] = True
+    first_entry = np.flatnonzero(new)
+    owner = pairing[first_entry]
+    stop = np.append(first_entry[1:], L.size) if first_entry.size else first_entry
+    last_end = end[stop - 1]  # the stretch's last row (its last run's end)
+    nth = np.arange(first_entry.size) - np.searchsorted(first_entry, bounds[owner])
+    origins = np.empty(first_entry.size, dtype=np.int64)
+    at = np.zeros(wls.size, dtype=np.int64)  # each pairing's next start
+    by_nth = np.argsort(nth, kind="stable")
+    cuts = np.searchsorted(nth[by_nth], np.arange(int(nth.max(initial=-1)) + 2))
+    for k in range(cuts.size - 1):  # the k-th stretch of every pairing that has one
+        g = by_nth[cuts[k]:cuts[k + 1]]
+        p, s, e = owner[g], step[first_entry[g]], last_end[g]
+        i = at[p]
+        origins[g] = i
+        at[p] = np.where(e > i, i + s * -(-(e - i) // s), i)  # the first start at or past the stretch's end
+    origin = origins[np.cumsum(new) - 1]
     before = -(-(np.maximum(start, origin) - origin) // step)  # starts before the run (or the part reached)
     count = np.maximum(-(-(end - origin) // step) - before, 0)
     first = origin + before * step
     # The last row-major workload may run past the tile's last row: it holds only the rows that are left.
-    c_all = np.arange(wl.size)
-    tail_run = live_runs - 1 - np.argmax(count[:, ::-1] > 0, axis=1)
-    tail_first = (first + step * (count - 1))[c_all, tail_run]
-    over = row_major[c_all, tail_run] & (tail_first + step[c_all, tail_run] > live)
-    count[c_all[over], tail_run[over]] -= 1
-    return Packings(wl.ravel(), lengths, first, count, step, row_major, np.where(over, live - tail_first, 0),
-                    tail_run, tail_first)
+    tail_entry = np.full(wls.size, -1, dtype=np.int64)
+    has = n_entries > 0
+    if has.any():  # each pairing's last entry where a workload starts (its first always has one)
+        tail_entry[has] = np.maximum.reduceat(np.where(count > 0, np.arange(L.size), -1), bounds[:-1][has])
+    tail_first, over = np.zeros(wls.size, dtype=np.int64), np.zeros(wls.size, dtype=bool)
+    if has.any():
+        t = tail_entry[has]
+        tail_first[has] = first[t] + step[t] * (count[t] - 1)
+        over[has] = row_major[t] & (tail_first[has] + step[t] > live_rows[tile[has]])
+        count[tail_entry[over]] -= 1
+    return Packings(wls, tile, bounds, source, L, run, first, count, step, row_major,
+                    np.where(over, live_rows[tile] - tail_first, 0), tail_entry, tail_first)
 
 
 def pack_runs(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Shapes:

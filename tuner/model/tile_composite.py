@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..families.tile_composite import BLOCK_SIZE, packed, tile_extent
-from ..formats.tile_composite import Packings, Shapes, col_shape_height, pack_many
+from ..families.tile_composite import BLOCK_SIZE, packed
+from ..formats.tile_composite import Packings, col_shape_height, pack_many, pack_tiles
 from ..matrix import CanonicalMatrix
 from .tables import blended, blended_alone, table_for
 from .tiled import tile_fractions
@@ -39,31 +39,35 @@ def tile_time(lengths: np.ndarray, counts: np.ndarray, wl: int, profile: Profile
 
 
 def tile_times(p: Packings, rates: dict, max_active_warps: int) -> np.ndarray:
-    """PM(T, WL) of every workload size of ``p``: each workload looked up in its table by its first row's
-    length (``rates``, from :func:`length_rates`), the warps run in waves by equations 1-5 with the
-    work-weighted mean (:func:`~tuner.model.waves.wave_time`; a wave's time is then the sum of its warps'
-    S / P, so equal workloads are summed at once), and the tile lasting at least as long as its slowest
-    warp alone (and the slots' time alone over the resident warps).
+    """PM(T, WL) of every pairing of ``p`` (a tile at a workload size): each workload looked up in its
+    table by its first row's length (``rates``, from :func:`length_rates` of the lengths packed, indexed
+    by ``p.source``), the warps run in waves by equations 1-5 with the work-weighted mean
+    (:func:`~tuner.model.waves.wave_time`; a wave's time is then the sum of its warps' S / P, so equal
+    workloads are summed at once), and the tile lasting at least as long as its slowest warp alone (and
+    the slots' time alone over the resident warps).
 
     Example: see tests/test_tiles.py (needs a profile).
     """
-    runs = p.lengths.size
-    if runs == 0:
-        return np.zeros(p.wls.size)
-    (row_perf, row_alone), (col_perf, col_alone) = ((a[:runs] for a in rates[k]) for k in ("row", "col"))
+    pairings = p.wls.size
+    work, alone_sum, slowest = np.zeros(pairings), np.zeros(pairings), np.zeros(pairings)
+    has = p.bounds[1:] > p.bounds[:-1]
+    if not has.any():
+        return work
+    (row_perf, row_alone), (col_perf, col_alone) = ((a[p.source] for a in rates[k]) for k in ("row", "col"))
     perf = np.where(p.row_major, row_perf, col_perf)
     rounds = np.where(p.row_major, p.step, p.step / col_shape_height(p.lengths))
     alone = np.where(p.row_major, row_alone, col_alone) * rounds
-    work = (p.count * (p.lengths * p.step) / perf).sum(axis=1)
-    alone_sum = (p.count * alone).sum(axis=1)
-    slowest = np.where(p.count > 0, alone, 0.0).max(axis=1)
+    starts = p.bounds[:-1][has]
+    work[has] = np.add.reduceat(p.count * (p.lengths * p.step) / perf, starts)
+    alone_sum[has] = np.add.reduceat(p.count * alone, starts)
+    slowest[has] = np.maximum.reduceat(np.where(p.count > 0, alone, 0.0), starts)
     # The last row-major workload cut short at the tile's end: a row-major warp of its rows.
-    tail = p.tail_rows > 0
-    r = p.tail_run
-    tail_alone = np.where(tail, row_alone[r] * p.tail_rows, 0.0)
-    work += np.where(tail, p.lengths[r] * p.tail_rows / row_perf[r], 0.0)
-    alone_sum += tail_alone
-    slowest = np.maximum(slowest, tail_alone)
+    tail = np.flatnonzero(p.tail_rows > 0)
+    r, rows = p.tail_entry[tail], p.tail_rows[tail]
+    tail_alone = row_alone[r] * rows
+    work[tail] += p.lengths[r] * rows / row_perf[r]
+    alone_sum[tail] += tail_alone
+    slowest[tail] = np.maximum(slowest[tail], tail_alone)
     return np.maximum(np.maximum(work, alone_sum / max(int(max_active_warps), 1)), slowest)
 
 
@@ -111,29 +115,43 @@ def partition(lengths: np.ndarray, counts: np.ndarray, profile: Profile, keys: d
 
     Example: see tests/test_tiles.py (needs a profile).
     """
+    lengths = np.asarray(lengths)
     rates = length_rates(lengths, profile, keys, fractions)
-    wl, t, _ = _partition(lengths, counts, rates, profile.max_active_warps(keys["row"]))
-    return wl, t
+    wls, times, _ = _partition(lengths, counts, np.array([0, lengths.size]), rates,
+                               profile.max_active_warps(keys["row"]))
+    return int(wls[0]), float(times[0])
 
 
-def _partition(lengths, counts, rates: dict, max_active_warps: int) -> tuple[int, float, Shapes | None]:
-    """:func:`partition` from the tile's :func:`length_rates`, and the chosen packing (None for an empty
-    tile)."""
-    if len(lengths) == 0 or lengths[0] == 0:
-        return 1, 0.0, None
-    sizes = candidates(*tile_extent(lengths, counts), max_active_warps)
-    packings = pack_many(lengths, counts, sizes)
+def _partition(lengths, counts, offsets, rates: dict, max_active_warps: int) -> tuple:
+    """Algorithm 2 over every tile (tile t: ``lengths[offsets[t]:offsets[t + 1]]``, decreasing) at once:
+    each tile's workload size and predicted time (1 and 0 for an empty tile), and the packing of all
+    tiles at all their candidate sizes with the index of each tile's chosen pairing (-1: empty)."""
+    lengths, counts = np.asarray(lengths, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+    n_tiles = offsets.size - 1
+    longest = np.zeros(n_tiles, dtype=np.int64)  # tile_extent of every tile
+    runs = offsets[1:] > offsets[:-1]
+    longest[runs] = lengths[offsets[:-1][runs]]
+    entries = np.concatenate([[0], np.cumsum(lengths * counts)])
+    entries = entries[offsets[1:]] - entries[offsets[:-1]]
+    sizes = [candidates(a, b, max_active_warps) if a > 0 else [] for a, b in zip(longest.tolist(), entries.tolist())]
+    packings = pack_tiles(lengths, counts, offsets, sizes)
     times = tile_times(packings, rates, max_active_warps)
-    best = int(np.argmin(times))  # the first of equals, as the paper's loop keeps it
-    return sizes[best], float(times[best]), packings.shapes(best)
+    # Each tile's best pairing: the first of equals, as the paper's loop keeps it.
+    order = np.lexsort((np.arange(times.size), times, packings.tile))
+    best = np.full(n_tiles, -1, dtype=np.int64)
+    firsts = order[np.flatnonzero(np.r_[True, np.diff(packings.tile[order]) != 0])] if order.size else order
+    best[packings.tile[firsts]] = firsts
+    wls = np.where(best >= 0, packings.wls[np.maximum(best, 0)] if packings.wls.size else 1, 1)
+    t = np.where(best >= 0, times[np.maximum(best, 0)] if times.size else 0.0, 0.0)
+    return wls, t, (packings, best)
 
 
 def partition_tiles(plan: CanonicalMatrix, width: int, runs, profile: Profile | None) -> tuple | None:
     """Algorithms 1-2: every tile's workload size by the model, from the tiles' :class:`RankedRuns`
     (None when there is no profile or it lacks the tile_composite tables: the family then falls back on
     Algorithm 2's bounds alone). The chosen packings are kept for the model's warps of the plan
-    (:func:`~tuner.families.tile_composite.packed`). Every tile's lengths are looked up in one pass, each
-    with its own tile's gather shares."""
+    (:func:`~tuner.families.tile_composite.packed`). Every tile's lengths are looked up, and every tile
+    packed and timed at every candidate size, at once, each tile with its own gather shares."""
     if profile is None:
         return None
     keys = tile_keys(profile, plan.value_free)
@@ -141,13 +159,8 @@ def partition_tiles(plan: CanonicalMatrix, width: int, runs, profile: Profile | 
         return None
     tile = np.repeat(np.arange(runs.n_tiles), np.diff(runs.offsets))
     rates = length_rates(runs.lengths, profile, keys, tile_fractions(plan, profile, width)[tile])
-    active = profile.max_active_warps(keys["row"])
-    out = []
-    for t in range(runs.n_tiles):
-        a, b = int(runs.offsets[t]), int(runs.offsets[t + 1])
-        own = {kind: (perf[a:b], alone[a:b]) for kind, (perf, alone) in rates.items()}
-        wl, _, s = _partition(*runs.tile(t), own, active)
-        if s is not None:
-            packed(plan, width, t, wl, s)
-        out.append(wl)
-    return tuple(out)
+    wls, _, (packings, best) = _partition(runs.lengths, runs.counts, runs.offsets, rates,
+                                          profile.max_active_warps(keys["row"]))
+    for t in np.flatnonzero(best >= 0).tolist():
+        packed(plan, width, t, int(wls[t]), packings.shapes(int(best[t])))
+    return tuple(int(w) for w in wls)
