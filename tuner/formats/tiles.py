@@ -249,12 +249,17 @@ def _chunk_counts(indptr: np.ndarray, indices: np.ndarray, bounds_list: list) ->
         if w == narrow and last >= cap:  # the narrowest tiling's runs are the fine ones
             tile, run_starts = run_tile, starts
         else:
-            tile = np.minimum(run_tile // (w // narrow), last) if w else np.zeros_like(run_tile)
-            brk = run_row_start.copy()
-            brk[1:] |= tile[1:] != tile[:-1]
+            tile = run_tile // (w // narrow) if w else np.zeros_like(run_tile)
+            np.minimum(tile, last, out=tile)
+            brk = np.empty(tile.size, dtype=bool)
+            brk[:1] = True
+            np.not_equal(tile[1:], tile[:-1], out=brk[1:])
+            brk |= run_row_start
             at = np.flatnonzero(brk)
             tile, run_starts = tile[at], starts[at]
-        length = np.diff(run_starts, append=run_starts.dtype.type(nnz))
+        length = np.empty_like(run_starts)
+        np.subtract(run_starts[1:], run_starts[:-1], out=length[:-1])
+        length[-1:] = nnz - run_starts[-1:]
         # One count of (tile, length) with the long runs in an extra column, dropped: no filtering.
         bins = (last + 1) * (COUNTED_LENGTHS + 1)
         kind = np.uint16 if bins <= (1 << 16) else np.int32 if bins < (1 << 31) else np.int64
