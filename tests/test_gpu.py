@@ -253,12 +253,16 @@ def test_model_mode_times_nothing_and_is_correct(reduced_profile, monkeypatch):
     x = random_vector(A.shape[1], np.float32, seed=12)
     assert rel_error(spmv(x), A.astype(np.float64) @ x.astype(np.float64)) < 1e-5
     assert "predicted ms" in spmv.explain()
+    # The plan records its stages' host time: the relabelling and the planning beyond it, nothing timed.
+    assert set(spmv.plan.seconds) == {"relabel", "plan"} and 0 < spmv.plan.seconds["plan"] < 5
+    assert "planning took relabel" in spmv.explain()
 
 
 def test_measure_mode_times_the_model_top_k(reduced_profile):
     spmv = tuner.compile(FIXTURES["long_rows"], tune="measure", top_k=4, profile=reduced_profile)
     timed = [t for t in spmv.plan.ranking if t.measured_ms is not None]
     assert len(timed) == 4 and spmv.plan.measured_ms == min(t.measured_ms for t in timed)
+    assert spmv.plan.seconds["select"] > 0  # timing the four (and their nvcc) is recorded apart
     top4 = sorted(spmv.plan.ranking, key=lambda t: t.predicted_ms)[:4]
     assert {t.label() for t in timed} == {t.label() for t in top4}
 

@@ -1,4 +1,5 @@
 """Planner logic with a fake benchmarker: no GPU needed."""
+import json
 import math
 
 import numpy as np
@@ -96,8 +97,12 @@ def make_plan(**kw):
 
 
 def test_plan_round_trips_through_json_and_the_cache(tmp_path):
-    plan = make_plan()
+    plan = make_plan(seconds={"relabel": 0.5, "plan": 0.25, "select": 1.5})
     assert planner.Plan.from_json(plan.to_json()) == plan
+    # A plan cached before stage times were recorded still loads, with none.
+    old = json.loads(plan.to_json())
+    del old["seconds"]
+    assert planner.Plan.from_json(json.dumps(old)).seconds == {}
     cache = Cache(tmp_path)
     key = planner.plan_key(plan.fingerprint, "float32", "NVIDIA H100 80GB HBM3", (9, 0), "exhaustive")
     assert planner.load_plan(cache, key) is None

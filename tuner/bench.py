@@ -52,6 +52,7 @@ class BenchRow:
     tune_s: float
     cache_hit_s: float
     layout_s: float = float("nan")
+    plan_s: float = float("nan")
 
 
 def large_sources(suite: list[str]) -> list[str]:
@@ -196,7 +197,8 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
                     cusparse_ms=best_cusparse, speedup=(best_cusparse / ours_ms) if best_cusparse else None,
                     compulsory_bytes=nbytes, achieved_gbs=achieved,
                     floor_fraction=achieved / copy_gbs if copy_gbs else float("nan"), rel_error=err,
-                    load_s=load_s, tune_s=tune_s, cache_hit_s=cache_hit_s, layout_s=layout_s)
+                    load_s=load_s, tune_s=tune_s, cache_hit_s=cache_hit_s, layout_s=layout_s,
+                    plan_s=spmv.plan.seconds.get("plan", float("nan")))
 
 
 def format_table(rows: list[BenchRow]) -> str:
@@ -256,7 +258,9 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
                   f"Python on CuPy arrays, {CALLS_PER_SAMPLE} back to back per sample, {repeats} samples; "
                   "ours_kernel_ms: the kernel alone on the GPU (launches queued behind a hold kernel, so the "
                   "host's issue rate does not count); a relabelled plan's times include its gathers of x "
-                  "and y; layout_s: host time to build the chosen layout (relabelling included)",
+                  "and y; layout_s: host time to build the chosen layout (relabelling included); plan_s: "
+                  "the planner's host time for every candidate and its prediction, beyond the relabelled "
+                  "matrix (Plan.seconds['plan'])",
         "suite": list(suite), "rows": [],
     }
     done, before = resumed_rows(out, info.name, tune, repeats) if resume else ({}, "")

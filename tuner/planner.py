@@ -52,6 +52,10 @@ class Plan:
         tune: how it was chosen ('exhaustive', or 'fixed' for a family and parameters given by the caller).
         ranking: every candidate's timing, fastest first.
         features: the matrix's structure summary when the plan was made (for reports and plan reuse).
+        seconds: host seconds of planning's stages when the plan was made: 'relabel' (the relabelled matrix
+            the tiled candidates read, the first step of their layout), 'plan' (every candidate and its
+            prediction: what model mode spends beyond the layout), 'select' (timing candidates, their nvcc
+            included, where any were timed).
     """
 
     family: str
@@ -67,6 +71,7 @@ class Plan:
     tune: str
     ranking: tuple[Timing, ...] = field(default=())
     features: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
 
     def specialization(self) -> Specialization:
         fam = families.get(self.family)
@@ -165,13 +170,16 @@ def explain(plan: Plan) -> str:
     Example:
         >>> p = Plan("csr_vector", {"threads_per_row": 4, "block_size": 128}, 0.45, 0.5, "f" * 64, "float32",
         ...          "int32", True, "sm_90", "k", "measure",
-        ...          (Timing("csr_vector", {"threads_per_row": 4, "block_size": 128}, 0.5, 0.45),))
-        >>> "0.5000" in explain(p) and "0.4500" in explain(p)
+        ...          (Timing("csr_vector", {"threads_per_row": 4, "block_size": 128}, 0.5, 0.45),),
+        ...          seconds={"plan": 0.0123})
+        >>> "0.5000" in explain(p) and "0.4500" in explain(p) and "plan 0.012 s" in explain(p)
         True
     """
     head = (f"plan for {plan.fingerprint[:12]} ({plan.value_dtype}, {plan.index_dtype} indices"
             f"{', value-free' if plan.value_free else ''}) on {plan.arch}, tune={plan.tune}: "
             f"{plan.family} {plan.params}")
+    if plan.seconds:
+        head += "\nplanning took " + ", ".join(f"{k} {v:.3f} s" for k, v in plan.seconds.items())
     if not plan.ranking:
         return head + "\n(no candidates were ranked)"
     timed = [t.measured_ms for t in plan.ranking if t.measured_ms is not None]
