@@ -392,10 +392,37 @@ def tiled_case():
     return prof, m, families.specializations(m, ["tile_coo", "tile_composite"], profile=prof)
 
 
-def test_tiled_launches_summed_at_once_equal_their_segments_summed_one_by_one():
+def tile_by_tile(view, spec, prof):
+    """The tiled launch's SegmentSums one tile at a time: each tile's warps as a histogram (TILE-COO: COO
+    warps by the row's length inside the tile; TILE-Composite: row-major then column-major workloads of the
+    chosen packing), summed by segment_sums with that tile's gather shares."""
+    from tuner.families.base import plan_matrix
+    from tuner.families.tile_composite import packed
+    from tuner.families.tiles import bounds, ranked_tile_runs
+    from tuner.model.profile_data import kernel_key
+    from tuner.model.tables import SegmentSums, gather_fractions, segment_sums, table_for
+    from tuner.model.warps import WarpHistogram, flat_histogram
+    p, rows, plan = spec.params, [], plan_matrix(view)
+    cuts = bounds(view, p.tile_width)
+    for t, cols in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
+        if spec.family == "tile_coo":
+            lengths, counts = ranked_tile_runs(plan, p.tile_width).tile(t)
+            parts = [("aligned_coo", "flat", flat_histogram(lengths, "flat", counts))]
+        else:
+            s = packed(plan, p.tile_width, t, p.workloads[t])
+            parts = [("tile_composite", kind, WarpHistogram.of_warps(s.length[k], s.size[k], s.rounds[k], count=s.count[k]))
+                     for kind, k in (("row", s.row_major), ("col", ~s.row_major))]
+        for family, part, warps in parts:
+            if warps.w.size:
+                key, nbytes = table_for(prof, kernel_key(family, part, p.block_size, view.value_free))
+                sums = segment_sums(prof, key, warps, gather_fractions(view, prof, cols))
+                rows.append((*sums, -(-warps.warps * 32 // p.block_size), nbytes, prof.max_active_warps(key)))
+    return SegmentSums.of_rows(rows)
+
+
+def test_tiled_launches_summed_at_once_equal_their_tiles_summed_one_by_one():
     from tuner.families.base import ordered_structure
     from tuner.families.tiles import bounds
-    from tuner.model.lookup import segment_by_segment
     from tuner.model.tables import gather_fractions
     from tuner.model.tiled import TILED_SUMS, tile_fractions
     prof, m, specs = tiled_case()
@@ -409,7 +436,7 @@ def test_tiled_launches_summed_at_once_equal_their_segments_summed_one_by_one():
             assert shares.tolist() == [gather_fractions(view, prof, (int(a), int(b))).tolist()
                                        for a, b in zip(cuts[:-1], cuts[1:])]
         at_once = TILED_SUMS[spec.family](view, spec.params, prof)
-        one_by_one = segment_by_segment(view, spec, prof)
+        one_by_one = tile_by_tile(view, spec, prof)
         assert at_once.blocks.tolist() == one_by_one.blocks.tolist() and at_once.blocks.size > 2
         assert at_once.max_active == one_by_one.max_active
         for name in ("work", "profiled_bytes", "alone_sum", "alone_max"):

@@ -63,23 +63,20 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
 def launch_sums(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> SegmentSums:
     """The segments of ``spec``'s launch on view ``m``, summed (:class:`~tuner.model.tables.SegmentSums`): a
     tiled family's tiles all at once (:mod:`tuner.model.tiled`), memoised per candidate; other families
-    by :func:`segment_by_segment`.
+    one warp segment at a time.
 
     Example: see tests/test_tiles.py (needs a profile).
     """
     batched = TILED_SUMS.get(spec.family)
     if batched is None:
-        return segment_by_segment(m, spec, profile)
+        return _segment_by_segment(m, spec, profile)
     return shared_layout(m, ("launch_sums", spec.family, spec.params, profile.digest),
                          lambda: batched(m, spec.params, profile))
 
 
-def segment_by_segment(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> SegmentSums:
+def _segment_by_segment(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> SegmentSums:
     """:func:`launch_sums` one warp segment at a time (:func:`~tuner.model.warps.warp_segments`), each
-    segment's sums memoised per view: candidates share segments (binned's classes, csr_vector's rows).
-
-    Example: see tests/test_model.py (needs a profile).
-    """
+    segment's sums memoised per view: candidates share segments (binned's classes, csr_vector's rows)."""
     rows = []
     for seg in warp_segments(m, spec.family, spec.params):
         if seg.warps.w.size == 0:

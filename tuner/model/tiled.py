@@ -44,8 +44,8 @@ def _reduce(seg: np.ndarray, n_segs: int, work: np.ndarray, alone_total: np.ndar
 
 
 def tile_coo_sums(m: CanonicalMatrix, p: TileCooParams, profile: Profile) -> SegmentSums:
-    """TILE-COO: a segment per tile, its entries in COO warps of 32 looked up by the length of their row
-    inside the tile (:func:`~tuner.model.warps.tile_flat_histogram`, every tile at once).
+    """TILE-COO: a segment per tile, its entries in COO warps of 32 (ALIGNED_COO's flat kernel and table)
+    looked up by the length of their row inside the tile: a row of F entries there makes F / 32 warps.
 
     Example: see tests/test_tiles.py (needs a profile).
     """
@@ -66,9 +66,9 @@ def tile_coo_sums(m: CanonicalMatrix, p: TileCooParams, profile: Profile) -> Seg
 
 def tile_composite_sums(m: CanonicalMatrix, p: TileCompositeParams, profile: Profile) -> SegmentSums:
     """TILE-Composite: per tile, a segment of its row-major workloads then one of its column-major ones,
-    each workload looked up by its first row's length, charged its unpadded rectangle and held alone for its
-    rounds of the profiled shape (:func:`~tuner.model.warps.tile_workload_histogram`, every tile at once,
-    from the packings Algorithm 2 chose).
+    each workload looked up by its first row's length, charged its unpadded rectangle
+    (:attr:`~tuner.formats.tile_composite.Shapes.size`) and held alone for its rounds of the profiled shape,
+    from the packings Algorithm 2 chose.
 
     Example: see tests/test_tiles.py (needs a profile).
     """

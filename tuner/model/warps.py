@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..families.aligned_coo import AlignedCooParams
-from ..families.base import known_layout, plan_matrix, shared_layout
+from ..families.base import known_layout, shared_layout
 from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
-from ..families.tile_composite import TileCompositeParams, packed
+from ..families.tile_composite import TileCompositeParams
 from ..families.tile_coo import TileCooParams
-from ..families.tiles import bounds, ranked_tile_runs
+from ..families.tiles import bounds
 from ..formats.aligned_coo import sizes, split_lengths
 from ..matrix import CanonicalMatrix
 from .profile_data import kernel_key
@@ -351,32 +351,18 @@ def flat_histogram(row_lengths: np.ndarray, layout: str, counts: np.ndarray | No
 ALIGNED_PARTS = {"seg": seg_histogram, "flat": flat_histogram, "hflat": flat_histogram}
 
 
-def tile_flat_histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
-    """TILE-COO: one tile's entries through the COO kernel, looked up by the rows' lengths inside the tile."""
-    width, _, t = s.tile
-    lengths, counts = ranked_tile_runs(m, width).tile(t)
-    return flat_histogram(lengths, "flat", counts)
-
-
-def tile_workload_histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
-    """TILE-Composite: one tile's row-major or column-major workloads, looked up by their first row's
-    length and charged their unpadded rectangle (:attr:`~tuner.formats.tile_composite.Shapes.size`)."""
-    width, workloads, t = s.tile
-    p = packed(m, width, t, workloads[t])
-    keep = p.row_major == (s.group == "tile_row")
-    return WarpHistogram.of_warps(p.length[keep], p.size[keep], p.rounds[keep], count=p.count[keep])
-
-
-# Tiled families' parts by ``group``: (plan matrix, spec) -> histogram.
-TILE_PARTS = {"tile_flat": tile_flat_histogram, "tile_row": tile_workload_histogram,
-              "tile_col": tile_workload_histogram}
+# The tiled families' parts: every tile a segment of its own, summed for all tiles at once by
+# tuner.model.tiled rather than histogrammed here one tile at a time.
+TILE_PARTS = ("tile_flat", "tile_row", "tile_col")
 
 
 def histogram(m: CanonicalMatrix, s: SegmentSpec) -> WarpHistogram:
     """The warps of one segment of ``m`` (memoised per matrix: candidates share segments)."""
+    if s.group in TILE_PARTS:
+        raise ValueError(f"{s.group!r} is a tiled family's part: its tiles are summed all at once "
+                         "(tuner.model.tiled), not histogrammed one by one")
+
     def build():
-        if s.group in TILE_PARTS:
-            return TILE_PARTS[s.group](plan_matrix(m), s)
         if s.group in ALIGNED_PARTS:  # the parts' geometry depends on the rows' lengths, not their order
             count, _ = row_histogram(m)
             lengths = np.flatnonzero(count)
@@ -468,10 +454,7 @@ def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | Non
             histogram(m, each)
     workers = workers or min(8, os.cpu_count() or 1)
     threaded = m.n_rows > (1 << 20) and workers > 1
-    # A tiled family's parts read their tile's packed runs: small, in Python, not worth a thread each.
-    for group in (g for g in tasks.values() if g[0].group in TILE_PARTS):
-        build(group)
-    rows = [g for g in tasks.values() if g[0].group not in TILE_PARTS]
+    rows = list(tasks.values())
     for stage in ([g for g in rows if (g[0].lo, g[0].hi) not in outer or not _few_lanes(g[0])],
                   [g for g in rows if (g[0].lo, g[0].hi) in outer and _few_lanes(g[0])]):
         if threaded and len(stage) > 1:
