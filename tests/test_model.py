@@ -535,16 +535,6 @@ def test_lookup_work_term_is_the_wave_model_with_work_weighted_means(one_sm):
     assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + max(waves, waves / 2 + tail), rel=1e-9)
 
 
-def test_bincount_in_slices_equals_numpys():
-    from tuner.model.warps import GIL_SLICE, bincount
-    rng = np.random.default_rng(1)
-    x = rng.integers(0, 3000, 3 * GIL_SLICE + 17)
-    w = rng.integers(0, 100, x.size).astype(np.float64)
-    assert bincount(x).tolist() == np.bincount(x).tolist()
-    assert bincount(x, w).tolist() == np.bincount(x, weights=w).tolist()
-    assert bincount(x[:5], w[:5]).tolist() == np.bincount(x[:5], weights=w[:5]).tolist()
-
-
 def test_blended_rates_take_one_share_triple_or_one_per_warp(profile):
     from tuner.model.tables import blended, blended_alone
     rng = np.random.default_rng(3)

@@ -152,21 +152,15 @@ class Packings:
     tail_entry: np.ndarray
     tail_first: np.ndarray
 
-    def entries(self, c: int) -> slice:
-        """Pairing ``c``'s entries in the flat arrays."""
-        return slice(int(self.bounds[c]), int(self.bounds[c + 1]))
-
     def shapes(self, c: int) -> Shapes:
         """Pairing ``c``'s packing as :class:`Shapes` (runs in rank order, the tail last)."""
-        e = self.bounds[c] + np.flatnonzero(self.count[self.entries(c)] > 0)
-        if self.tail_rows[c]:
+        a, b = int(self.bounds[c]), int(self.bounds[c + 1])
+        e = a + np.flatnonzero(self.count[a:b] > 0)
+        first, count, h, row_major = self.first[e], self.count[e], self.step[e], self.row_major[e]
+        if self.tail_rows[c]:  # one row-major workload of the rows left, after the others
             e = np.append(e, self.tail_entry[c])
-        count, h, row_major = self.count[e], self.step[e], self.row_major[e]
-        if self.tail_rows[c]:
-            count[-1], h[-1], row_major[-1] = 1, self.tail_rows[c], True
-        first = self.first[e]
-        if self.tail_rows[c]:
-            first[-1] = self.tail_first[c]
+            first, count = np.append(first, self.tail_first[c]), np.append(count, 1)
+            h, row_major = np.append(h, self.tail_rows[c]), np.append(row_major, True)
         return Shapes(first, count, self.step[e], self.lengths[e], h, row_major, self.run[e])
 
 
@@ -259,11 +253,10 @@ def pack_tiles(lengths: np.ndarray, counts: np.ndarray, offsets: np.ndarray, siz
     first = origin + before * step
     # The last row-major workload may run past the tile's last row: it holds only the rows that are left.
     tail_entry = np.full(wls.size, -1, dtype=np.int64)
+    tail_first, over = np.zeros(wls.size, dtype=np.int64), np.zeros(wls.size, dtype=bool)
     has = n_entries > 0
     if has.any():  # each pairing's last entry where a workload starts (its first always has one)
         tail_entry[has] = np.maximum.reduceat(np.where(count > 0, np.arange(L.size), -1), bounds[:-1][has])
-    tail_first, over = np.zeros(wls.size, dtype=np.int64), np.zeros(wls.size, dtype=bool)
-    if has.any():
         t = tail_entry[has]
         tail_first[has] = first[t] + step[t] * (count[t] - 1)
         over[has] = row_major[t] & (tail_first[has] + step[t] > live_rows[tile[has]])

@@ -141,8 +141,8 @@ def _partition(lengths, counts, offsets, rates: dict, max_active_warps: int) -> 
     best = np.full(n_tiles, -1, dtype=np.int64)
     firsts = order[np.flatnonzero(np.r_[True, np.diff(packings.tile[order]) != 0])] if order.size else order
     best[packings.tile[firsts]] = firsts
-    wls = np.where(best >= 0, packings.wls[np.maximum(best, 0)] if packings.wls.size else 1, 1)
-    t = np.where(best >= 0, times[np.maximum(best, 0)] if times.size else 0.0, 0.0)
+    wls, t, chosen = np.ones(n_tiles, dtype=np.int64), np.zeros(n_tiles), best >= 0
+    wls[chosen], t[chosen] = packings.wls[best[chosen]], times[best[chosen]]
     return wls, t, (packings, best)
 
 

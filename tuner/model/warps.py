@@ -32,30 +32,6 @@ from .profile_data import kernel_key
 WARP = 32
 
 
-GIL_SLICE = 1 << 18  # elements per np.bincount call on large arrays (see bincount)
-
-
-def bincount(x: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """np.bincount of a large array slice by slice. np.bincount holds the GIL, and while these histograms
-    are built the planner counts tile runs on other threads, which then wait for it: a thread counting
-    beside whole bincounts of 4M warps took twice as long (0.5 s to 1.1 s, rmat:21, 2 cores); slices of
-    256K let it in between. Integer-valued weights (entries, warps) sum exactly either way.
-
-    Example:
-        >>> bincount(np.array([3, 1, 3]), weights=np.array([2.0, 5.0, 1.0])).tolist()
-        [0.0, 5.0, 0.0, 3.0]
-    """
-    x = np.asarray(x)
-    if x.size <= GIL_SLICE:
-        return np.bincount(x, weights=weights)
-    bins = int(x.max()) + 1
-    out = np.zeros(bins, dtype=np.int64 if weights is None else np.float64)
-    for a in range(0, x.size, GIL_SLICE):
-        part = slice(a, a + GIL_SLICE)
-        out += np.bincount(x[part], weights=None if weights is None else weights[part], minlength=bins)
-    return out
-
-
 @dataclass(frozen=True)
 class WarpHistogram:
     """Warps of one launch segment grouped by shape.
@@ -88,8 +64,8 @@ class WarpHistogram:
         if w.size == 0:
             return EMPTY
         each = None if count is None else np.asarray(count, dtype=np.float64)
-        warps = bincount(w).astype(np.float64) if each is None else bincount(w, weights=each)
-        total = bincount(w, weights=size if each is None else each * np.asarray(size, dtype=np.float64))
+        warps = np.bincount(w).astype(np.float64) if each is None else np.bincount(w, weights=each)
+        total = np.bincount(w, weights=size if each is None else each * np.asarray(size, dtype=np.float64))
         keep = np.flatnonzero(warps)
         reps = None
         if rounds is not None:
@@ -97,7 +73,7 @@ class WarpHistogram:
             most = np.zeros(warps.size)
             live = slice(None) if each is None else each > 0
             np.maximum.at(most, w[live], rounds[live])
-            reps = (bincount(w, weights=rounds if each is None else each * rounds)[keep], most[keep])
+            reps = (np.bincount(w, weights=rounds if each is None else each * rounds)[keep], most[keep])
         return cls(keep, warps[keep], total[keep], reps)
 
     @property
@@ -156,7 +132,7 @@ class WarpSegment:
 def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
     """(rows of each length, entries in them), indexed by length; one bincount per matrix."""
     def build():
-        count = bincount(m.row_lengths).astype(np.float64)
+        count = np.bincount(m.row_lengths).astype(np.float64)
         return count, count * np.arange(count.size)
     return shared_layout(m, ("row_histogram",), build)
 
