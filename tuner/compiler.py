@@ -63,6 +63,28 @@ def prepare(A, dtype=None, arch: str = codegen.DEFAULT_ARCH, families_: list[str
                     {"canonicalize": t1 - t0, "fingerprint": t2 - t1, "compile": t3 - t2})
 
 
+def plan_candidates(m: CanonicalMatrix, profile: Profile | None) -> tuple[list, list, dict]:
+    """Every candidate of ``m`` with the model's prediction (None each without a profile), and the host
+    seconds of the relabelled matrix the tiled candidates read ('relabel': their layout's first step, built
+    before the planning) and of the planning beyond it ('plan').
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> specs, predicted, seconds = plan_candidates(canonicalize(sp.eye(50, format="csr")), None)
+        >>> len(specs) == len(predicted) > 0, predicted[0], sorted(seconds)
+        (True, None, ['plan', 'relabel'])
+    """
+    t0 = time.perf_counter()
+    ordered_matrix(m, TILE_ORDER)
+    t1 = time.perf_counter()
+    if profile is not None:
+        specs, predicted = predicted_candidates(m, profile)
+    else:
+        specs = families.specializations(m)
+        predicted = [None] * len(specs)
+    return specs, predicted, {"relabel": t1 - t0, "plan": time.perf_counter() - t1}
+
+
 def predictable(specs: list[Specialization], predicted: list, gpu_name: str) -> tuple[list, list]:
     """The candidates the profile could predict, with a warning naming the families it could not.
 
@@ -156,16 +178,7 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
         if binary is None:  # binary evicted or corrupt: rebuild it, keep the plan
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
         return SpMV(m, spec, binary.cubin, plan)
-    seconds = {}
-    t0 = time.perf_counter()
-    ordered_matrix(m, TILE_ORDER)  # the tiled candidates read it (their layout's first step): built first
-    t1 = time.perf_counter()
-    if prof:
-        specs, predicted = predicted_candidates(m, prof)
-    else:
-        specs = families.specializations(m)
-        predicted = [None] * len(specs)
-    seconds.update(relabel=t1 - t0, plan=time.perf_counter() - t1)
+    specs, predicted, seconds = plan_candidates(m, prof)
     if prof and tune != "exhaustive":
         specs, predicted = predictable(specs, predicted, info.name)
     binaries: dict[int, codegen.Binary] = {}

@@ -11,7 +11,6 @@ import html
 import json
 import math
 import re
-import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -354,12 +353,10 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
     ``command`` joins the commands of every run that contributed.
     """
     from . import families
-    from .compiler import predictable
-    from .families.base import ordered_matrix
-    from .families.tiles import TILE_ORDER
+    from .compiler import plan_candidates, predictable
     from .loaders import display_name, load
     from .matrix import canonicalize
-    from .model import predict_baseline, predicted_candidates
+    from .model import predict_baseline
 
     timer = timer or GpuTimer(cache_dir)
     max_threads = profile.constants["sm_count"] * profile.constants["max_warps_per_sm"] * 32
@@ -385,18 +382,14 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
             if per.get(name, {}).get("complete"):
                 continue
             m = canonicalize(load(source))
-            t0 = time.perf_counter()
-            ordered_matrix(m, TILE_ORDER)  # the tiled families' layout: the relabelled matrix they cut
-            t1 = time.perf_counter()
-            # Planning as tuner.compile does it in model mode: every candidate (the tiled families count
-            # their tiles' rows and run Algorithm 2) and its prediction.
-            specs, predicted = predicted_candidates(m, profile)
-            planning = time.perf_counter() - t1
+            # Planning as tuner.compile does it in model mode, timed apart from the relabelled matrix.
+            specs, predicted, seconds = plan_candidates(m, profile)
             specs, predicted = predictable(specs, predicted, timer.name)
             done = {r.candidate for r in rows if r.matrix == name}
             todo = [(s, p) for s, p in zip(specs, predicted) if s.label() not in done]
-            per[name] = {"source": str(source), "nnz": m.nnz, "n_rows": m.n_rows, "planning_seconds": planning,
-                         "layout_seconds": t1 - t0, "complete": False}
+            per[name] = {"source": str(source), "nnz": m.nnz, "n_rows": m.n_rows,
+                         "planning_seconds": seconds["plan"], "layout_seconds": seconds["relabel"],
+                         "complete": False}
             save_progress()
             for (s, p), t in zip(todo, timer.times(m, [s for s, _ in todo])):
                 row = Row(name, m.nnz, s.family, s.label(), p, predict_baseline(m, s, profile), t,
