@@ -8,7 +8,7 @@ from tuner import families, profile
 from tuner.formats.aligned_coo import sizes
 from tuner.formats.binned import build_binned
 from tuner.model import load_profile
-from tuner.model.profile_data import REGIMES, warp_rows
+from tuner.model.profile_data import REGIMES, ROW_HEIGHTS, warp_rows
 
 
 @pytest.mark.parametrize("w", [1, 3, 64, 700])
@@ -45,10 +45,14 @@ def test_tile_composite_shapes_pack_rows_of_one_length_into_their_kind(w):
         if v.group == "col" and w > profile.COL_MAJOR_MAX_W:
             assert params is None
             continue
-        p = pack(np.full(1000, w), params.workloads[0])
+        rows = int(v.group[3:]) if v.group.startswith("row") and v.group != "row" else 1
+        if rows > w:  # a row-major workload of h rows needs rows of at least h entries
+            assert params is None
+            continue
+        p = pack(np.full(1024, w), params.workloads[0])
         assert params.tile_width == 0 and params.order == "none"
-        if v.group == "row":
-            assert p.row_major.all() and (p.h == 1).all() and (p.w == -(-w // 32) * 32).all()
+        if v.group.startswith("row"):  # warps of `rows` rows of w each, in turn
+            assert p.row_major.all() and (p.h == rows).all() and (p.w == -(-w // 32) * 32).all()
         else:  # column-major warps of a warp multiple of rows, taller than wide
             assert not p.row_major[:-1].any() and (p.h % 32 == 0).all() and (p.h[:-1] > w).all()
 
@@ -70,7 +74,7 @@ def test_aligned_coo_shapes_give_one_warp_shape_per_width(w):
 
 def test_shapes_cover_every_kernel_the_families_generate():
     keys = {v.key for v in profile.variants((True, False))}
-    assert len(keys) == 2 * (12 + 5 + 3 + 2)
+    assert len(keys) == 2 * (12 + 5 + 3 + 2 + len(ROW_HEIGHTS) - 1)
     from tuner.matrix import canonicalize
     from tuner.families.base import ordered_structure
     from tuner.model.warps import SEGMENTS
@@ -130,6 +134,8 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
             widths = [w for w in profile.REDUCED.widths if w >= 2 or ("binned:32" not in key and "block" not in key)]
             widths = [w for w in widths if w % 32 == 0 or ":hflat:" not in key]
             widths = [w for w in widths if w <= profile.COL_MAJOR_MAX_W or ":col:" not in key]
+            rows = int(key.split(":")[1][3:] or 1) if key.startswith("tile_composite:row") else 1
+            widths = [w for w in widths if w >= rows]  # workloads of h rows of w need w >= h
             assert sorted(map(int, table["points"][r])) == sorted(widths), (key, r)
             assert all(v > 0 for v in table["points"][r].values())
     # Gathers from x in L1 beat gathers from memory for short rows of a warp-per-row kernel.
@@ -157,8 +163,10 @@ def test_shipped_profiles_load_with_measured_constants(gpu_name):
     assert loaded.gpu["name"] == gpu_name
     assert 0 < c["l1_sectors"] < c["l1_bytes"] / 32 and 0 < c["l2_sectors"] < c["l2_bytes"] / 32
     assert 1.0 < c["tail_factor"] < 4.0 and 0 < c["launch_overhead_ms"] < 0.02
-    assert set(loaded.tables) == {v.key for v in profile.variants((True, False))}
-    assert all(loaded.has(k) for k in loaded.tables)
+    shapes = profile.variants((True, False))
+    assert set(loaded.tables) == {v.key for v in shapes}
+    # Every shape's table, and the lone-row times of those that have them.
+    assert all(loaded.has(v.key) if v.alone_measured else loaded.has_table(v.key) for v in shapes)
 
 
 def test_profile_of_an_older_format_is_refused_with_advice():

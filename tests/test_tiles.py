@@ -334,6 +334,10 @@ def check_tile_times(ranked, sizes, rng):
     lengths, counts = np.unique(ranked[ranked > 0], return_counts=True)
     lengths, counts = lengths[::-1], counts[::-1]
     rates = {k: (rng.uniform(1e5, 1e6, lengths.size), rng.uniform(1e-4, 1e-2, lengths.size)) for k in ("row", "col")}
+    # Row-major workloads of 4 or more rows run at a second table's rate; between 1 and 4 rows, at a rate
+    # geometric in the rows between the two.
+    four = rates["row"][0] * rng.uniform(1.0, 2.0, lengths.size)
+    rates["heights"] = (np.array([1, 4]), np.log2(np.stack([rates["row"][0], four])))
     packed = pack_many(lengths, counts, sizes)
     times = tc_model.tile_times(packed, rates, max_active_warps=40)
     for wl, t in zip(sizes, times):
@@ -341,7 +345,9 @@ def check_tile_times(ranked, sizes, rng):
         first = ranked[p.start]
         run = np.searchsorted(-lengths, -first)
         kind = np.where(p.row_major, 0, 1)
-        perf = np.choose(kind, [rates["row"][0][run], rates["col"][0][run]])
+        f = np.clip(np.log2(p.h) / 2, 0, 1)
+        row = rates["row"][0][run] ** (1 - f) * four[run] ** f
+        perf = np.choose(kind, [row, rates["col"][0][run]])
         unit = np.choose(kind, [rates["row"][1][run], rates["col"][1][run]])
         rounds = np.where(p.row_major, p.h, p.h / col_shape_height(first))
         assert t == pytest.approx(wave_time(first * p.h, perf, 40, alone=unit * rounds), rel=1e-12)
@@ -395,27 +401,38 @@ def tiled_case():
 def tile_by_tile(view, spec, prof):
     """The tiled launch's SegmentSums one tile at a time: each tile's warps as a histogram (TILE-COO: COO
     warps by the row's length inside the tile; TILE-Composite: row-major then column-major workloads of the
-    chosen packing), summed by segment_sums with that tile's gather shares."""
+    chosen packing), summed by segment_sums with that tile's gather shares (from its share of L1 beside the
+    tiles resident with it)."""
     from tuner.families.base import plan_matrix
     from tuner.families.tile_composite import packed
     from tuner.families.tiles import bounds, ranked_tile_runs
     from tuner.model.profile_data import kernel_key
     from tuner.model.tables import SegmentSums, gather_fractions, segment_sums, table_for
     from tuner.model.warps import WarpHistogram, flat_histogram
-    p, rows, plan = spec.params, [], plan_matrix(view)
+    from tuner.model.tables import column_fractions
+    from tuner.model.tiled import resident_share
+    p, tiles, plan = spec.params, [], plan_matrix(view)
     cuts = bounds(view, p.tile_width)
-    for t, cols in enumerate(zip(cuts[:-1].tolist(), cuts[1:].tolist())):
+    for t in range(cuts.size - 1):
         if spec.family == "tile_coo":
             lengths, counts = ranked_tile_runs(plan, p.tile_width).tile(t)
             parts = [("aligned_coo", "flat", flat_histogram(lengths, "flat", counts))]
+            warps = (lengths @ counts) // 32
         else:
             s = packed(plan, p.tile_width, t, p.workloads[t])
             parts = [("tile_composite", kind, WarpHistogram.of_warps(s.length[k], s.size[k], s.rounds[k], count=s.count[k]))
                      for kind, k in (("row", s.row_major), ("col", ~s.row_major))]
+            warps = s.count.sum()
+        tiles.append((parts, warps))
+    # Each tile's gathers hold the share of L1 that its warps leave it beside its neighbours'.
+    resident = prof.max_active_warps(table_for(prof, kernel_key(*tiles[0][0][0][:2], p.block_size, view.value_free))[0])
+    shares = column_fractions(view, prof, cuts, resident_share(np.array([w for _, w in tiles], float), resident))
+    rows = []
+    for (parts, _), fractions in zip(tiles, shares):
         for family, part, warps in parts:
             if warps.w.size:
                 key, nbytes = table_for(prof, kernel_key(family, part, p.block_size, view.value_free))
-                sums = segment_sums(prof, key, warps, gather_fractions(view, prof, cols))
+                sums = segment_sums(prof, key, warps, fractions)
                 rows.append((*sums, -(-warps.warps * 32 // p.block_size), nbytes, prof.max_active_warps(key)))
     return SegmentSums.of_rows(rows)
 
@@ -465,3 +482,53 @@ def test_a_tile_composite_plan_equals_itself_read_back_from_json():
     d = params_dict(p)
     assert json.loads(json.dumps(d)) == d
     assert families.get("tile_composite").params_from_dict(json.loads(json.dumps(d))) == p
+
+
+def test_a_tile_of_few_warps_shares_l1_with_the_tiles_resident_beside_it():
+    # Two tiles of 64 sectors each, gathered uniformly, and an L1 of 64 sectors: a tile whose warps far
+    # outnumber the GPU's resident ones has L1 to itself and hits always; one of as many warps as are
+    # resident shares the window with its neighbours two thirds of the time, so an LRU of 2/3 of 64
+    # sectors hits 2/3 of its gathers.
+    from tuner.families.tiles import bounds
+    from tuner.model.tiled import resident_share, shared_fractions
+    prof = Profile.from_json(fake_profile_json(l1_sectors=64.0, l2_sectors=1e6))
+    rng = np.random.default_rng(3)
+    cols = np.concatenate([rng.permutation(512), 512 + rng.permutation(512)] * 40)
+    rows = np.repeat(np.arange(cols.size // 64), 64)
+    m = canonicalize(sp.csr_matrix((np.ones(cols.size, np.float32), (rows, cols)), shape=(rows[-1] + 1, 1024)))
+    assert bounds(m, 512).tolist() == [0, 512, 1024]
+    alone = shared_fractions(m, prof, 512, np.array([1e7, 1e7]), 1000)
+    beside = shared_fractions(m, prof, 512, np.array([1000.0, 1000.0]), 1000)
+    assert alone[:, 0] == pytest.approx([1.0, 1.0], abs=1e-3)
+    assert beside[:, 0] == pytest.approx([2 / 3, 2 / 3], abs=1e-3) and beside[:, 2].tolist() == [0.0, 0.0]
+    assert resident_share(np.array([1000.0, 250.0]), 1000).tolist() == pytest.approx([2 / 3, 0.25 * (1 - 0.25 / 3)])
+
+
+def test_row_major_workloads_of_several_rows_run_at_the_rate_measured_for_as_many_rows():
+    # Rows of 64 packed four to a warp: the profile's table of 4-row workloads (twice the one-row rate)
+    # sets their rate; a profile without it reads the one-row table for them.
+    import json
+    from tuner.model.tables import row_heights
+    from tuner.profile import synthetic
+    raw = json.loads(fake_profile_json(max_active=10 ** 6))
+    one = Profile.from_json(json.dumps({**raw, "tables": {k: t for k, t in raw["tables"].items()
+                                                          if not k.startswith("tile_composite:row") or
+                                                          k.startswith("tile_composite:row:")}}))
+    for key in ("tile_composite:row4:256:v", "tile_composite:row4:256:vf"):
+        pts = raw["tables"][key]["points"]
+        raw["tables"][key]["points"] = {r: {w: 2 * v for w, v in p.items()} for r, p in pts.items()}
+    four = Profile.from_json(json.dumps(raw))
+    assert row_heights(one, False, 256) == ((1, "tile_composite:row:256:v"),)
+    assert [h for h, _ in row_heights(four, False, 256)] == [1, 2, 4, 8, 16, 32]
+    from tuner.profile import synthetic
+    from tuner.model.tables import row_heights
+    m = synthetic(64, 20_000, 4096, False, seed=2)
+    spec = Specialization("tile_composite", TileCompositeParams(0, (256,), False, 256, "none"), m.value_dtype,
+                          m.index_dtype, False)
+    launch = one.constants["launch_overhead_ms"]
+    slow, fast = (predict_lookup(m, spec, p) - launch for p in (one, four))
+    assert fast == pytest.approx(slow / 2, rel=1e-9)
+    # Algorithm 3's time of that tile reads the same rates.
+    t = {name: tc_model.tile_time(np.array([64]), np.array([20_000]), 256, p, tc_model.tile_keys(p, False),
+                                  np.array([1.0, 0.0, 0.0])) for name, p in (("one", one), ("four", four))}
+    assert t["four"] == pytest.approx(t["one"] / 2, rel=1e-9)

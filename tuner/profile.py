@@ -1,9 +1,10 @@
 """``python -m tuner profile``: offline profiling of this GPU into ``models/<gpu-slug>/profile.json``.
 
 Micro-benchmarks on synthetic matrices whose rows all have the same length w (so every warp's workload has
-one shape) measure, for each kernel shape the families realise (lanes per row x block size x value-free),
-the throughput of a full GPU of such warps - the lookup table Performance(w, h) of paper 003 - in three
-regimes of where the gathered x lives (L1, L2, device memory). Beside it: the constants the online model
+one shape) measure, for each kernel shape the families realise (lanes per row x block size x value-free;
+TILE-Composite's row-major workloads also of h = 1, 2, 4, ... 32 such rows each), the throughput of a full
+GPU of such warps - the lookup table Performance(w, h) of paper 003 - in three regimes of where the
+gathered x lives (L1, L2, device memory). Beside it: the constants the online model
 needs. The file is rewritten after every synthetic matrix, and a rerun skips what it already holds.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .model.locality import SECTOR_BYTES, fit_capacity
 from .model.profile_data import warp_rows
 from .model.lookup import TAIL_START
 from .model.occupancy import active_warps_per_sm
-from .model.profile_data import FORMAT, REGIMES, kernel_key, profile_path
+from .model.profile_data import FORMAT, REGIMES, ROW_HEIGHTS, kernel_key, profile_path, row_group
 
 HOPPER_L1_BYTES = 256 * 1024  # unified L1/texture/shared per SM on sm_90 (not exposed as an attribute)
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096)
@@ -84,6 +85,12 @@ class Variant:
     def key(self) -> str:
         return kernel_key(self.family, self.group, self.block, self.value_free)
 
+    @property
+    def alone_measured(self) -> bool:
+        """Whether its lone-row times are measured: not for row-major TILE-Composite workloads of several
+        rows (one lone row is no such workload; the model holds them alone for their rounds of one row)."""
+        return not (self.family == "tile_composite" and self.group not in ("row", "col"))
+
     def params(self, w: int):
         """Parameters that run every row of length w through this shape; None when it cannot."""
         return SHAPE_PARAMS[self.family](self.group, self.block, w)
@@ -111,10 +118,11 @@ COL_MAJOR_MAX_W = 64  # column-major workloads are narrower than tall: wider one
 
 
 def _tile_composite_shape(group: str, block: int, w: int) -> TileCompositeParams | None:
-    # One tile of rows of length w: workload size w gives row-major warps of one row (h = 1); w x h with h
-    # the next warp multiple above w gives column-major warps of h rows.
-    if group == "row":
-        return TileCompositeParams(0, (w,), False, block, NONE)
+    # One tile of rows of length w: workload size w h gives row-major warps of h rows (w >= h); w x h with
+    # h the next warp multiple above w gives column-major warps of h rows.
+    if group.startswith("row"):
+        h = int(group[3:] or 1)
+        return TileCompositeParams(0, (w * h,), False, block, NONE) if w >= h else None
     if w > COL_MAJOR_MAX_W:
         return None
     return TileCompositeParams(0, (w * int(col_shape_height(w)),), False, block, NONE)
@@ -137,6 +145,7 @@ def variants(value_free: tuple) -> list[Variant]:
         out += [Variant("binned", g, 256, vf) for g in (1, 4, 8, 32, "block")]
         out += [Variant("aligned_coo", g, 256, vf) for g in ("seg", "flat", "hflat")]
         out += [Variant("tile_composite", g, 256, vf) for g in ("row", "col")]
+        out += [Variant("tile_composite", row_group(h), 256, vf) for h in ROW_HEIGHTS if h > 1]
     return out
 
 
@@ -201,7 +210,7 @@ def measure_alone(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, lau
     """
     cols = regimes(info)
     out: dict = {}
-    for v in (v for v in variants(grid.value_free) if v.key not in skip):
+    for v in (v for v in variants(grid.value_free) if v.key not in skip and v.alone_measured):
         rows = warp_rows(v.key) if full_warp else 1
         if full_warp and rows == 1:
             continue

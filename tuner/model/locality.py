@@ -185,14 +185,19 @@ def sector_fractions(sectors: np.ndarray, l1_sectors, l2_sectors) -> np.ndarray:
     return slice_fractions(sectors, np.array([0, sectors.size]), l1_sectors, l2_sectors)[0]
 
 
-def slice_fractions(sectors: np.ndarray, cuts: np.ndarray, l1_sectors, l2_sectors) -> np.ndarray:
+def slice_fractions(sectors: np.ndarray, cuts: np.ndarray, l1_sectors, l2_sectors,
+                    l1_share: np.ndarray | None = None) -> np.ndarray:
     """:func:`sector_fractions` of every slice ``sectors[cuts[i]:cuts[i + 1]]`` (a tiling's tiles), one row
     each, in a few passes over all of them: only a slice with more sectors in use than a level holds needs
-    a solve of Che's approximation of its own; the others hit as far as the sweep says.
+    a solve of Che's approximation of its own; the others hit as far as the sweep says. ``l1_share``: the
+    share of L1 each slice holds while others' sectors share it (:func:`~tuner.model.tiled.resident_share`;
+    None: all of it).
 
-    Example (the second slice's 8 sectors overflow an L1 of 2; the first's 2 do not):
+    Example (the second slice's 8 sectors overflow an L1 of 2; the first's 2 do not, unless it holds half):
         >>> slice_fractions(np.array([8, 8, 1, 1, 1, 1, 1, 1, 1, 1]), np.array([0, 2, 10]), 2, 16).round(3).tolist()
         [[1.0, 0.0, 0.0], [0.25, 0.75, 0.0]]
+        >>> slice_fractions(np.array([8, 8, 1, 1]), np.array([0, 2, 4]), 2, 16, l1_share=[0.5, 1.0]).round(3).tolist()
+        [[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]
     """
     levels = [c if isinstance(c, CacheLevel) else CacheLevel(float(c)) for c in (l1_sectors, l2_sectors)]
     cuts = np.asarray(cuts, dtype=np.int64)
@@ -208,13 +213,17 @@ def slice_fractions(sectors: np.ndarray, cuts: np.ndarray, l1_sectors, l2_sector
         p = v / total[which]
         spread = np.where(used > 0, np.exp(-np.bincount(which, weights=p * np.log(p), minlength=n)), 0.0)
     hits = []
-    for level in levels:
+    for k, level in enumerate(levels):
+        # A slice that holds only a share of L1 (other slices' sectors beside it) sees a smaller LRU, and
+        # the sweep's departure at its footprint spread over that share.
+        share = np.ones(n) if k or l1_share is None else np.clip(np.asarray(l1_share, dtype=np.float64), 1e-9, 1.0)
+        capacity = level.capacity * share
         hit = np.ones(n)  # che_hit_rate: nothing gathered, or every sector in use fits
-        over = np.flatnonzero((total > 0) & (used > level.capacity))
+        over = np.flatnonzero((total > 0) & (used > capacity))
         for i in over.tolist():
-            hit[i] = che_hit_rate(counts[cuts[i]:cuts[i + 1]], level.capacity)
+            hit[i] = che_hit_rate(counts[cuts[i]:cuts[i + 1]], capacity[i])
         if level.footprints:
-            hit = np.where(hit == 0.0, hit, hit * level.departure(spread))
+            hit = np.where(hit == 0.0, hit, hit * level.departure(spread / share))
         hits.append(hit)
     h1, h2 = hits
     h2 = np.maximum(h2, h1)

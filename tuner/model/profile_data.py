@@ -29,6 +29,21 @@ def warp_rows(key: str) -> int:
     return 1
 
 
+# Rows per row-major TILE-Composite workload the profile times beside one (paper 003's table is indexed by
+# the workload's w and h): a warp that walks several rows in turn spreads its start-up over all of them.
+ROW_HEIGHTS = (1, 2, 4, 8, 16, 32)
+
+
+def row_group(h: int) -> str:
+    """Table group of row-major TILE-Composite workloads of ``h`` rows ('row' for one row, the base table).
+
+    Example:
+        >>> row_group(1), row_group(8)
+        ('row', 'row8')
+    """
+    return "row" if h == 1 else f"row{h}"
+
+
 def kernel_key(family: str, group, block: int, value_free: bool) -> str:
     """Table key of one kernel shape: family, lanes per row (or 'block'), block size, value-free or not.
 
@@ -90,8 +105,12 @@ class Profile:
 
     def has(self, key: str) -> bool:
         """True when the kernel shape ``key`` was measured: its table in every regime and its lone-row times."""
-        return (key in self.tables and all(self.tables[key]["points"].get(r) for r in REGIMES)
-                and key in (self.alone or {}))
+        return self.has_table(key) and key in (self.alone or {})
+
+    def has_table(self, key: str) -> bool:
+        """True when the table of ``key`` was measured in every regime (its lone-row times aside: the
+        tables of several rows per workload have none of their own)."""
+        return key in self.tables and all(self.tables[key]["points"].get(r) for r in REGIMES)
 
     def performance(self, key: str, regime: str, w: np.ndarray) -> np.ndarray:
         """Table performance at row lengths ``w``: log-log interpolation, clamped to the measured range."""

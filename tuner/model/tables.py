@@ -16,7 +16,7 @@ from ..families.base import shared_layout
 from ..matrix import CanonicalMatrix
 from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, slice_fractions,
                        sweep_level)
-from .profile_data import REGIMES, Profile, warp_rows
+from .profile_data import REGIMES, ROW_HEIGHTS, Profile, kernel_key, row_group, warp_rows
 from .warps import WarpHistogram
 
 
@@ -67,7 +67,8 @@ def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int]
                          lambda: column_fractions(m, profile, np.array([a, b]))[0])
 
 
-def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray) -> np.ndarray:
+def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_share: np.ndarray | None = None
+                     ) -> np.ndarray:
     """:func:`gather_fractions` of the columns ``cuts[i]`` to ``cuts[i + 1]`` - 1 of each i (a tiling's
     tiles), one row each, all at once; a range's shares are the same as when asked for alone.
 
@@ -81,7 +82,8 @@ def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray) -> 
     if np.all(a % per == 0) and np.all((b % per == 0) | (b == m.n_cols)):
         # Ranges of whole sectors (the tile widths are) slice the matrix's sector counts, counted once.
         whole = shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))
-        return slice_fractions(whole[a[0] // per:-(-b[-1] // per)], -(-cuts // per) - a[0] // per, l1, l2)
+        return slice_fractions(whole[a[0] // per:-(-b[-1] // per)], -(-cuts // per) - a[0] // per, l1, l2,
+                               l1_share)
     # A range that splits a sector counts its own.
     return np.array([regime_fractions(m.col_lengths[i:j], itemsize, l1, l2) for i, j in zip(a, b)]).reshape(-1, 3)
 
@@ -101,6 +103,47 @@ def blended(profile: Profile, key: str, w: np.ndarray, fractions) -> np.ndarray:
     w = np.asarray(w, dtype=np.float64)
     inv = sum((f / profile.performance(key, r, w) for f, r in _regimes(fractions)), np.zeros(w.shape))
     return 1.0 / inv
+
+
+def row_heights(profile: Profile, value_free: bool, block: int) -> tuple:
+    """((rows, table), ...): the row-major TILE-Composite tables of workloads of 1, 2, 4, ... rows that
+    ``profile`` measured (one row's always; a profile made before the others were measured has only it)."""
+    out = []
+    for h in ROW_HEIGHTS:
+        key = table_for(profile, kernel_key("tile_composite", row_group(h), block, value_free))[0]
+        if h == 1 or profile.has_table(key):
+            out.append((h, key))
+    return tuple(out)
+
+
+def height_curve(heights: np.ndarray, log_perf: np.ndarray, source: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Performance of workloads of ``h`` rows from tables measured at ``heights`` rows (increasing):
+    ``log_perf[k, j]`` is log2 of table k's performance at the j-th length, ``source`` picks each
+    workload's length; linear in log2 h between neighbouring heights, held beyond the measured ones.
+
+    Example (tables at 1 and 4 rows: 2 rows lie halfway in log2 h):
+        >>> height_curve(np.array([1, 4]), np.log2([[10.0, 20.0], [40.0, 80.0]]), np.array([0, 1, 0]),
+        ...              np.array([2, 1, 64])).round(3).tolist()
+        [20.0, 20.0, 40.0]
+    """
+    x = np.log2(np.asarray(heights, dtype=np.float64))
+    if x.size == 1:
+        return np.exp2(log_perf[0, source])
+    lh = np.clip(np.log2(np.maximum(np.asarray(h, dtype=np.float64), 1.0)), x[0], x[-1])
+    k = np.clip(np.searchsorted(x, lh, side="right") - 1, 0, x.size - 2)
+    f = (lh - x[k]) / (x[k + 1] - x[k])
+    return np.exp2((1.0 - f) * log_perf[k, source] + f * log_perf[k + 1, source])
+
+
+def blended_heights(profile: Profile, heights: tuple, w: np.ndarray, h: np.ndarray, fractions) -> np.ndarray:
+    """:func:`blended` performance of row-major workloads of ``h`` rows of ``w`` entries, from the tables
+    ``heights`` = ((rows, key), ...) measured per number of rows (:func:`height_curve`).
+
+    Example: see tests/test_tiles.py (needs a profile).
+    """
+    w = np.asarray(w, dtype=np.float64)
+    log_perf = np.stack([np.log2(blended(profile, key, w, fractions)) for _, key in heights]).reshape(len(heights), -1)
+    return height_curve(np.array([n for n, _ in heights]), log_perf, np.arange(w.size), h).reshape(w.shape)
 
 
 def blended_alone(profile: Profile, key: str, w: np.ndarray, fractions, fill=None) -> np.ndarray:

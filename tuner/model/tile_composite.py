@@ -3,8 +3,9 @@ workload size, and Algorithm 2's search for each tile's best workload size, over
 
 The tables are the lookup model's (:mod:`tuner.model.lookup`): ``tile_composite:row`` and
 ``tile_composite:col`` measure full GPUs of row-major and column-major workloads whose rows all have w
-entries; a tile's warps gather from its own slice of x, so each tile blends the regimes by its columns'
-hit rates.
+entries, and ``tile_composite:row2`` ... ``row32`` row-major workloads of that many such rows (paper 003's
+Performance(w, h)); a tile's warps gather from its own slice of x, so each tile blends the regimes by its
+columns' hit rates.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from ..families.tile_composite import BLOCK_SIZE, packed
 from ..formats.tile_composite import Packings, col_shape_height, pack_many, pack_tiles
 from ..matrix import CanonicalMatrix
-from .tables import blended, blended_alone, table_for
+from .tables import blended, blended_alone, height_curve, row_heights, table_for
 from .tiled import tile_fractions
 from .profile_data import Profile, kernel_key
 
@@ -21,9 +22,13 @@ MAX_CANDIDATES = 16  # workload sizes tried per tile (Algorithm 2 tries every mu
 
 
 def tile_keys(profile: Profile, value_free: bool, block: int = BLOCK_SIZE) -> dict | None:
-    """{'row': table, 'col': table} for this kernel, or None when the profile lacks them."""
+    """{'row': table, 'col': table, 'heights': ((rows, table), ...)} for this kernel, or None when the
+    profile lacks the first two; 'heights' are the row-major tables per rows per workload it measured
+    (:func:`~tuner.model.tables.row_heights`)."""
     keys = {kind: table_for(profile, kernel_key("tile_composite", kind, block, value_free))[0] for kind in ("row", "col")}
-    return keys if all(profile.has(k) for k in keys.values()) else None
+    if not all(profile.has(k) for k in keys.values()):
+        return None
+    return {**keys, "heights": row_heights(profile, value_free, block)}
 
 
 def tile_time(lengths: np.ndarray, counts: np.ndarray, wl: int, profile: Profile, keys: dict, fractions,
@@ -54,7 +59,9 @@ def tile_times(p: Packings, rates: dict, max_active_warps: int) -> np.ndarray:
     if not has.any():
         return work
     (row_perf, row_alone), (col_perf, col_alone) = ((a[p.source] for a in rates[k]) for k in ("row", "col"))
-    perf = np.where(p.row_major, row_perf, col_perf)
+    # Rates made without per-height tables (one row's table alone) hold it for every height.
+    heights, log_perf = rates.get("heights") or (np.ones(1), np.log2(rates["row"][0])[None, :])
+    perf = np.where(p.row_major, height_curve(heights, log_perf, p.source, p.step), col_perf)
     rounds = np.where(p.row_major, p.step, p.step / col_shape_height(p.lengths))
     alone = np.where(p.row_major, row_alone, col_alone) * rounds
     starts = p.bounds[:-1][has]
@@ -72,15 +79,21 @@ def tile_times(p: Packings, rates: dict, max_active_warps: int) -> np.ndarray:
 
 
 def length_rates(lengths: np.ndarray, profile: Profile, keys: dict, fractions) -> dict:
-    """{'row': (performance, time alone), 'col': (...)}: a warp's table performance and the time of one of
-    its rounds alone, for a row-major and a column-major workload whose first row has each of ``lengths``
-    (whatever the workload size, a workload's shape is one of its tile's lengths). ``fractions``: the
-    tile's gather shares, or one triple per length (several tiles' lengths looked up at once)."""
+    """{'row': (performance, time alone), 'col': (...), 'heights': (rows, log2 performance)}: a warp's
+    table performance and the time of one of its rounds alone, for a row-major and a column-major workload
+    whose first row has each of ``lengths`` (whatever the workload size, a workload's shape is one of its
+    tile's lengths), and the row-major performance per rows per workload measured (``keys['heights']``;
+    a row of :func:`~tuner.model.tables.height_curve`'s table per height). ``fractions``: the tile's gather
+    shares, or one triple per length (several tiles' lengths looked up at once)."""
     out = {}
     for kind in ("row", "col"):
         key = keys[kind]
         alone = blended_alone(profile, key, lengths, fractions)
         out[kind] = (blended(profile, key, lengths, fractions), np.asarray(alone, dtype=np.float64))
+    heights = keys.get("heights") or ((1, keys["row"]),)
+    out["heights"] = (np.array([h for h, _ in heights]),
+                      np.stack([np.log2(out["row"][0]) if h == 1 else np.log2(blended(profile, key, lengths, fractions))
+                                for h, key in heights]).reshape(len(heights), -1))
     return out
 
 

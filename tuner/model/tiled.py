@@ -16,7 +16,8 @@ from ..families.tile_coo import TileCooParams
 from ..families.tiles import bounds, ranked_tile_runs
 from ..matrix import CanonicalMatrix
 from .profile_data import Profile, kernel_key
-from .tables import SegmentSums, blended, blended_alone, column_fractions, table_for
+from .tables import (SegmentSums, blended, blended_alone, blended_heights, column_fractions, row_heights,
+                     table_for)
 
 WARP = 32
 
@@ -26,6 +27,29 @@ def tile_fractions(m: CanonicalMatrix, profile: Profile, width: int) -> np.ndarr
     at once and once per view, profile and width."""
     return shared_layout(m, ("tile_fractions", profile.digest, width),
                          lambda: column_fractions(m, profile, bounds(m, width)))
+
+
+def resident_share(warps: np.ndarray, resident: float) -> np.ndarray:
+    """Share of each SM's L1 left to a tile's gathers while its ``warps`` run (in launch order) beside its
+    neighbours' in the GPU's window of ``resident`` warps: blocks are dispatched in index order, so the
+    resident warps are a window sliding over the launch, and the tiles in it gather from disjoint slices of
+    x. Each of the tile's warps sees its tile hold, on average over the window's positions while it is
+    resident, this share of the window: 1 - R/3W for a tile of W >= R warps, W/R (1 - W/3R) for fewer.
+    A tile of far more warps than the GPU holds (tile_coo's) keeps L1 to itself.
+
+    Example:
+        >>> resident_share(np.array([100_000.0, 1_000.0, 500.0, 100.0]), 1_000.0).round(3).tolist()
+        [0.997, 0.667, 0.417, 0.097]
+    """
+    r = np.asarray(warps, dtype=np.float64) / max(float(resident), 1.0)
+    return np.where(r >= 1.0, 1.0 - 1.0 / (3.0 * np.maximum(r, 1.0)), r * (1.0 - r / 3.0))
+
+
+def shared_fractions(m: CanonicalMatrix, profile: Profile, width: int, warps: np.ndarray, resident: float
+                     ) -> np.ndarray:
+    """Every tile's gather shares when each tile holds its :func:`resident_share` of L1 (``warps``: each
+    tile's warps in the launch)."""
+    return column_fractions(m, profile, bounds(m, width), resident_share(warps, resident))
 
 
 def _reduce(seg: np.ndarray, n_segs: int, work: np.ndarray, alone_total: np.ndarray, alone_one: np.ndarray,
@@ -54,12 +78,12 @@ def tile_coo_sums(m: CanonicalMatrix, p: TileCooParams, profile: Profile) -> Seg
     tile = np.repeat(np.arange(runs.n_tiles), np.diff(runs.offsets))
     keep = runs.lengths > 0
     tile, w, rows = tile[keep], runs.lengths[keep], runs.counts[keep].astype(np.float64)
-    fractions = tile_fractions(m, profile, p.tile_width)[tile]
     size = rows * w
     count = size / WARP  # a row contributes length / 32 warps
-    alone = blended_alone(profile, key, w, fractions)
     n = runs.n_tiles
     warps = np.floor(np.bincount(tile, weights=size, minlength=n) / WARP)  # exact: integer entries
+    fractions = shared_fractions(m, profile, p.tile_width, warps, profile.max_active_warps(key))[tile]
+    alone = blended_alone(profile, key, w, fractions)
     return _reduce(tile, n, size / blended(profile, key, w, fractions), count * alone, alone, warps, p.block_size,
                    np.full(n, profiled), np.full(n, profile.max_active_warps(key)))
 
@@ -76,19 +100,24 @@ def tile_composite_sums(m: CanonicalMatrix, p: TileCompositeParams, profile: Pro
     shapes = [packed(plan, p.tile_width, t, wl) for t, wl in enumerate(p.workloads)]
     n_tiles = len(shapes)
     tile = np.repeat(np.arange(n_tiles), [s.length.size for s in shapes])
-    length, size, rounds, count, row_major = (np.concatenate([getattr(s, a) for s in shapes] or [np.zeros(0)])
-                                              for a in ("length", "size", "rounds", "count", "row_major"))
+    length, size, rounds, count, row_major, h = (np.concatenate([getattr(s, a) for s in shapes] or [np.zeros(0)])
+                                                 for a in ("length", "size", "rounds", "count", "row_major", "h"))
     row_major = row_major.astype(bool)
     count = count.astype(np.float64)
     seg = 2 * tile + (~row_major)  # a tile's row-major segment, then its column-major one
-    fractions = tile_fractions(m, profile, p.tile_width)[tile]
+    resident = profile.max_active_warps(table_for(profile, kernel_key("tile_composite", "row", p.block_size,
+                                                                      m.value_free))[0])
+    tile_warps = np.bincount(tile, weights=count, minlength=n_tiles)
+    fractions = shared_fractions(m, profile, p.tile_width, tile_warps, resident)[tile]
     perf, alone = np.empty(length.size), np.empty(length.size)
     profiled, active = np.empty(2 * n_tiles), np.empty(2 * n_tiles)
+    heights = row_heights(profile, m.value_free, p.block_size)
     for part, major in (("row", True), ("col", False)):
         key, nbytes = table_for(profile, kernel_key("tile_composite", part, p.block_size, m.value_free))
         at = np.flatnonzero(row_major == major)
         if at.size:
-            perf[at] = blended(profile, key, length[at], fractions[at])
+            perf[at] = (blended_heights(profile, heights, length[at], h[at], fractions[at]) if major
+                        else blended(profile, key, length[at], fractions[at]))
             alone[at] = blended_alone(profile, key, length[at], fractions[at])
         profiled[0 if major else 1::2] = nbytes
         active[0 if major else 1::2] = profile.max_active_warps(key)
