@@ -135,6 +135,17 @@ def height_curve(heights: np.ndarray, log_perf: np.ndarray, source: np.ndarray, 
     return np.exp2((1.0 - f) * log_perf[k, source] + f * log_perf[k + 1, source])
 
 
+def height_table(profile: Profile, heights: tuple, w: np.ndarray, fractions) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, log2 performance): the :func:`blended` performance at each of ``w`` in every table of
+    ``heights`` = ((rows, key), ...), one row per table, as :func:`height_curve` reads them.
+
+    Example: see tests/test_tiles.py (needs a profile).
+    """
+    w = np.asarray(w, dtype=np.float64).ravel()
+    log_perf = np.stack([np.log2(blended(profile, key, w, fractions)) for _, key in heights]).reshape(len(heights), -1)
+    return np.array([n for n, _ in heights]), log_perf
+
+
 def blended_heights(profile: Profile, heights: tuple, w: np.ndarray, h: np.ndarray, fractions) -> np.ndarray:
     """:func:`blended` performance of row-major workloads of ``h`` rows of ``w`` entries, from the tables
     ``heights`` = ((rows, key), ...) measured per number of rows (:func:`height_curve`).
@@ -142,8 +153,7 @@ def blended_heights(profile: Profile, heights: tuple, w: np.ndarray, h: np.ndarr
     Example: see tests/test_tiles.py (needs a profile).
     """
     w = np.asarray(w, dtype=np.float64)
-    log_perf = np.stack([np.log2(blended(profile, key, w, fractions)) for _, key in heights]).reshape(len(heights), -1)
-    return height_curve(np.array([n for n, _ in heights]), log_perf, np.arange(w.size), h).reshape(w.shape)
+    return height_curve(*height_table(profile, heights, w, fractions), np.arange(w.size), h).reshape(w.shape)
 
 
 def blended_alone(profile: Profile, key: str, w: np.ndarray, fractions, fill=None) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 from ..families.tile_composite import BLOCK_SIZE, packed
 from ..formats.tile_composite import Packings, col_shape_height, pack_many, pack_tiles
 from ..matrix import CanonicalMatrix
-from .tables import blended, blended_alone, height_curve, row_heights, table_for
+from .tables import blended, blended_alone, height_curve, height_table, row_heights, table_for
 from .tiled import tile_fractions
 from .profile_data import Profile, kernel_key
 
@@ -90,10 +90,7 @@ def length_rates(lengths: np.ndarray, profile: Profile, keys: dict, fractions) -
         key = keys[kind]
         alone = blended_alone(profile, key, lengths, fractions)
         out[kind] = (blended(profile, key, lengths, fractions), np.asarray(alone, dtype=np.float64))
-    heights = keys.get("heights") or ((1, keys["row"]),)
-    out["heights"] = (np.array([h for h, _ in heights]),
-                      np.stack([np.log2(out["row"][0]) if h == 1 else np.log2(blended(profile, key, lengths, fractions))
-                                for h, key in heights]).reshape(len(heights), -1))
+    out["heights"] = height_table(profile, keys.get("heights") or ((1, keys["row"]),), lengths, fractions)
     return out
 
 
