@@ -236,6 +236,28 @@ def test_che_hit_rate_matches_lru_simulation():
     assert che_hit_rate(counts, 200) == 1.0 and che_hit_rate(counts, 0) == 0.0
 
 
+def test_che_hit_rates_solve_every_slices_equation_at_once():
+    # Power-law slices of different sizes and capacities, one solved by Newton's method together: each
+    # slice's T must solve its own occupancy equation (found here by a bracketing root finder).
+    from scipy.optimize import brentq
+    from tuner.model.locality import che_hit_rates, slice_groups
+    rng = np.random.default_rng(3)
+    sizes = [500, 40, 3000, 1200]
+    sectors = np.concatenate([(rng.pareto(1.2, n) * 5).astype(np.int64) for n in sizes])
+    cuts = np.concatenate([[0], np.cumsum(sizes)])
+    capacity = np.array([100.0, 60.0, 900.0, 1.0])
+    got = che_hit_rates(slice_groups(sectors, cuts), capacity)
+    for i in range(len(sizes)):
+        c = sectors[cuts[i]:cuts[i + 1]]
+        p = c[c > 0] / c.sum()
+        if p.size <= capacity[i]:
+            assert got[i] == 1.0
+            continue
+        t = brentq(lambda t: (1 - np.exp(-p * t)).sum() - capacity[i], 0, 1e12, xtol=1e-9, rtol=1e-14)
+        assert got[i] == pytest.approx((p * (1 - np.exp(-p * t))).sum(), rel=1e-9)
+    assert got[1] == 1.0 and 0 < got[3] < got[0] < 1  # the 40 sectors fit in 60; one sector of capacity hits least
+
+
 def test_fit_capacity_recovers_the_capacity_of_a_measured_sweep():
     sizes = 2.0 ** np.arange(10, 20)
     times = 3.0 + 7.0 * (1 - np.minimum(1, 40000 / sizes))

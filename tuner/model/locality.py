@@ -43,8 +43,8 @@ def che_hit_rate(counts: np.ndarray, capacity: float) -> float:
     """Hit rate of an LRU cache of ``capacity`` items under independent requests in proportion to ``counts``.
 
     Che's approximation: the cache's characteristic time T solves sum_i (1 - exp(-p_i T)) = capacity and
-    item i hits with probability 1 - exp(-p_i T). Items are grouped by count, so the cost is that of one
-    bincount. Uniform requests over S > capacity items give capacity / S, as they must.
+    item i hits with probability 1 - exp(-p_i T) (:func:`che_hit_rates`, for one set of counts). Uniform
+    requests over S > capacity items give capacity / S, as they must.
 
     Example:
         >>> round(che_hit_rate(np.ones(1000, np.int64), 250), 3)
@@ -52,29 +52,93 @@ def che_hit_rate(counts: np.ndarray, capacity: float) -> float:
         >>> che_hit_rate(np.array([5, 1, 0]), 2)
         1.0
     """
-    counts = np.asarray(counts, dtype=np.int64)
-    used = counts[counts > 0]
-    total = used.sum()
-    if total == 0 or used.size <= capacity:
-        return 1.0
-    if capacity <= 0:
-        return 0.0
-    mult = np.bincount(used)
-    values = np.flatnonzero(mult)
-    mult = mult[values].astype(np.float64)
-    q = values / float(total)
+    counts = np.asarray(counts)
+    return float(che_hit_rates(slice_groups(counts, np.array([0, counts.size])), np.array([float(capacity)]))[0])
 
-    def occupied(t):
-        return float((mult * -np.expm1(-q * t)).sum())
 
-    lo, hi = 0.0, 1.0
-    while occupied(hi) < capacity:
-        hi *= 2.0
-    for _ in range(64):  # bisection to double precision of T
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if occupied(mid) < capacity else (lo, mid)
-    t = 0.5 * (lo + hi)
-    return float((mult * q * -np.expm1(-q * t)).sum())
+@dataclass(frozen=True)
+class SliceGroups:
+    """The accesses per sector of a tiling's slices, grouped by (slice, count): built once per tiling,
+    read for every capacity and share asked of it.
+
+    Attributes:
+        used: sectors in use (count > 0) per slice.
+        total: accesses per slice.
+        group, value, mult: per group, its slice, its count and how many of the slice's sectors have it
+            (groups ordered by slice, then count).
+    """
+
+    used: np.ndarray
+    total: np.ndarray
+    group: np.ndarray
+    value: np.ndarray
+    mult: np.ndarray
+
+    @property
+    def share(self) -> np.ndarray:
+        """Each group's sectors' share of their slice's accesses (p_i of Che's approximation)."""
+        return self.value / np.where(self.total > 0, self.total, 1.0)[self.group]
+
+    def spread(self) -> np.ndarray:
+        """:func:`footprint` of every slice (0 for a slice with nothing gathered)."""
+        p = self.share
+        entropy = -np.bincount(self.group, weights=self.mult * p * np.log(p), minlength=self.used.size)
+        return np.where(self.used > 0, np.exp(entropy), 0.0)
+
+
+def slice_groups(sectors: np.ndarray, cuts: np.ndarray) -> SliceGroups:
+    """:class:`SliceGroups` of the slices ``sectors[cuts[i]:cuts[i + 1]]``: one sort of the sectors in use.
+
+    Example:
+        >>> g = slice_groups(np.array([2, 2, 0, 5, 1, 1]), np.array([0, 3, 6]))
+        >>> g.used.tolist(), g.group.tolist(), g.value.tolist(), g.mult.tolist()
+        ([2, 3], [0, 1, 1], [2, 1, 5], [2.0, 2.0, 1.0])
+    """
+    cuts = np.asarray(cuts, dtype=np.int64)
+    n = cuts.size - 1
+    counts = np.asarray(sectors).astype(np.int64, copy=False)
+    live = counts > 0
+    which = np.repeat(np.arange(n), np.diff(cuts))[live]  # the slice of each sector in use
+    held = counts[live]
+    scale = int(held.max()) + 1 if held.size else 1
+    key, mult = np.unique(which * scale + held, return_counts=True)
+    return SliceGroups(np.bincount(which, minlength=n), np.bincount(which, weights=held, minlength=n).astype(np.float64),
+                       key // scale, key % scale, mult.astype(np.float64))
+
+
+def che_hit_rates(groups: SliceGroups, capacity: np.ndarray) -> np.ndarray:
+    """:func:`che_hit_rate` of every slice of ``groups`` at once, one ``capacity`` each: 1 for a slice whose
+    sectors in use all fit, 0 for a cache of no capacity.
+
+    T is found by Newton's method from T = capacity: the occupancy sum_i (1 - exp(-p_i T)) is concave,
+    increasing and at most T (the p_i sum to 1), so the steps rise monotonically to the root; a handful
+    reach double precision. Each step is a pass over the groups, not over the sectors.
+
+    Example (the second slice is uniform over 4 sectors, half of which fit):
+        >>> g = slice_groups(np.array([5, 1, 3, 3, 3, 3]), np.array([0, 2, 6]))
+        >>> che_hit_rates(g, np.array([2.0, 2.0])).round(6).tolist()
+        [1.0, 0.5]
+    """
+    capacity = np.asarray(capacity, dtype=np.float64)
+    n = capacity.size
+    over = groups.used > capacity
+    out = np.where(over & (capacity <= 0), 0.0, 1.0)
+    solve = over & (capacity > 0)
+    if not solve.any():
+        return out
+    at = solve[groups.group]  # only the groups of slices that overflow
+    group, mult, q = groups.group[at], groups.mult[at], groups.share[at]
+    t = np.where(solve, capacity, 0.0)
+    for _ in range(100):  # Newton from below; under ten steps on graphs' tiles
+        missed = -np.expm1(-q * t[group])  # 1 - exp(-p T), exact for small p T
+        short = capacity - np.bincount(group, weights=mult * missed, minlength=n)
+        slope = np.bincount(group, weights=mult * q * (1.0 - missed), minlength=n)
+        step = np.where(solve & (slope > 0) & (short > 0), short / np.where(slope > 0, slope, 1.0), 0.0)
+        t += step
+        if np.all(step <= 1e-13 * t):
+            break
+    hit = np.bincount(group, weights=mult * q * -np.expm1(-q * t[group]), minlength=n)
+    return np.where(solve, hit, out)
 
 
 @dataclass(frozen=True)
@@ -185,13 +249,14 @@ def sector_fractions(sectors: np.ndarray, l1_sectors, l2_sectors) -> np.ndarray:
     return slice_fractions(sectors, np.array([0, sectors.size]), l1_sectors, l2_sectors)[0]
 
 
-def slice_fractions(sectors: np.ndarray, cuts: np.ndarray, l1_sectors, l2_sectors,
+def slice_fractions(sectors, cuts: np.ndarray | None, l1_sectors, l2_sectors,
                     l1_share: np.ndarray | None = None) -> np.ndarray:
     """:func:`sector_fractions` of every slice ``sectors[cuts[i]:cuts[i + 1]]`` (a tiling's tiles), one row
-    each, in a few passes over all of them: only a slice with more sectors in use than a level holds needs
-    a solve of Che's approximation of its own; the others hit as far as the sweep says. ``l1_share``: the
-    share of L1 each slice holds while others' sectors share it (:func:`~tuner.model.tiled.resident_share`;
-    None: all of it).
+    each, in a few passes over all of them: the slices with more sectors in use than a level holds solve
+    Che's approximation together (:func:`che_hit_rates`); the others hit as far as the sweep says.
+    ``sectors`` may be their :class:`SliceGroups` already (``cuts`` then unused). ``l1_share``: the share of
+    L1 each slice holds while others' sectors share it (:func:`~tuner.model.tiled.resident_share`; None:
+    all of it).
 
     Example (the second slice's 8 sectors overflow an L1 of 2; the first's 2 do not, unless it holds half):
         >>> slice_fractions(np.array([8, 8, 1, 1, 1, 1, 1, 1, 1, 1]), np.array([0, 2, 10]), 2, 16).round(3).tolist()
@@ -200,28 +265,15 @@ def slice_fractions(sectors: np.ndarray, cuts: np.ndarray, l1_sectors, l2_sector
         [[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]
     """
     levels = [c if isinstance(c, CacheLevel) else CacheLevel(float(c)) for c in (l1_sectors, l2_sectors)]
-    cuts = np.asarray(cuts, dtype=np.int64)
-    n = cuts.size - 1
-    counts = np.asarray(sectors)
-    live = counts > 0
-    which = np.repeat(np.arange(n), np.diff(cuts))[live]  # the slice of each sector in use
-    v = counts[live].astype(np.float64)
-    used = np.bincount(which, minlength=n)
-    total = np.bincount(which, weights=v, minlength=n)
-    spread = None
-    if any(c.footprints for c in levels):  # footprint() of every slice: one for both levels
-        p = v / total[which]
-        spread = np.where(used > 0, np.exp(-np.bincount(which, weights=p * np.log(p), minlength=n)), 0.0)
+    groups = sectors if isinstance(sectors, SliceGroups) else slice_groups(sectors, cuts)
+    n = groups.used.size
+    spread = groups.spread() if any(c.footprints for c in levels) else None  # one for both levels
     hits = []
     for k, level in enumerate(levels):
         # A slice that holds only a share of L1 (other slices' sectors beside it) sees a smaller LRU, and
         # the sweep's departure at its footprint spread over that share.
         share = np.ones(n) if k or l1_share is None else np.clip(np.asarray(l1_share, dtype=np.float64), 1e-9, 1.0)
-        capacity = level.capacity * share
-        hit = np.ones(n)  # che_hit_rate: nothing gathered, or every sector in use fits
-        over = np.flatnonzero((total > 0) & (used > capacity))
-        for i in over.tolist():
-            hit[i] = che_hit_rate(counts[cuts[i]:cuts[i + 1]], capacity[i])
+        hit = che_hit_rates(groups, level.capacity * share)
         if level.footprints:
             hit = np.where(hit == 0.0, hit, hit * level.departure(spread / share))
         hits.append(hit)

@@ -15,7 +15,7 @@ import numpy as np
 from ..families.base import shared_layout
 from ..matrix import CanonicalMatrix
 from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, slice_fractions,
-                       sweep_level)
+                       slice_groups, sweep_level)
 from .profile_data import REGIMES, ROW_HEIGHTS, Profile, kernel_key, row_group, warp_rows
 from .warps import WarpHistogram
 
@@ -81,9 +81,11 @@ def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_
     a, b = cuts[:-1], cuts[1:]
     if np.all(a % per == 0) and np.all((b % per == 0) | (b == m.n_cols)):
         # Ranges of whole sectors (the tile widths are) slice the matrix's sector counts, counted once.
-        whole = shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))
-        return slice_fractions(whole[a[0] // per:-(-b[-1] // per)], -(-cuts // per) - a[0] // per, l1, l2,
-                               l1_share)
+        # Grouped once per tiling (the shares differ per candidate, the sectors do not).
+        groups = shared_layout(m, ("slice_groups", cuts.tobytes()), lambda: slice_groups(
+            shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))[
+                a[0] // per:-(-b[-1] // per)], -(-cuts // per) - a[0] // per))
+        return slice_fractions(groups, None, l1, l2, l1_share)
     # A range that splits a sector counts its own.
     return np.array([regime_fractions(m.col_lengths[i:j], itemsize, l1, l2) for i, j in zip(a, b)]).reshape(-1, 3)
 
