@@ -258,6 +258,32 @@ def test_che_hit_rates_solve_every_slices_equation_at_once():
     assert got[1] == 1.0 and 0 < got[3] < got[0] < 1  # the 40 sectors fit in 60; one sector of capacity hits least
 
 
+def test_che_hit_rates_of_a_short_stream_count_its_first_misses():
+    # Streams of 300 Zipf-like requests into an LRU that starts empty, simulated many times: with room for
+    # 20 sectors (capacity misses too) and for all of them (only the first touches miss).
+    from collections import OrderedDict
+    from tuner.model.locality import che_hit_rates, slice_groups
+    counts = (1000 / np.arange(1, 201) ** 1.1).astype(np.int64) + 1
+    rng = np.random.default_rng(1)
+    streams = rng.choice(counts.size, size=(400, 300), p=counts / counts.sum())
+    for capacity in (20, 1000):
+        hits = 0
+        for stream in streams.tolist():
+            cache = OrderedDict()
+            for item in stream:
+                if item in cache:
+                    hits += 1
+                    cache.move_to_end(item)
+                else:
+                    cache[item] = None
+                    if len(cache) > capacity:
+                        cache.popitem(last=False)
+        got = che_hit_rates(slice_groups(counts, np.array([0, counts.size])), np.array([float(capacity)]),
+                            stream=np.array([300.0]))[0]
+        assert got == pytest.approx(hits / streams.size, abs=0.02)
+        assert got < che_hit_rate(counts, capacity) - (0.01 if capacity == 20 else 0.2)  # the first touches
+
+
 def test_fit_capacity_recovers_the_capacity_of_a_measured_sweep():
     sizes = 2.0 ** np.arange(10, 20)
     times = 3.0 + 7.0 * (1 - np.minimum(1, 40000 / sizes))

@@ -106,39 +106,53 @@ def slice_groups(sectors: np.ndarray, cuts: np.ndarray) -> SliceGroups:
                        key // scale, key % scale, mult.astype(np.float64))
 
 
-def che_hit_rates(groups: SliceGroups, capacity: np.ndarray) -> np.ndarray:
+def che_hit_rates(groups: SliceGroups, capacity: np.ndarray, stream: np.ndarray | None = None) -> np.ndarray:
     """:func:`che_hit_rate` of every slice of ``groups`` at once, one ``capacity`` each: 1 for a slice whose
     sectors in use all fit, 0 for a cache of no capacity.
 
-    T is found by Newton's method from T = capacity: the occupancy sum_i (1 - exp(-p_i T)) is concave,
-    increasing and at most T (the p_i sum to 1), so the steps rise monotonically to the root; a handful
-    reach double precision. Each step is a pass over the groups, not over the sectors.
+    T is found by Newton's method from T = capacity: the occupancy D(T) = sum_i (1 - exp(-p_i T)) is
+    concave, increasing and at most T (the p_i sum to 1), so the steps rise monotonically to the root; a
+    handful reach double precision. Each step is a pass over the groups, not over the sectors.
 
-    Example (the second slice is uniform over 4 sectors, half of which fit):
+    ``stream``: the requests each slice makes of the cache, which starts empty (None: so many that the
+    first misses do not count). A request k requests in hits when its sector was requested within the last
+    min(T, k); averaged over the stream of N that is (M - D(M) + max(N - T, 0) h) / N with M = min(T, N)
+    and h the rate above: 1 - D(N) / N (the first touches miss) when everything fits, h as N grows.
+
+    Example (the second slice is uniform over 4 sectors, half of which fit; 8 requests to it from empty):
         >>> g = slice_groups(np.array([5, 1, 3, 3, 3, 3]), np.array([0, 2, 6]))
         >>> che_hit_rates(g, np.array([2.0, 2.0])).round(6).tolist()
         [1.0, 0.5]
+        >>> che_hit_rates(g, np.array([2.0, 2.0]), stream=np.array([1e9, 8.0])).round(3).tolist()
+        [1.0, 0.423]
     """
     capacity = np.asarray(capacity, dtype=np.float64)
     n = capacity.size
     over = groups.used > capacity
-    out = np.where(over & (capacity <= 0), 0.0, 1.0)
+    hit = np.where(over & (capacity <= 0), 0.0, 1.0)
+    t = np.where(over, 0.0, np.inf)  # Che's T: unbounded where everything fits
     solve = over & (capacity > 0)
-    if not solve.any():
-        return out
-    at = solve[groups.group]  # only the groups of slices that overflow
-    group, mult, q = groups.group[at], groups.mult[at], groups.share[at]
-    t = np.where(solve, capacity, 0.0)
-    for _ in range(100):  # Newton from below; under ten steps on graphs' tiles
-        missed = -np.expm1(-q * t[group])  # 1 - exp(-p T), exact for small p T
-        short = capacity - np.bincount(group, weights=mult * missed, minlength=n)
-        slope = np.bincount(group, weights=mult * q * (1.0 - missed), minlength=n)
-        step = np.where(solve & (slope > 0) & (short > 0), short / np.where(slope > 0, slope, 1.0), 0.0)
-        t += step
-        if np.all(step <= 1e-13 * t):
-            break
-    hit = np.bincount(group, weights=mult * q * -np.expm1(-q * t[group]), minlength=n)
-    return np.where(solve, hit, out)
+    group, mult, q = groups.group, groups.mult, groups.share
+    if solve.any():
+        at = solve[group]  # only the groups of slices that overflow
+        g, gm, gq = group[at], mult[at], q[at]
+        t[solve] = capacity[solve]
+        for _ in range(100):  # Newton from below; under ten steps on graphs' tiles
+            missed = -np.expm1(-gq * t[g])  # 1 - exp(-p T), exact for small p T
+            short = capacity - np.bincount(g, weights=gm * missed, minlength=n)
+            slope = np.bincount(g, weights=gm * gq * (1.0 - missed), minlength=n)
+            step = np.where(solve & (slope > 0) & (short > 0), short / np.where(slope > 0, slope, 1.0), 0.0)
+            t[solve] += step[solve]
+            if np.all(step <= 1e-13 * np.where(solve, t, 1.0)):
+                break
+        hit[solve] = np.bincount(g, weights=gm * gq * -np.expm1(-gq * t[g]), minlength=n)[solve]
+    if stream is None:
+        return hit
+    stream = np.broadcast_to(np.asarray(stream, dtype=np.float64), (n,))
+    first = np.minimum(t, stream)
+    occupied = np.bincount(group, weights=mult * -np.expm1(-q * first[group]), minlength=n)
+    late = np.where(np.isfinite(t), np.maximum(stream - t, 0.0), 0.0)
+    return np.where(stream > 0, (first - occupied + late * hit) / np.where(stream > 0, stream, 1.0), hit)
 
 
 @dataclass(frozen=True)
@@ -250,13 +264,14 @@ def sector_fractions(sectors: np.ndarray, l1_sectors, l2_sectors) -> np.ndarray:
 
 
 def slice_fractions(sectors, cuts: np.ndarray | None, l1_sectors, l2_sectors,
-                    l1_share: np.ndarray | None = None) -> np.ndarray:
+                    l1_share: np.ndarray | None = None, l1_stream: np.ndarray | None = None) -> np.ndarray:
     """:func:`sector_fractions` of every slice ``sectors[cuts[i]:cuts[i + 1]]`` (a tiling's tiles), one row
     each, in a few passes over all of them: the slices with more sectors in use than a level holds solve
     Che's approximation together (:func:`che_hit_rates`); the others hit as far as the sweep says.
     ``sectors`` may be their :class:`SliceGroups` already (``cuts`` then unused). ``l1_share``: the share of
     L1 each slice holds while others' sectors share it (:func:`~tuner.model.tiled.resident_share`; None:
-    all of it).
+    all of it). ``l1_stream``: the gathers each slice makes of one SM's L1, which it finds cold
+    (:func:`che_hit_rates`; None: a stream too long for its first misses to count).
 
     Example (the second slice's 8 sectors overflow an L1 of 2; the first's 2 do not, unless it holds half):
         >>> slice_fractions(np.array([8, 8, 1, 1, 1, 1, 1, 1, 1, 1]), np.array([0, 2, 10]), 2, 16).round(3).tolist()
@@ -273,7 +288,7 @@ def slice_fractions(sectors, cuts: np.ndarray | None, l1_sectors, l2_sectors,
         # A slice that holds only a share of L1 (other slices' sectors beside it) sees a smaller LRU, and
         # the sweep's departure at its footprint spread over that share.
         share = np.ones(n) if k or l1_share is None else np.clip(np.asarray(l1_share, dtype=np.float64), 1e-9, 1.0)
-        hit = che_hit_rates(groups, level.capacity * share)
+        hit = che_hit_rates(groups, level.capacity * share, None if k else l1_stream)
         if level.footprints:
             hit = np.where(hit == 0.0, hit, hit * level.departure(spread / share))
         hits.append(hit)

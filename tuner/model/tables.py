@@ -14,8 +14,7 @@ import numpy as np
 
 from ..families.base import shared_layout
 from ..matrix import CanonicalMatrix
-from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, regime_fractions, sector_counts, slice_fractions,
-                       slice_groups, sweep_level)
+from .locality import SECTOR_BYTES, CacheLevel, cache_sectors, sector_counts, slice_fractions, slice_groups, sweep_level
 from .profile_data import REGIMES, ROW_HEIGHTS, Profile, kernel_key, row_group, warp_rows
 from .warps import WarpHistogram
 
@@ -61,16 +60,24 @@ def _cache_level(capacity: float, columns: tuple, ms: tuple, hit_columns) -> Cac
 def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int] | None = None) -> np.ndarray:
     """Shares of the gathers of x served by L1, L2 and memory (see :mod:`tuner.model.locality`), for the
     whole matrix or for the columns ``cols`` = (first, end) of one tile, whose warps gather from its slice
-    of x alone."""
+    of x alone (and find it cold in L1: :func:`column_fractions`)."""
     a, b = cols if cols is not None else (0, m.n_cols)
     return shared_layout(m, ("gather_fractions", profile.digest, cols),
-                         lambda: column_fractions(m, profile, np.array([a, b]))[0])
+                         lambda: column_fractions(m, profile, np.array([a, b]), tiles=cols is not None)[0])
 
 
-def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_share: np.ndarray | None = None
-                     ) -> np.ndarray:
-    """:func:`gather_fractions` of the columns ``cuts[i]`` to ``cuts[i + 1]`` - 1 of each i (a tiling's
-    tiles), one row each, all at once; a range's shares are the same as when asked for alone.
+def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_share: np.ndarray | None = None,
+                     tiles: bool = False) -> np.ndarray:
+    """:func:`gather_fractions` of the columns ``cuts[i]`` to ``cuts[i + 1]`` - 1 of each i, one row each, all
+    at once; a range's shares are the same as when asked for alone.
+
+    ``tiles``: the ranges are a tiling's tiles, launched one after another. Each gathers from a part of x
+    that no tile before it touched, so every SM's L1 meets it cold: its gathers reach L1 as a stream of
+    their number over the SMs, whose first touch of each sector misses
+    (:func:`~tuner.model.locality.che_hit_rates`); the profile's tables were measured on streams long
+    enough for that not to count. A whole-matrix launch is not charged so: its L1 starts cold too, but on
+    the suite's small matrices the term made the predictions worse (median error 13.0 -> 14.4 %,
+    models/README.md), and why was not found.
 
     Example: see tests/test_tiles.py (needs a profile).
     """
@@ -80,14 +87,16 @@ def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_
     cuts = np.asarray(cuts, dtype=np.int64)
     a, b = cuts[:-1], cuts[1:]
     if np.all(a % per == 0) and np.all((b % per == 0) | (b == m.n_cols)):
-        # Ranges of whole sectors (the tile widths are) slice the matrix's sector counts, counted once.
-        # Grouped once per tiling (the shares differ per candidate, the sectors do not).
+        # Ranges of whole sectors (the tile widths are) slice the matrix's sector counts, counted once,
+        # and are grouped once per tiling (the shares differ per candidate, the sectors do not).
         groups = shared_layout(m, ("slice_groups", cuts.tobytes()), lambda: slice_groups(
             shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))[
                 a[0] // per:-(-b[-1] // per)], -(-cuts // per) - a[0] // per))
-        return slice_fractions(groups, None, l1, l2, l1_share)
-    # A range that splits a sector counts its own.
-    return np.array([regime_fractions(m.col_lengths[i:j], itemsize, l1, l2) for i, j in zip(a, b)]).reshape(-1, 3)
+    else:  # a range that splits a sector counts its own
+        parts = [sector_counts(m.col_lengths[i:j], itemsize) for i, j in zip(a, b)]
+        groups = slice_groups(np.concatenate(parts), np.cumsum([0] + [c.size for c in parts]))
+    stream = groups.total / profile.constants["sm_count"] if tiles else None
+    return slice_fractions(groups, None, l1, l2, l1_share, stream)
 
 
 def _regimes(fractions) -> list:

@@ -26,7 +26,7 @@ def tile_fractions(m: CanonicalMatrix, profile: Profile, width: int) -> np.ndarr
     """Every tile's gather shares (:func:`~tuner.model.tables.gather_fractions`), one row per tile, all
     at once and once per view, profile and width."""
     return shared_layout(m, ("tile_fractions", profile.digest, width),
-                         lambda: column_fractions(m, profile, bounds(m, width)))
+                         lambda: column_fractions(m, profile, bounds(m, width), tiles=True))
 
 
 def resident_share(warps: np.ndarray, resident: float) -> np.ndarray:
@@ -49,7 +49,7 @@ def shared_fractions(m: CanonicalMatrix, profile: Profile, width: int, warps: np
                      ) -> np.ndarray:
     """Every tile's gather shares when each tile holds its :func:`resident_share` of L1 (``warps``: each
     tile's warps in the launch)."""
-    return column_fractions(m, profile, bounds(m, width), resident_share(warps, resident))
+    return column_fractions(m, profile, bounds(m, width), resident_share(warps, resident), tiles=True)
 
 
 def _reduce(seg: np.ndarray, n_segs: int, work: np.ndarray, alone_total: np.ndarray, alone_one: np.ndarray,
