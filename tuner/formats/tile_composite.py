@@ -394,13 +394,19 @@ def build_tile_composite(indices: np.ndarray, data: np.ndarray | None, tiled: Ti
     k = rank - start[wl_of_run]  # row inside the workload
     rows = np.full(n_row_slots, -1, dtype=index_dtype)
     rows[wl_row[:-1][wl_of_run] + k] = tiled.run_rows
-    # Every entry: its run, its column inside the run, then its slot.
-    run_of = np.repeat(np.arange(tiled.run_lengths.size, dtype=np.int64), tiled.run_lengths)
-    c = np.arange(run_of.size, dtype=np.int64) - tiled.run_starts[run_of]
-    j, kk = wl_of_run[run_of], k[run_of]
-    del run_of
-    slot = wl_slot[:-1][j] + np.where(row_major[j], kk * w[j] + c, c * h[j] + kk)
-    del j, kk, c
+    # Every entry's slot is its run's first slot plus its column inside the run times the run's stride (1
+    # in a row-major workload, h in a column-major one): per run, base - start * stride, then one repeat
+    # each and a multiply-add over the entries, which are the run's consecutive entries of tiled.order.
+    rm = row_major[wl_of_run]
+    stride = np.where(rm, 1, h[wl_of_run]).astype(np.int64)
+    base = wl_slot[:-1][wl_of_run] + np.where(rm, k * w[wl_of_run], k) - tiled.run_starts * stride
+    slot = np.arange(int(tiled.run_lengths.sum()), dtype=np.int64)
+    if np.all(rm):  # row-major only (a tile of long rows): consecutive slots within each run
+        slot += np.repeat(base, tiled.run_lengths)
+    else:
+        slot *= np.repeat(stride, tiled.run_lengths)
+        slot += np.repeat(base, tiled.run_lengths)
+    del rm, stride, base
     cols = np.full(n_slots, -1, dtype=index_dtype)
     cols[slot] = np.asarray(indices)[tiled.order]
     vals = None
