@@ -76,7 +76,7 @@ def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_
     their number over the SMs, whose first touch of each sector misses
     (:func:`~tuner.model.locality.che_hit_rates`); the profile's tables were measured on streams long
     enough for that not to count. A whole-matrix launch is not charged so: its L1 starts cold too, but on
-    the suite's small matrices the term made the predictions worse (median error 13.0 -> 14.4 %,
+    the suite's small matrices the term made the predictions worse (median error 13.0 -> 15.7 %,
     models/README.md), and why was not found.
 
     Example: see tests/test_tiles.py (needs a profile).
