@@ -438,6 +438,31 @@ def test_a_launch_of_fewer_blocks_than_sms_runs_at_the_busiest_sms_share(profile
     assert t30 == pytest.approx(3 * t2)
 
 
+def test_a_small_launch_lasts_at_least_its_shapes_measured_floor(profile):
+    # The 64 rows of 4 entries of the hand computation above: 2 blocks of 4 warps (4 lanes per row), so the
+    # busiest SM holds 4 warps. With the floor measured for that shape, the launch lasts at least its
+    # floor at 4 warps per SM; a launch of 2,000 blocks (200 per SM, 800 warps) outgrows its floor.
+    import json
+
+    def launch(n_rows):
+        ij = (np.repeat(np.arange(n_rows), 4), np.tile(np.arange(4), n_rows))
+        return canonicalize(sp.csr_matrix((np.ones(4 * n_rows, np.float32), ij), shape=(n_rows, 16)))
+
+    raw = json.loads(fake_profile_json())
+    raw["occupancy"] = {"width": 4, "shapes": {"csr_vector:4:128:vf": {"warps_per_sm": [2, 8, 96],
+                                                                          "busy_ms": [0.04, 0.06, 0.1]}}}
+    floored = Profile.from_json(json.dumps(raw))
+    small, large = launch(64), launch(64_000)
+    spec = lambda m: Specialization("csr_vector", CsrVectorParams(4, 128), m.value_dtype, m.index_dtype, True)  # noqa
+    one_wave = 8 * 32 / (1.0e6 * 4 / 64)
+    assert predict_lookup(small, spec(small), profile) == pytest.approx(0.004 + one_wave * 10 / 2)
+    assert predict_lookup(small, spec(small), floored) == pytest.approx(0.004 + 0.05)  # halfway in log2 from 2 to 8
+    assert predict_lookup(large, spec(large), floored) == predict_lookup(large, spec(large), profile) > 0.104
+    # A shape the profile measured no floor for is predicted as before.
+    other = Specialization("csr_vector", CsrVectorParams(8, 128), small.value_dtype, small.index_dtype, True)
+    assert predict_lookup(small, other, floored) == predict_lookup(small, other, profile)
+
+
 def test_tail_factor_scales_the_slowest_warp():
     import json
     long = canonicalize(sp.csr_matrix((np.ones(6400, np.float32), (np.zeros(6400, int), np.arange(6400))),

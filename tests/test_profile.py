@@ -141,6 +141,15 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     # Gathers from x in L1 beat gathers from memory for short rows of a warp-per-row kernel.
     t = loaded.tables["csr_vector:32:256:vf"]["points"]
     assert t["l1"]["32"] > t["dram"]["32"]
+    # The small launches' floors, measured after the tables: every shape (the hybrid's flat warps on rows
+    # of 32), its warps per SM increasing; two full waves take longer than 2 warps per SM.
+    occ = prof["occupancy"]["shapes"]
+    assert set(occ) == {v.key for v in profile.variants((True,))}
+    assert occ["aligned_coo:hflat:256:vf"]["width"] == 32 and occ["csr_vector:1:256:vf"]["width"] == 4
+    for shape in occ.values():
+        assert shape["warps_per_sm"] == sorted(set(shape["warps_per_sm"])) and min(shape["busy_ms"]) >= 0
+    assert occ["csr_vector:1:256:vf"]["busy_ms"][-1] > occ["csr_vector:1:256:vf"]["busy_ms"][0]
+    assert loaded.occupancy_floor("csr_vector:1:256:vf", 1000) == occ["csr_vector:1:256:vf"]["busy_ms"][-1]
     before = out.read_text()
     again = profile.run(out, profile.REDUCED)  # resumed: nothing left to measure
     assert json.loads(before)["tables"] == again["tables"]
@@ -149,6 +158,7 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     remeasured = profile.run(out, profile.REDUCED, remeasure_caches=True, remeasure_tail=True,
                              command="python -m tuner profile --remeasure-caches --remeasure-tail")
     assert remeasured["tables"] == again["tables"] and remeasured["alone"] == again["alone"]
+    assert remeasured["occupancy"] == again["occupancy"] == json.loads(before)["occupancy"]
     assert remeasured["caches"]["l1"]["columns"] == list(profile.REDUCED.l1_sweep)
     assert min(remeasured["caches"]["l1"]["ms"]) < remeasured["caches"]["l2"]["ms"][-1]
     assert len(remeasured["tail"]["curve"]) == len(profile.TAIL_BULK_SHARES)

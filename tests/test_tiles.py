@@ -434,7 +434,7 @@ def tile_by_tile(view, spec, prof):
             if warps.w.size:
                 key, nbytes = table_for(prof, kernel_key(family, part, p.block_size, view.value_free))
                 sums = segment_sums(prof, key, warps, fractions)
-                rows.append((*sums, -(-warps.warps * 32 // p.block_size), nbytes, prof.max_active_warps(key)))
+                rows.append((*sums, -(-warps.warps * 32 // p.block_size), nbytes, prof.max_active_warps(key), key))
     return SegmentSums.of_rows(rows)
 
 
@@ -456,7 +456,7 @@ def test_tiled_launches_summed_at_once_equal_their_tiles_summed_one_by_one():
         at_once = TILED_SUMS[spec.family](view, spec.params, prof)
         one_by_one = tile_by_tile(view, spec, prof)
         assert at_once.blocks.tolist() == one_by_one.blocks.tolist() and at_once.blocks.size > 2
-        assert at_once.max_active == one_by_one.max_active
+        assert at_once.max_active == one_by_one.max_active and at_once.keys == one_by_one.keys
         for name in ("work", "profiled_bytes", "alone_sum", "alone_max"):
             assert getattr(at_once, name) == pytest.approx(getattr(one_by_one, name), rel=1e-12), name
 

@@ -84,7 +84,8 @@ def cmd_profile(args) -> int:
     grid = profile.REDUCED if args.reduced else profile.Grid()
     prof = profile.run(Path(args.out) if args.out else None, grid, cache_dir=args.cache_dir,
                        remeasure_constants=args.remeasure_constants, remeasure_caches=args.remeasure_caches,
-                       remeasure_tail=args.remeasure_tail, command=args.command_line,
+                       remeasure_tail=args.remeasure_tail, remeasure_occupancy=args.remeasure_occupancy,
+                       command=args.command_line,
                        progress=lambda total: tqdm(total=total, desc="profile", unit="shape", file=sys.stderr))
     c = prof["constants"]
     print(f"{prof['gpu']['name']}: {c['sm_count']} SMs, {c['max_warps_per_sm']} warps/SM, L2 {c['l2_bytes'] >> 20} MB, "
@@ -202,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remeasure-tail", action="store_true",
                    help="measure only the tail factor again (how much slower a long row runs beside bulks of "
                         "other warps of three sizes than alone), keeping everything else")
+    p.add_argument("--remeasure-occupancy", action="store_true",
+                   help="measure only the small launches' floors again (each kernel shape's time with 2 to 48 "
+                        "warps per SM), keeping everything else; a profile without them gets them on any run")
     common(p)
     p.set_defaults(func=cmd_profile)
 

@@ -31,6 +31,7 @@ from .kernel import DeviceArrays, SpMV, copy_bandwidth_gbs, time_spmv
 from .matrix import CanonicalMatrix
 from .model.locality import SECTOR_BYTES, fit_capacity
 from .model.profile_data import warp_rows
+from .model.warps import warp_segments
 from .model.lookup import TAIL_START
 from .model.occupancy import active_warps_per_sm
 from .model.profile_data import FORMAT, REGIMES, ROW_HEIGHTS, kernel_key, profile_path, row_group
@@ -304,6 +305,64 @@ def measure_tail(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, laun
     return {"factor": curve[-1]["factor"], "start": TAIL_START, "points": curve[-1]["points"], "curve": curve}
 
 
+OCCUPANCY_WIDTH = 4  # the narrowest rows: a launch's least work per warp (wider where a shape needs them)
+OCCUPANCY_WARPS = (2, 4, 8, 16, 32, 48)  # warps per SM asked for, then two full waves of the shape
+OCCUPANCY_COLUMNS = 8192  # x in L1: the floor is the warps' latency, not the gathers'
+
+
+def launch_warps(v: Variant, params, w: int, n_rows: int) -> int:
+    """Warps a launch of ``n_rows`` rows of ``w`` entries through shape ``v`` has, as the model counts them
+    (:func:`~tuner.model.warps.warp_segments`; a TILE-Composite tile: one warp per workload of h rows)."""
+    if v.family == "tile_composite":
+        return -(-n_rows // (int(col_shape_height(w)) if v.group == "col" else int(v.group[3:] or 1)))
+    m = synthetic(w, n_rows, OCCUPANCY_COLUMNS, v.value_free, seed=0)
+    return sum(s.warps.warps for s in warp_segments(m, v.family, params) if s.warps.w.size)
+
+
+def occupancy_width(v: Variant) -> int | None:
+    """The rows a shape's floor is measured with: ``OCCUPANCY_WIDTH`` entries, or the fewest above it that
+    the shape runs (the hybrid's flat warps need whole warps of a row: 32); None for none up to 64.
+
+    Example:
+        >>> occupancy_width(Variant("csr_vector", 4, 128, True)), occupancy_width(Variant("aligned_coo", "hflat", 256, True))
+        (4, 32)
+    """
+    return next((w for w in (OCCUPANCY_WIDTH, 8, 16, 32, 64) if w >= OCCUPANCY_WIDTH and v.params(w) is not None),
+                None)
+
+
+def measure_occupancy(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, tables: dict) -> dict:
+    """Beyond the launch, how long each kernel shape's launches of its narrowest rows (:func:`occupancy_width`)
+    take with a few warps per SM (``OCCUPANCY_WARPS``, then two full waves of the shape, from ``tables``), x in
+    L1: the floor under a small launch (:func:`tuner.model.lookup.occupancy_floor`). Each point records the
+    warps on the busiest SM (whole blocks: a launch of fewer blocks than SMs still has a block's warps on
+    some), the larger launch of two with the same count kept. The launch time is measured again here, so
+    that the busy times are this run's.
+
+    The tables' full GPU hides each warp's latency; with 8 warps per SM the H100 ran 2 lanes per row over
+    rows of 8 entries 3 times slower than their table rate (session 19, models/README.md).
+    """
+    launch = measure_launch_overhead(arch, cache)
+    shapes = {}
+    for v in variants(grid.value_free):
+        w = occupancy_width(v)
+        if w is None or v.key not in tables:
+            continue
+        params = v.params(w)
+        per_row = launch_warps(v, params, w, 4096) / 4096
+        waves = 2 * max(tables[v.key]["max_active_warps"] // info.sm_count, 1)
+        busy = {}
+        for o in OCCUPANCY_WARPS + (waves,):
+            rows = max(1, round(o * info.sm_count / per_row))
+            blocks = -(-launch_warps(v, params, w, rows) * 32 // v.block)
+            m = synthetic(w, rows, OCCUPANCY_COLUMNS, v.value_free, seed=o)
+            ms = median_ms(m, v.family, params, arch, cache, 30, 5)
+            busy[-(-blocks // info.sm_count) * v.block // 32] = max(ms - launch, 0.0)
+        per_sm = sorted(busy)
+        shapes[v.key] = {"width": w, "warps_per_sm": per_sm, "busy_ms": [busy[o] for o in per_sm]}
+    return {"width": OCCUPANCY_WIDTH, "columns": OCCUPANCY_COLUMNS, "launch_ms": launch, "shapes": shapes}
+
+
 def _versions() -> dict:
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -315,13 +374,14 @@ def _versions() -> dict:
 
 def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=None,
         remeasure_constants: bool = False, remeasure_caches: bool = False, remeasure_tail: bool = False,
-        command: str | None = None) -> dict:
+        remeasure_occupancy: bool = False, command: str | None = None) -> dict:
     """Measure this GPU and write the profile to ``out`` (default ``models/<gpu-slug>/profile.json``).
 
     Resumable: points already in ``out`` (same GPU, same format) are kept and not measured again;
     ``remeasure_constants`` measures the constants and the lone-row times again and keeps the tables;
-    ``remeasure_caches`` and ``remeasure_tail`` measure only the cache sweeps (and their capacities) or the
-    tail factor again. ``command`` (default: this process's) is recorded in the file, after those of the
+    ``remeasure_caches``, ``remeasure_tail`` and ``remeasure_occupancy`` measure only the cache sweeps (and
+    their capacities), the tail factor or the small launches' floors (:func:`measure_occupancy`, measured
+    after the tables, which it reads) again. ``command`` (default: this process's) is recorded in the file, after those of the
     runs that made it.
     """
     info = gpu.device_info()
@@ -378,6 +438,11 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
             bar.update(1)
     if bar:
         bar.close()
+    floors = {v.key for v in todo_variants if occupancy_width(v) is not None}  # shapes that run them
+    missing = floors - set(prof.get("occupancy", {}).get("shapes", {}))
+    if remeasure_occupancy or any(prof["tables"][k]["max_active_warps"] for k in missing):
+        prof["occupancy"] = measure_occupancy(info, grid, info.arch, cache, prof["tables"])
+        atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())
     return prof
 
 

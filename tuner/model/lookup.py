@@ -56,8 +56,33 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     tail = float((start + tail_factor(profile, work) * s.alone_max).max(initial=0.0))
     alone_sum = float(np.cumsum(s.alone_sum)[-1]) if s.alone_sum.size else 0.0
     spread = sm_spread(int(s.blocks.sum()), int(profile.constants["sm_count"]))
-    t = max(work * spread, alone_sum / max(s.max_active, 1) * spread, tail)
+    t = max(work * spread, alone_sum / max(s.max_active, 1) * spread, tail, occupancy_floor(s, profile))
     return float(profile.constants["launch_overhead_ms"] + t + gathers)
+
+
+def occupancy_floor(s: SegmentSums, profile: Profile) -> float:
+    """Milliseconds beyond the launch that the launch of segments ``s`` lasts at least: the profile's
+    measured launch of the narrowest rows through the shape that carries most of its work, with as many
+    warps on the busiest SM (:meth:`~tuner.model.profile_data.Profile.occupancy_floor`; 0 without the
+    measurement). A launch of a few warps per SM is far slower than the tables' full GPU at the same
+    work (H100: 8 warps of 2 lanes per row over rows of 8 entries take 3x their table time), and no term
+    above sees it: the busiest SM's warps are all resident, and none is long.
+
+    Example:
+        >>> from tuner.model.profile_data import Profile
+        >>> p = Profile({}, {"sm_count": 2}, {}, "", occupancy={"shapes": {"k:1:128:v": {
+        ...     "warps_per_sm": [4, 16], "busy_ms": [0.001, 0.002]}, "k:2:128:v": {
+        ...     "warps_per_sm": [4, 16], "busy_ms": [0.01, 0.02]}}})
+        >>> s = SegmentSums.of_rows([(2.0, 0.0, 0.0, 3, 8, 64, "k:1:128:v"), (1.0, 0.0, 0.0, 3, 8, 64, "k:2:128:v")])
+        >>> round(occupancy_floor(s, p), 5)  # 6 blocks of 4 warps on 2 SMs: 12 warps each, the first shape's
+        0.00179
+    """
+    if not s.keys or not s.work.size:
+        return 0.0
+    key = s.keys[int(np.argmax(s.work))]
+    sm = int(profile.constants["sm_count"])
+    per_sm = -(-int(s.blocks.sum()) // sm) * block_threads(key) / WARP
+    return profile.occupancy_floor(key, per_sm)
 
 
 def launch_sums(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> SegmentSums:
@@ -86,7 +111,7 @@ def _segment_by_segment(m: CanonicalMatrix, spec: Specialization, profile: Profi
         sums = shared_layout(m, ("segment", seg.ident, key, profile.digest),
                              lambda: segment_sums(profile, key, seg.warps, fractions))
         blocks = -(-seg.warps.warps * WARP // block_threads(seg.key))
-        rows.append((*sums, blocks, profiled_bytes, profile.max_active_warps(key)))
+        rows.append((*sums, blocks, profiled_bytes, profile.max_active_warps(key), key))
     return SegmentSums.of_rows(rows)
 
 

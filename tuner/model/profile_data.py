@@ -76,6 +76,10 @@ class Profile:
         alone_warp: kernel key -> {regime: {w: ms}}: the time a warp's worth of such rows takes on its own,
             for the kernels whose warps hold several rows (csr_vector and binned with fewer than 32 lanes
             per row), where measured.
+        occupancy: {"launch_ms": ..., "shapes": {kernel key: {"width": w, "warps_per_sm": [...],
+            "busy_ms": [...]}}}: beyond the launch, how long launches of the shape's narrowest rows (w
+            entries) take with that many warps on their busiest SM (:func:`tuner.profile.measure_occupancy`),
+            where measured.
     """
 
     gpu: dict
@@ -87,6 +91,7 @@ class Profile:
     regime_columns: dict = None
     tail: dict = None
     alone_warp: dict = None
+    occupancy: dict = None
 
     @classmethod
     def from_json(cls, text: str) -> "Profile":
@@ -97,7 +102,8 @@ class Profile:
         return cls(gpu=raw["gpu"], constants=raw["constants"], tables=raw["tables"],
                    digest=hashlib.sha256(text.encode()).hexdigest(), alone=raw.get("alone", {}),
                    caches=raw.get("caches", {}), regime_columns=raw.get("grid", {}).get("regime_columns", {}),
-                   tail=raw.get("tail", {}), alone_warp=raw.get("alone_warp", {}))
+                   tail=raw.get("tail", {}), alone_warp=raw.get("alone_warp", {}),
+                   occupancy=raw.get("occupancy", {}))
 
     def max_active_warps(self, key: str) -> int:
         """Warps resident on the whole GPU at once for that kernel (eq. 1's MAX_ACT_WARP/SM x NUM_SM)."""
@@ -131,6 +137,25 @@ class Profile:
             return one
         full = self._lone(self.alone_warp[key][regime], "alone_warp:" + key, regime, w)
         return one + np.maximum(full - one, 0.0) * np.clip(np.asarray(fill, dtype=np.float64), 0.0, 1.0)
+
+    def occupancy_floor(self, key: str, warps_per_sm: float) -> float:
+        """Milliseconds beyond the launch that a launch of ``key``'s shape lasts at least with this many
+        warps on its busiest SM: the measured launches of the narrowest rows (``occupancy``), linear in
+        log2 warps per SM, held beyond the measured range; 0 where the profile did not measure it.
+
+        The tables measure a full GPU; a launch of a few warps per SM runs far below their rate (its
+        warps' latency is not hidden), however little work it has.
+
+        Example:
+            >>> p = Profile({}, {}, {}, "", occupancy={"shapes": {"k": {"warps_per_sm": [8, 32],
+            ...                                                        "busy_ms": [0.001, 0.003]}}})
+            >>> p.occupancy_floor("k", 4), p.occupancy_floor("k", 16), p.occupancy_floor("k", 64), p.occupancy_floor("x", 8)
+            (0.001, 0.002, 0.003, 0.0)
+        """
+        shape = (self.occupancy or {}).get("shapes", {}).get(key)
+        if not shape:
+            return 0.0
+        return float(np.interp(np.log2(max(warps_per_sm, 1.0)), np.log2(shape["warps_per_sm"]), shape["busy_ms"]))
 
     def _lone(self, points: dict, name: str, regime: str, w: np.ndarray) -> np.ndarray:
         xs, ys = _curve(name, regime, points)

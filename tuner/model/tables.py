@@ -208,6 +208,7 @@ class SegmentSums:
         blocks: blocks the segment launches.
         max_active: warps resident on the GPU at once for the launch (one launch, one occupancy: its last
             segment's table).
+        keys: each segment's table (empty where not given).
     """
 
     work: np.ndarray
@@ -216,19 +217,20 @@ class SegmentSums:
     alone_max: np.ndarray
     blocks: np.ndarray
     max_active: int
+    keys: tuple = ()
 
     @classmethod
     def of_rows(cls, rows: list[tuple]) -> "SegmentSums":
-        """From one (work, alone sum, alone max, blocks, profiled bytes, max active) tuple per segment.
+        """From one (work, alone sum, alone max, blocks, profiled bytes, max active, table) tuple per segment.
 
         Example:
-            >>> s = SegmentSums.of_rows([(2.0, 1.0, 0.5, 3, 8, 100), (4.0, 1.0, 0.25, 1, 8, 64)])
-            >>> s.work.tolist(), s.blocks.tolist(), s.max_active
-            ([2.0, 4.0], [3, 1], 64)
+            >>> s = SegmentSums.of_rows([(2.0, 1.0, 0.5, 3, 8, 100, "a"), (4.0, 1.0, 0.25, 1, 8, 64, "b")])
+            >>> s.work.tolist(), s.blocks.tolist(), s.max_active, s.keys
+            ([2.0, 4.0], [3, 1], 64, ('a', 'b'))
         """
         if not rows:
             z = np.zeros(0)
             return cls(z, z, z, z, np.zeros(0, np.int64), 1)
-        work, a_sum, a_max, blocks, profiled, active = zip(*rows)
+        work, a_sum, a_max, blocks, profiled, active, keys = zip(*rows)
         return cls(np.array(work, np.float64), np.array(profiled, np.float64), np.array(a_sum, np.float64),
-                   np.array(a_max, np.float64), np.array(blocks, np.int64), int(active[-1]))
+                   np.array(a_max, np.float64), np.array(blocks, np.int64), int(active[-1]), tuple(keys))

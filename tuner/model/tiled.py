@@ -53,9 +53,10 @@ def shared_fractions(m: CanonicalMatrix, profile: Profile, width: int, warps: np
 
 
 def _reduce(seg: np.ndarray, n_segs: int, work: np.ndarray, alone_total: np.ndarray, alone_one: np.ndarray,
-            warps: np.ndarray, threads: int, profiled: np.ndarray, active: np.ndarray) -> SegmentSums:
+            warps: np.ndarray, threads: int, profiled: np.ndarray, active: np.ndarray, keys) -> SegmentSums:
     """Per-warp-shape terms summed into their segments ``seg``, the empty segments left out. ``warps``:
-    each segment's warp count; ``profiled``, ``active``: each segment's table's bytes and resident warps."""
+    each segment's warp count; ``profiled``, ``active``, ``keys``: each segment's table's bytes, resident
+    warps and key."""
     live = np.bincount(seg, minlength=n_segs) > 0
     w_sum = np.bincount(seg, weights=work, minlength=n_segs)
     a_sum = np.bincount(seg, weights=alone_total, minlength=n_segs)
@@ -64,7 +65,7 @@ def _reduce(seg: np.ndarray, n_segs: int, work: np.ndarray, alone_total: np.ndar
     blocks = -(-warps.astype(np.int64) * WARP // threads)
     at = np.flatnonzero(live)
     return SegmentSums(w_sum[at], profiled[at].astype(np.float64), a_sum[at], a_max[at], blocks[at],
-                       int(active[at[-1]]) if at.size else 1)
+                       int(active[at[-1]]) if at.size else 1, tuple(keys[i] for i in at))
 
 
 def tile_coo_sums(m: CanonicalMatrix, p: TileCooParams, profile: Profile) -> SegmentSums:
@@ -85,7 +86,7 @@ def tile_coo_sums(m: CanonicalMatrix, p: TileCooParams, profile: Profile) -> Seg
     fractions = shared_fractions(m, profile, p.tile_width, warps, profile.max_active_warps(key))[tile]
     alone = blended_alone(profile, key, w, fractions)
     return _reduce(tile, n, size / blended(profile, key, w, fractions), count * alone, alone, warps, p.block_size,
-                   np.full(n, profiled), np.full(n, profile.max_active_warps(key)))
+                   np.full(n, profiled), np.full(n, profile.max_active_warps(key)), (key,) * n)
 
 
 def tile_composite_sums(m: CanonicalMatrix, p: TileCompositeParams, profile: Profile) -> SegmentSums:
@@ -111,6 +112,7 @@ def tile_composite_sums(m: CanonicalMatrix, p: TileCompositeParams, profile: Pro
     fractions = shared_fractions(m, profile, p.tile_width, tile_warps, resident)[tile]
     perf, alone = np.empty(length.size), np.empty(length.size)
     profiled, active = np.empty(2 * n_tiles), np.empty(2 * n_tiles)
+    keys = [""] * (2 * n_tiles)
     heights = row_heights(profile, m.value_free, p.block_size)
     for part, major in (("row", True), ("col", False)):
         key, nbytes = table_for(profile, kernel_key("tile_composite", part, p.block_size, m.value_free))
@@ -121,9 +123,10 @@ def tile_composite_sums(m: CanonicalMatrix, p: TileCompositeParams, profile: Pro
             alone[at] = blended_alone(profile, key, length[at], fractions[at])
         profiled[0 if major else 1::2] = nbytes
         active[0 if major else 1::2] = profile.max_active_warps(key)
+        keys[0 if major else 1::2] = [key] * n_tiles
     warps = np.bincount(seg, weights=count, minlength=2 * n_tiles)
     return _reduce(seg, 2 * n_tiles, count * size / perf, count * rounds * alone, rounds * alone, warps,
-                   p.block_size, profiled, active)
+                   p.block_size, profiled, active, keys)
 
 
 # Families whose launches are summed here, by registry name: (view, params, profile) -> SegmentSums.
