@@ -310,12 +310,11 @@ OCCUPANCY_WARPS = (2, 4, 8, 16, 32, 48)  # warps per SM asked for, then two full
 OCCUPANCY_COLUMNS = 8192  # x in L1: the floor is the warps' latency, not the gathers'
 
 
-def launch_warps(v: Variant, params, w: int, n_rows: int) -> int:
-    """Warps a launch of ``n_rows`` rows of ``w`` entries through shape ``v`` has, as the model counts them
+def launch_warps(v: Variant, params, w: int, m: CanonicalMatrix) -> int:
+    """Warps a launch of ``m``'s rows of ``w`` entries through shape ``v`` has, as the model counts them
     (:func:`~tuner.model.warps.warp_segments`; a TILE-Composite tile: one warp per workload of h rows)."""
     if v.family == "tile_composite":
-        return -(-n_rows // (int(col_shape_height(w)) if v.group == "col" else int(v.group[3:] or 1)))
-    m = synthetic(w, n_rows, OCCUPANCY_COLUMNS, v.value_free, seed=0)
+        return -(-m.n_rows // (int(col_shape_height(w)) if v.group == "col" else int(v.group[3:] or 1)))
     return sum(s.warps.warps for s in warp_segments(m, v.family, params) if s.warps.w.size)
 
 
@@ -349,13 +348,12 @@ def measure_occupancy(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache,
         if w is None or v.key not in tables:
             continue
         params = v.params(w)
-        per_row = launch_warps(v, params, w, 4096) / 4096
+        per_row = launch_warps(v, params, w, synthetic(w, 4096, OCCUPANCY_COLUMNS, v.value_free, seed=0)) / 4096
         waves = 2 * max(tables[v.key]["max_active_warps"] // info.sm_count, 1)
         busy = {}
         for o in OCCUPANCY_WARPS + (waves,):
-            rows = max(1, round(o * info.sm_count / per_row))
-            blocks = -(-launch_warps(v, params, w, rows) * 32 // v.block)
-            m = synthetic(w, rows, OCCUPANCY_COLUMNS, v.value_free, seed=o)
+            m = synthetic(w, max(1, round(o * info.sm_count / per_row)), OCCUPANCY_COLUMNS, v.value_free, seed=o)
+            blocks = -(-launch_warps(v, params, w, m) * 32 // v.block)
             ms = median_ms(m, v.family, params, arch, cache, 30, 5)
             busy[-(-blocks // info.sm_count) * v.block // 32] = max(ms - launch, 0.0)
         per_sm = sorted(busy)
@@ -381,8 +379,8 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
     ``remeasure_constants`` measures the constants and the lone-row times again and keeps the tables;
     ``remeasure_caches``, ``remeasure_tail`` and ``remeasure_occupancy`` measure only the cache sweeps (and
     their capacities), the tail factor or the small launches' floors (:func:`measure_occupancy`, measured
-    after the tables, which it reads) again. ``command`` (default: this process's) is recorded in the file, after those of the
-    runs that made it.
+    after the tables, which it reads) again. ``command`` (default: this process's) is recorded in the file,
+    after those of the runs that made it.
     """
     info = gpu.device_info()
     out = Path(out) if out is not None else profile_path(info.name)
