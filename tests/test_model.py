@@ -463,6 +463,35 @@ def test_a_small_launch_lasts_at_least_its_shapes_measured_floor(profile):
     assert predict_lookup(small, other, floored) == predict_lookup(small, other, profile)
 
 
+def test_a_hybrids_seg_lanes_last_at_least_their_chains_floor_at_their_own_warps_per_sm(profile):
+    # 64 rows of 40 entries: the hybrid sends 32 of each row to its flat warps (64 warps, 8 blocks) and the
+    # other 8 to 64 seg lanes of 8 slots (2 warps, 1 block: 8 warps on its SM). The flat part carries most
+    # of the work, but the seg lanes' chains, measured at 4 and 16 slots, set the launch's time.
+    import json
+    from tuner.families.aligned_coo import AlignedCooParams
+    ij = (np.repeat(np.arange(64), 40), np.tile(np.arange(40), 64))
+    m = canonicalize(sp.csr_matrix((np.ones(64 * 40, np.float32), ij), shape=(64, 64)))
+    spec = Specialization("aligned_coo", AlignedCooParams("hybrid", 256, "none"), m.value_dtype, m.index_dtype, True)
+    segs = [s for s in warp_segments(m, "aligned_coo", spec.params) if s.warps.w.size]
+    assert [(s.key, s.warps.w.tolist(), s.warps.warps) for s in segs] == [
+        ("aligned_coo:seg:256:vf", [8], 2), ("aligned_coo:hflat:256:vf", [32], 64)]
+    raw = json.loads(fake_profile_json())
+    narrow = {"width": 4, "warps_per_sm": [2, 32], "busy_ms": [1e-5, 2e-5]}
+    raw["occupancy"] = {"width": 4, "shapes": {"aligned_coo:hflat:256:vf": dict(narrow, width=32),
+                                                "aligned_coo:seg:256:vf": dict(narrow)}}
+    narrow_only = Profile.from_json(json.dumps(raw))
+    raw["occupancy"]["shapes"]["aligned_coo:seg:256:vf"]["by_width"] = [
+        {"width": 16, "warps_per_sm": [2, 32], "busy_ms": [0.04, 0.06]}]
+    chained = Profile.from_json(json.dumps(raw))
+    before = predict_lookup(m, spec, narrow_only)
+    assert before == predict_lookup(m, spec, profile) < 0.02  # the narrow floors are below its other terms
+    # 8 warps per SM: halfway in log2 between 2 and 32; 8 slots: halfway in log2 between 4 and 16.
+    assert predict_lookup(m, spec, chained) == pytest.approx(0.004 + (1.5e-5 + 0.05) / 2)
+    # The all-flat layout has no chain: its prediction is unchanged.
+    flat = replace(spec, params=AlignedCooParams("flat", 256, "none"))
+    assert predict_lookup(m, flat, chained) == predict_lookup(m, flat, narrow_only)
+
+
 def test_tail_factor_scales_the_slowest_warp():
     import json
     long = canonicalize(sp.csr_matrix((np.ones(6400, np.float32), (np.zeros(6400, int), np.arange(6400))),

@@ -113,6 +113,8 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     loaded = load_profile(path=out)
     c = loaded.constants
     assert c["sm_count"] > 0 and c["copy_bandwidth_gbs"] > 100 and 0 < c["launch_overhead_ms"] < 0.1
+    # A gather queued beside the product adds less than a launch on its own.
+    assert 0 < c["gather_launch_ms"] < c["launch_overhead_ms"]
     assert loaded.gpu["name"] and loaded.gpu["nvcc"].startswith("V")
     # Effective capacities: L1 holds fewer sectors than L2, and neither more than its nominal size.
     assert 0 < c["l1_sectors"] < c["l2_sectors"] <= c["l2_bytes"] / 32
@@ -150,6 +152,13 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
         assert shape["warps_per_sm"] == sorted(set(shape["warps_per_sm"])) and min(shape["busy_ms"]) >= 0
     assert occ["csr_vector:1:256:vf"]["busy_ms"][-1] > occ["csr_vector:1:256:vf"]["busy_ms"][0]
     assert loaded.occupancy_floor("csr_vector:1:256:vf", 1000) == occ["csr_vector:1:256:vf"]["busy_ms"][-1]
+    # The seg part's lanes walk their slots in turn: its floor also at lanes of CHAIN_WIDTHS slots, two full
+    # waves of 64-slot lanes taking longer than of 4; no other shape has them.
+    seg = occ["aligned_coo:seg:256:vf"]
+    assert [c["width"] for c in seg["by_width"]] == list(profile.CHAIN_WIDTHS)
+    assert seg["by_width"][-1]["busy_ms"][-1] > seg["busy_ms"][-1]
+    assert [k for k, s in occ.items() if "by_width" in s] == ["aligned_coo:seg:256:vf"]
+    assert loaded.occupancy_floor("aligned_coo:seg:256:vf", 1000, width=64) == seg["by_width"][-1]["busy_ms"][-1]
     before = out.read_text()
     again = profile.run(out, profile.REDUCED)  # resumed: nothing left to measure
     assert json.loads(before)["tables"] == again["tables"]
@@ -163,6 +172,14 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     assert min(remeasured["caches"]["l1"]["ms"]) < remeasured["caches"]["l2"]["ms"][-1]
     assert len(remeasured["tail"]["curve"]) == len(profile.TAIL_BULK_SHARES)
     assert remeasured["command"].endswith(" ; then python -m tuner profile --remeasure-caches --remeasure-tail")
+    # A profile made before the chains were measured gains them on its next run, its other floors kept.
+    older = json.loads(out.read_text())
+    del older["occupancy"]["shapes"]["aligned_coo:seg:256:vf"]["by_width"]
+    out.write_text(json.dumps(older))
+    grown = profile.run(out, profile.REDUCED)["occupancy"]["shapes"]
+    assert [c["width"] for c in grown["aligned_coo:seg:256:vf"]["by_width"]] == list(profile.CHAIN_WIDTHS)
+    assert {k: s for k, s in grown.items() if k != "aligned_coo:seg:256:vf"} == {
+        k: s for k, s in older["occupancy"]["shapes"].items() if k != "aligned_coo:seg:256:vf"}
 
 
 # Both shipped profiles hold every kernel shape's table (tile_coo reads aligned_coo's flat one).

@@ -457,7 +457,7 @@ def test_tiled_launches_summed_at_once_equal_their_tiles_summed_one_by_one():
         one_by_one = tile_by_tile(view, spec, prof)
         assert at_once.blocks.tolist() == one_by_one.blocks.tolist() and at_once.blocks.size > 2
         assert at_once.max_active == one_by_one.max_active and at_once.keys == one_by_one.keys
-        for name in ("work", "profiled_bytes", "alone_sum", "alone_max"):
+        for name in ("work", "profiled_bytes", "alone_sum", "alone_max", "widths"):
             assert getattr(at_once, name) == pytest.approx(getattr(one_by_one, name), rel=1e-12), name
 
 

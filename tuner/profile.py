@@ -92,6 +92,12 @@ class Variant:
         rows (one lone row is no such workload; the model holds them alone for their rounds of one row)."""
         return not (self.family == "tile_composite" and self.group not in ("row", "col"))
 
+    @property
+    def chained(self) -> bool:
+        """Whether each of its lanes walks a segment of slots one after another (ALIGNED_COO's seg part):
+        its floor is measured at several segment lengths too (``CHAIN_WIDTHS``)."""
+        return (self.family, self.group) == ("aligned_coo", "seg")
+
     def params(self, w: int):
         """Parameters that run every row of length w through this shape; None when it cannot."""
         return SHAPE_PARAMS[self.family](self.group, self.block, w)
@@ -185,6 +191,16 @@ def median_ms(m: CanonicalMatrix, family: str, params, arch: str, cache: Cache, 
 def measure_launch_overhead(arch: str, cache: Cache) -> float:
     """Median milliseconds of an SpMV launch that does almost nothing (one short row)."""
     return median_ms(synthetic(1, 1, 8, True, 0), "csr_vector", CsrVectorParams(1, 128), arch, cache, 200, 20)
+
+
+def measure_gather_launch(arch: str, cache: Cache) -> float:
+    """Median milliseconds that each of a relabelled plan's two gathers adds to a near-empty launch:
+    (relabelled - plain) / 2 over 64 rows of 4 entries. A kernel queued right behind another starts while
+    the previous one ends, so it costs far less than a launch on its own (``launch_overhead_ms``)."""
+    m = synthetic(4, 64, 64, True, 0)
+    plain = median_ms(m, "csr_vector", CsrVectorParams(4, 128), arch, cache, 200, 20)
+    relabelled = median_ms(m, "csr_vector", CsrVectorParams(4, 128, "degree"), arch, cache, 200, 20)
+    return max(relabelled - plain, 0.0) / 2
 
 
 def warm_up(seconds: float = 1.0) -> None:
@@ -308,6 +324,11 @@ def measure_tail(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, laun
 OCCUPANCY_WIDTH = 4  # the narrowest rows: a launch's least work per warp (wider where a shape needs them)
 OCCUPANCY_WARPS = (2, 4, 8, 16, 32, 48)  # warps per SM asked for, then two full waves of the shape
 OCCUPANCY_COLUMNS = 8192  # x in L1: the floor is the warps' latency, not the gathers'
+# Lane lengths a chained shape's floor is measured at beside its narrowest (the hybrid's seg lanes hold up
+# to 31 slots). Only for chains: other shapes' floors at longer rows of uniformly random columns are set by
+# those gathers and overshoot real matrices (H100, 32 lanes per row of 64 entries: 1.8 us at 32 warps per
+# SM, where bcsstk16's rows of 59 took 1.1 us at 40).
+CHAIN_WIDTHS = (8, 16, 32, 64)
 
 
 def launch_warps(v: Variant, params, w: int, m: CanonicalMatrix) -> int:
@@ -330,35 +351,66 @@ def occupancy_width(v: Variant) -> int | None:
                 None)
 
 
-def measure_occupancy(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, tables: dict) -> dict:
+def measure_occupancy(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, tables: dict,
+                      have: dict | None = None) -> dict:
     """Beyond the launch, how long each kernel shape's launches of its narrowest rows (:func:`occupancy_width`)
     take with a few warps per SM (``OCCUPANCY_WARPS``, then two full waves of the shape, from ``tables``), x in
-    L1: the floor under a small launch (:func:`tuner.model.lookup.occupancy_floor`). Each point records the
-    warps on the busiest SM (whole blocks: a launch of fewer blocks than SMs still has a block's warps on
-    some), the larger launch of two with the same count kept. The launch time is measured again here, so
-    that the busy times are this run's.
+    L1: the floor under a small launch (:func:`tuner.model.lookup.occupancy_floor`); for a chained shape
+    (:attr:`Variant.chained`) also with lanes of each of ``CHAIN_WIDTHS`` slots (``by_width``). Each point
+    records the warps on the busiest SM (whole blocks: a launch of fewer blocks than SMs still has a block's
+    warps on some), the larger launch of two with the same count kept. The launch time is measured again
+    here, so that the busy times are this run's. ``have``: a profile's ``occupancy`` whose curves are kept
+    (what :func:`occupancy_missing` does not list).
 
     The tables' full GPU hides each warp's latency; with 8 warps per SM the H100 ran 2 lanes per row over
     rows of 8 entries 3 times slower than their table rate (session 19, models/README.md).
     """
     launch = measure_launch_overhead(arch, cache)
-    shapes = {}
+    shapes = {k: dict(v) for k, v in (have or {}).get("shapes", {}).items()}
+    narrow, chains = occupancy_missing(have, variants(grid.value_free), tables)
     for v in variants(grid.value_free):
-        w = occupancy_width(v)
-        if w is None or v.key not in tables:
-            continue
-        params = v.params(w)
-        per_row = launch_warps(v, params, w, synthetic(w, 4096, OCCUPANCY_COLUMNS, v.value_free, seed=0)) / 4096
-        waves = 2 * max(tables[v.key]["max_active_warps"] // info.sm_count, 1)
-        busy = {}
-        for o in OCCUPANCY_WARPS + (waves,):
-            m = synthetic(w, max(1, round(o * info.sm_count / per_row)), OCCUPANCY_COLUMNS, v.value_free, seed=o)
-            blocks = -(-launch_warps(v, params, w, m) * 32 // v.block)
-            ms = median_ms(m, v.family, params, arch, cache, 30, 5)
-            busy[-(-blocks // info.sm_count) * v.block // 32] = max(ms - launch, 0.0)
-        per_sm = sorted(busy)
-        shapes[v.key] = {"width": w, "warps_per_sm": per_sm, "busy_ms": [busy[o] for o in per_sm]}
-    return {"width": OCCUPANCY_WIDTH, "columns": OCCUPANCY_COLUMNS, "launch_ms": launch, "shapes": shapes}
+        if v.key in narrow:
+            shapes[v.key] = _busy_curve(info, v, occupancy_width(v), tables, arch, cache, launch)
+        if v.key in chains:
+            shapes[v.key]["by_width"] = [_busy_curve(info, v, w, tables, arch, cache, launch) for w in CHAIN_WIDTHS]
+    return {"width": OCCUPANCY_WIDTH, "columns": OCCUPANCY_COLUMNS, "chain_widths": list(CHAIN_WIDTHS),
+            "launch_ms": launch, "shapes": shapes}
+
+
+def occupancy_missing(have: dict | None, shapes: list[Variant], tables: dict) -> tuple[set, set]:
+    """The floors a profile's ``occupancy`` (``have``; None: none) lacks among ``shapes`` measured in
+    ``tables``: the keys whose narrowest curve is missing, and the chained keys without their ``by_width``
+    curves at ``CHAIN_WIDTHS``.
+
+    Example:
+        >>> v, s = Variant("csr_vector", 4, 128, True), Variant("aligned_coo", "seg", 256, True)
+        >>> tables = {v.key: {"max_active_warps": 8448}, s.key: {"max_active_warps": 8448}}
+        >>> have = {"shapes": {v.key: {"width": 4}, s.key: {"width": 4}}}
+        >>> occupancy_missing(have, [v, s], tables), occupancy_missing(None, [v], tables)
+        ((set(), {'aligned_coo:seg:256:vf'}), ({'csr_vector:4:128:vf'}, set()))
+    """
+    got = (have or {}).get("shapes", {})
+    measured = [v for v in shapes if occupancy_width(v) is not None and tables.get(v.key, {}).get("max_active_warps")]
+    narrow = {v.key for v in measured if v.key not in got}
+    chains = {v.key for v in measured if v.chained
+              and [c["width"] for c in got.get(v.key, {}).get("by_width", [])] != list(CHAIN_WIDTHS)}
+    return narrow, chains
+
+
+def _busy_curve(info: gpu.DeviceInfo, v: Variant, w: int, tables: dict, arch: str, cache: Cache,
+                launch: float) -> dict:
+    """One shape's floor curve on rows of ``w`` entries (:func:`measure_occupancy`)."""
+    params = v.params(w)
+    per_row = launch_warps(v, params, w, synthetic(w, 4096, OCCUPANCY_COLUMNS, v.value_free, seed=0)) / 4096
+    waves = 2 * max(tables[v.key]["max_active_warps"] // info.sm_count, 1)
+    busy = {}
+    for o in OCCUPANCY_WARPS + (waves,):
+        m = synthetic(w, max(1, round(o * info.sm_count / per_row)), OCCUPANCY_COLUMNS, v.value_free, seed=o)
+        blocks = -(-launch_warps(v, params, w, m) * 32 // v.block)
+        ms = median_ms(m, v.family, params, arch, cache, 30, 5)
+        busy[-(-blocks // info.sm_count) * v.block // 32] = max(ms - launch, 0.0)
+    per_sm = sorted(busy)
+    return {"width": w, "warps_per_sm": per_sm, "busy_ms": [busy[o] for o in per_sm]}
 
 
 def _versions() -> dict:
@@ -388,7 +440,7 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
     resumed = out.is_file()
     this = command or " ".join(["python -m tuner"] + sys.argv[1:])
     prof = _start(out, info, grid, cache, remeasure_constants, this)
-    if resumed and this not in prof["command"].split(" ; then "):  # the file says how it came to be
+    if resumed and prof["command"].split(" ; then ")[-1] != this:  # the file says how it came to be
         prof["command"] = f"{prof['command']} ; then {this}"
     if (remeasure_caches or remeasure_tail) and resumed and not remeasure_constants:  # else just measured
         warm_up()
@@ -436,10 +488,9 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
             bar.update(1)
     if bar:
         bar.close()
-    floors = {v.key for v in todo_variants if occupancy_width(v) is not None}  # shapes that run them
-    missing = floors - set(prof.get("occupancy", {}).get("shapes", {}))
-    if remeasure_occupancy or any(prof["tables"][k]["max_active_warps"] for k in missing):
-        prof["occupancy"] = measure_occupancy(info, grid, info.arch, cache, prof["tables"])
+    have = None if remeasure_occupancy else prof.get("occupancy")
+    if any(occupancy_missing(have, todo_variants, prof["tables"])):
+        prof["occupancy"] = measure_occupancy(info, grid, info.arch, cache, prof["tables"], have)
         atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())
     return prof
 
@@ -455,14 +506,18 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
                 c = prof["constants"]
                 c["copy_bandwidth_gbs"] = copy_bandwidth_gbs()
                 c["launch_overhead_ms"] = measure_launch_overhead(info.arch, cache)
+                c["gather_launch_ms"] = measure_gather_launch(info.arch, cache)
                 c.pop("batch_latency_ms", None)
                 _record_caches(prof, measure_caches(info, grid, info.arch, cache))
                 _record_tail(prof, measure_tail(info, grid, info.arch, cache, c["launch_overhead_ms"]))
                 prof["alone"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"])
                 prof["alone_warp"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"],
                                                    full_warp=True)
-            else:  # kernel shapes (and the full-warp lone times) added since the profile was made
+            else:  # kernel shapes (and the full-warp lone times, the gathers' launch) added since it was made
                 launch_ms = prof["constants"]["launch_overhead_ms"]
+                if "gather_launch_ms" not in prof["constants"]:
+                    warm_up()
+                    prof["constants"]["gather_launch_ms"] = measure_gather_launch(info.arch, cache)
                 prof["alone"].update(measure_alone(info, grid, info.arch, cache, launch_ms, frozenset(prof["alone"])))
                 have = prof.setdefault("alone_warp", {})
                 have.update(measure_alone(info, grid, info.arch, cache, launch_ms, frozenset(have), full_warp=True))
@@ -481,7 +536,7 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
             "l2_bytes": info.l2_bytes, "shared_bytes_per_sm": info.shared_bytes_per_sm,
             "registers_per_sm": info.registers_per_sm, "blocks_per_sm": info.blocks_per_sm,
             "copy_bandwidth_gbs": copy_bandwidth_gbs(),
-            "launch_overhead_ms": launch_ms,
+            "launch_overhead_ms": launch_ms, "gather_launch_ms": measure_gather_launch(info.arch, cache),
         },
         "alone": measure_alone(info, grid, info.arch, cache, launch_ms),
         "alone_warp": measure_alone(info, grid, info.arch, cache, launch_ms, full_warp=True),

@@ -68,21 +68,34 @@ def occupancy_floor(s: SegmentSums, profile: Profile) -> float:
     work (H100: 8 warps of 2 lanes per row over rows of 8 entries take 3x their table time), and no term
     above sees it: the busiest SM's warps are all resident, and none is long.
 
+    A segment whose lanes walk their slots one after another (a shape the profile measured at several
+    lane lengths: ALIGNED_COO's seg part) also lasts at least its own floor, at its lanes' length and
+    its own warps per SM, whatever runs beside it: other warps do not shorten a lane's chain of
+    dependent steps (H100, cit-HepPh: the hybrid, whose 40 blocks of seg lanes hold 31 slots each, took
+    7.6 us beyond the launch; the all-flat layout 4.5 us).
+
     Example:
         >>> from tuner.model.profile_data import Profile
         >>> p = Profile({}, {"sm_count": 2}, {}, "", occupancy={"shapes": {"k:1:128:v": {
         ...     "warps_per_sm": [4, 16], "busy_ms": [0.001, 0.002]}, "k:2:128:v": {
         ...     "warps_per_sm": [4, 16], "busy_ms": [0.01, 0.02]}}})
-        >>> s = SegmentSums.of_rows([(2.0, 0.0, 0.0, 3, 8, 64, "k:1:128:v"), (1.0, 0.0, 0.0, 3, 8, 64, "k:2:128:v")])
+        >>> s = SegmentSums.of_rows([(2.0, 0.0, 0.0, 4.0, 3, 8, 64, "k:1:128:v"), (1.0, 0.0, 0.0, 4.0, 3, 8, 64, "k:2:128:v")])
         >>> round(occupancy_floor(s, p), 5)  # 6 blocks of 4 warps on 2 SMs: 12 warps each, the first shape's
         0.00179
+        >>> p.occupancy["shapes"]["k:2:128:v"].update(width=4, by_width=[{"width": 32, "warps_per_sm": [4, 16],
+        ...                                                                "busy_ms": [0.03, 0.04]}])
+        >>> s = SegmentSums.of_rows([(2.0, 0.0, 0.0, 4.0, 3, 8, 64, "k:1:128:v"), (1.0, 0.0, 0.0, 32.0, 2, 8, 64, "k:2:128:v")])
+        >>> round(occupancy_floor(s, p), 5)  # the chained shape's own 2 blocks: 4 warps on the busiest SM
+        0.03
     """
     if not s.keys or not s.work.size:
         return 0.0
     key = s.keys[int(np.argmax(s.work))]
     sm = int(profile.constants["sm_count"])
     per_sm = -(-int(s.blocks.sum()) // sm) * block_threads(key) / WARP
-    return profile.occupancy_floor(key, per_sm)
+    chains = [profile.occupancy_floor(k, -(-int(b) // sm) * block_threads(k) / WARP, width=w)
+              for k, b, w in zip(s.keys, s.blocks, s.widths) if profile.has_chain(k)]
+    return max([profile.occupancy_floor(key, per_sm)] + chains)
 
 
 def launch_sums(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> SegmentSums:
@@ -173,19 +186,24 @@ def gather_ms(n: int, index_bytes: int, value_bytes: int, constants: dict) -> fl
     """Milliseconds of one gather dst[i] = src[order[i]] over ``n`` elements (a relabelled plan's x or y).
 
     The order and dst stream at copy bandwidth; src is read once while it fits the measured L2, and
-    the share of it that does not costs a 32-byte sector per element.
+    the share of it that does not costs a 32-byte sector per element. The gather's launch costs what
+    the profile measured a gather adding to a near-empty launch (``gather_launch_ms``: queued beside
+    the product, it is far less than a launch alone; a profile without it: a whole launch).
 
     Example:
         >>> c = {"launch_overhead_ms": 0.004, "copy_bandwidth_gbs": 3000.0, "l2_sectors": 1e6}
         >>> round(gather_ms(1_000_000, 4, 4, c), 4), round(gather_ms(64_000_000, 4, 4, c), 3)
         (0.008, 0.857)
+        >>> round(gather_ms(1_000_000, 4, 4, dict(c, gather_launch_ms=0.002)), 4)
+        0.006
     """
     if n == 0:
         return 0.0
     src = n * value_bytes
     miss = max(0.0, 1.0 - cache_sectors(constants, "l2") * SECTOR_BYTES / src)
     nbytes = n * (index_bytes + value_bytes) + src + n * SECTOR_BYTES * miss
-    return constants["launch_overhead_ms"] + nbytes / (constants["copy_bandwidth_gbs"] * 1e6)
+    launch = constants.get("gather_launch_ms", constants["launch_overhead_ms"])
+    return launch + nbytes / (constants["copy_bandwidth_gbs"] * 1e6)
 
 
 def can_predict(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> bool:

@@ -61,8 +61,9 @@ class Profile:
     Attributes:
         gpu: name, capability, driver and CUDA versions of the GPU it was measured on.
         constants: sm_count, max_warps_per_sm, l1_bytes, l2_bytes, copy_bandwidth_gbs, launch_overhead_ms, and
-            the measured l1_sectors and l2_sectors (effective cache capacities for gathers) and tail_factor
-            (how much slower a long row runs among other warps than alone).
+            the measured l1_sectors and l2_sectors (effective cache capacities for gathers), tail_factor
+            (how much slower a long row runs among other warps than alone) and gather_launch_ms (what a
+            relabelled plan's gather adds to a launch, where measured).
         tables: kernel key -> {"max_active_warps": int, "points": {regime: {w: entries per ms}}}: the
             throughput of a full GPU of warps whose rows all have w entries (paper 003's
             Performance(w, h), h fixed by the kernel's lanes per row).
@@ -79,7 +80,8 @@ class Profile:
         occupancy: {"launch_ms": ..., "shapes": {kernel key: {"width": w, "warps_per_sm": [...],
             "busy_ms": [...]}}}: beyond the launch, how long launches of the shape's narrowest rows (w
             entries) take with that many warps on their busiest SM (:func:`tuner.profile.measure_occupancy`),
-            where measured.
+            where measured; a shape whose lanes walk their slots one after another also has ``by_width``, a
+            list of such curves ({"width", "warps_per_sm", "busy_ms"}) at longer lanes.
     """
 
     gpu: dict
@@ -138,24 +140,39 @@ class Profile:
         full = self._lone(self.alone_warp[key][regime], "alone_warp:" + key, regime, w)
         return one + np.maximum(full - one, 0.0) * np.clip(np.asarray(fill, dtype=np.float64), 0.0, 1.0)
 
-    def occupancy_floor(self, key: str, warps_per_sm: float) -> float:
+    def occupancy_floor(self, key: str, warps_per_sm: float, width: float | None = None) -> float:
         """Milliseconds beyond the launch that a launch of ``key``'s shape lasts at least with this many
         warps on its busiest SM: the measured launches of the narrowest rows (``occupancy``), linear in
-        log2 warps per SM, held beyond the measured range; 0 where the profile did not measure it.
+        log2 warps per SM, held beyond the measured range; 0 where the profile did not measure it. With
+        ``width`` (entries per lane), a shape measured at several lane lengths (:meth:`has_chain`) is read
+        between them, linear in log2 width and held beyond.
 
         The tables measure a full GPU; a launch of a few warps per SM runs far below their rate (its
         warps' latency is not hidden), however little work it has.
 
         Example:
-            >>> p = Profile({}, {}, {}, "", occupancy={"shapes": {"k": {"warps_per_sm": [8, 32],
-            ...                                                        "busy_ms": [0.001, 0.003]}}})
+            >>> p = Profile({}, {}, {}, "", occupancy={"shapes": {"k": {"width": 4, "warps_per_sm": [8, 32],
+            ...     "busy_ms": [0.001, 0.003], "by_width": [{"width": 16, "warps_per_sm": [8, 32],
+            ...                                              "busy_ms": [0.005, 0.007]}]}}})
             >>> p.occupancy_floor("k", 4), p.occupancy_floor("k", 16), p.occupancy_floor("k", 64), p.occupancy_floor("x", 8)
             (0.001, 0.002, 0.003, 0.0)
+            >>> p.occupancy_floor("k", 16, width=8), p.occupancy_floor("k", 16, width=64), p.has_chain("k")
+            (0.004, 0.006, True)
         """
         shape = (self.occupancy or {}).get("shapes", {}).get(key)
         if not shape:
             return 0.0
-        return float(np.interp(np.log2(max(warps_per_sm, 1.0)), np.log2(shape["warps_per_sm"]), shape["busy_ms"]))
+        curves = [shape] + (shape.get("by_width", []) if width is not None else [])
+        o = np.log2(max(warps_per_sm, 1.0))
+        at = [float(np.interp(o, np.log2(c["warps_per_sm"]), c["busy_ms"])) for c in curves]
+        if len(at) == 1:
+            return at[0]
+        return float(np.interp(np.log2(max(width, 1.0)), np.log2([c["width"] for c in curves]), at))
+
+    def has_chain(self, key: str) -> bool:
+        """True when the floor of ``key``'s shape was measured at several lengths of its lanes' chains
+        (``by_width``: the shapes whose lanes walk their slots one after another)."""
+        return bool((self.occupancy or {}).get("shapes", {}).get(key, {}).get("by_width"))
 
     def _lone(self, points: dict, name: str, regime: str, w: np.ndarray) -> np.ndarray:
         xs, ys = _curve(name, regime, points)

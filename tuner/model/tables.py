@@ -176,8 +176,10 @@ def blended_alone(profile: Profile, key: str, w: np.ndarray, fractions, fill=Non
     return sum((f * profile.alone_time(key, r, w, fill) for f, r in _regimes(fractions)), np.zeros(np.shape(w)))
 
 
-def segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) -> tuple[float, float, float]:
-    """Sum of S_j / P_j at the profiled bytes, and the sum and maximum of the warps' times alone.
+def segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions
+                 ) -> tuple[float, float, float, float]:
+    """Sum of S_j / P_j at the profiled bytes, the sum and maximum of the warps' times alone, and the
+    warps' mean shape (:func:`mean_width`).
 
     Example: see tests/test_model.py (needs a profile).
     """
@@ -189,10 +191,23 @@ def segment_sums(profile: Profile, key: str, warps: WarpHistogram, fractions) ->
     fill = (warps.size / (warps.count * np.maximum(warps.w, 1) * rows)
             if rows > 1 and warps.rounds is None else None)
     alone = blended_alone(profile, key, warps.w, fractions, fill)
+    width = mean_width(warps.w, warps.count)
     if warps.rounds is None:
-        return float((warps.size / perf).sum()), float((warps.count * alone).sum()), float(alone.max())
+        return float((warps.size / perf).sum()), float((warps.count * alone).sum()), float(alone.max()), width
     total, most = warps.rounds
-    return float((warps.size / perf).sum()), float((total * alone).sum()), float((most * alone).max())
+    return float((warps.size / perf).sum()), float((total * alone).sum()), float((most * alone).max()), width
+
+
+def mean_width(w: np.ndarray, count: np.ndarray) -> float:
+    """The mean shape of a segment's warps, each counted once: what a lane of its typical warp walks
+    (ALIGNED_COO's seg part: its slots), for the floor of a launch (:func:`~tuner.model.lookup.occupancy_floor`).
+
+    Example:
+        >>> mean_width(np.array([4, 16]), np.array([3.0, 1.0]))
+        7.0
+    """
+    total = float(np.sum(count))
+    return float(np.dot(w, count) / total) if total > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -205,6 +220,7 @@ class SegmentSums:
         profiled_bytes: those bytes per entry.
         alone_sum: the segment's warps' slot time alone, summed (ms).
         alone_max: its slowest warp's time alone (ms).
+        widths: its warps' mean shape (:func:`mean_width`).
         blocks: blocks the segment launches.
         max_active: warps resident on the GPU at once for the launch (one launch, one occupancy: its last
             segment's table).
@@ -215,22 +231,25 @@ class SegmentSums:
     profiled_bytes: np.ndarray
     alone_sum: np.ndarray
     alone_max: np.ndarray
+    widths: np.ndarray
     blocks: np.ndarray
     max_active: int
     keys: tuple = ()
 
     @classmethod
     def of_rows(cls, rows: list[tuple]) -> "SegmentSums":
-        """From one (work, alone sum, alone max, blocks, profiled bytes, max active, table) tuple per segment.
+        """From one (work, alone sum, alone max, mean width, blocks, profiled bytes, max active, table) tuple
+        per segment.
 
         Example:
-            >>> s = SegmentSums.of_rows([(2.0, 1.0, 0.5, 3, 8, 100, "a"), (4.0, 1.0, 0.25, 1, 8, 64, "b")])
-            >>> s.work.tolist(), s.blocks.tolist(), s.max_active, s.keys
-            ([2.0, 4.0], [3, 1], 64, ('a', 'b'))
+            >>> s = SegmentSums.of_rows([(2.0, 1.0, 0.5, 4.0, 3, 8, 100, "a"), (4.0, 1.0, 0.25, 9.0, 1, 8, 64, "b")])
+            >>> s.work.tolist(), s.widths.tolist(), s.blocks.tolist(), s.max_active, s.keys
+            ([2.0, 4.0], [4.0, 9.0], [3, 1], 64, ('a', 'b'))
         """
         if not rows:
             z = np.zeros(0)
-            return cls(z, z, z, z, np.zeros(0, np.int64), 1)
-        work, a_sum, a_max, blocks, profiled, active, keys = zip(*rows)
+            return cls(z, z, z, z, z, np.zeros(0, np.int64), 1)
+        work, a_sum, a_max, width, blocks, profiled, active, keys = zip(*rows)
         return cls(np.array(work, np.float64), np.array(profiled, np.float64), np.array(a_sum, np.float64),
-                   np.array(a_max, np.float64), np.array(blocks, np.int64), int(active[-1]), tuple(keys))
+                   np.array(a_max, np.float64), np.array(width, np.float64), np.array(blocks, np.int64),
+                   int(active[-1]), tuple(keys))

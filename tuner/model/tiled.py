@@ -53,18 +53,23 @@ def shared_fractions(m: CanonicalMatrix, profile: Profile, width: int, warps: np
 
 
 def _reduce(seg: np.ndarray, n_segs: int, work: np.ndarray, alone_total: np.ndarray, alone_one: np.ndarray,
-            warps: np.ndarray, threads: int, profiled: np.ndarray, active: np.ndarray, keys) -> SegmentSums:
-    """Per-warp-shape terms summed into their segments ``seg``, the empty segments left out. ``warps``:
-    each segment's warp count; ``profiled``, ``active``, ``keys``: each segment's table's bytes, resident
-    warps and key."""
+            shape: tuple[np.ndarray, np.ndarray], warps: np.ndarray, threads: int, profiled: np.ndarray,
+            active: np.ndarray, keys) -> SegmentSums:
+    """Per-warp-shape terms summed into their segments ``seg``, the empty segments left out. ``shape``:
+    each warp shape's width and warp count (for the segments' :func:`~tuner.model.tables.mean_width`);
+    ``warps``: each segment's warp count; ``profiled``, ``active``, ``keys``: each segment's table's
+    bytes, resident warps and key."""
     live = np.bincount(seg, minlength=n_segs) > 0
     w_sum = np.bincount(seg, weights=work, minlength=n_segs)
     a_sum = np.bincount(seg, weights=alone_total, minlength=n_segs)
     a_max = np.zeros(n_segs)
     np.maximum.at(a_max, seg, alone_one)
+    width, count = shape
+    counted = np.bincount(seg, weights=count, minlength=n_segs)
+    widths = np.bincount(seg, weights=width * count, minlength=n_segs) / np.maximum(counted, 1e-300)
     blocks = -(-warps.astype(np.int64) * WARP // threads)
     at = np.flatnonzero(live)
-    return SegmentSums(w_sum[at], profiled[at].astype(np.float64), a_sum[at], a_max[at], blocks[at],
+    return SegmentSums(w_sum[at], profiled[at].astype(np.float64), a_sum[at], a_max[at], widths[at], blocks[at],
                        int(active[at[-1]]) if at.size else 1, tuple(keys[i] for i in at))
 
 
@@ -85,8 +90,8 @@ def tile_coo_sums(m: CanonicalMatrix, p: TileCooParams, profile: Profile) -> Seg
     warps = np.floor(np.bincount(tile, weights=size, minlength=n) / WARP)  # exact: integer entries
     fractions = shared_fractions(m, profile, p.tile_width, warps, profile.max_active_warps(key))[tile]
     alone = blended_alone(profile, key, w, fractions)
-    return _reduce(tile, n, size / blended(profile, key, w, fractions), count * alone, alone, warps, p.block_size,
-                   np.full(n, profiled), np.full(n, profile.max_active_warps(key)), (key,) * n)
+    return _reduce(tile, n, size / blended(profile, key, w, fractions), count * alone, alone, (w, count), warps,
+                   p.block_size, np.full(n, profiled), np.full(n, profile.max_active_warps(key)), (key,) * n)
 
 
 def tile_composite_sums(m: CanonicalMatrix, p: TileCompositeParams, profile: Profile) -> SegmentSums:
@@ -125,8 +130,8 @@ def tile_composite_sums(m: CanonicalMatrix, p: TileCompositeParams, profile: Pro
         active[0 if major else 1::2] = profile.max_active_warps(key)
         keys[0 if major else 1::2] = [key] * n_tiles
     warps = np.bincount(seg, weights=count, minlength=2 * n_tiles)
-    return _reduce(seg, 2 * n_tiles, count * size / perf, count * rounds * alone, rounds * alone, warps,
-                   p.block_size, profiled, active, keys)
+    return _reduce(seg, 2 * n_tiles, count * size / perf, count * rounds * alone, rounds * alone, (length, count),
+                   warps, p.block_size, profiled, active, keys)
 
 
 # Families whose launches are summed here, by registry name: (view, params, profile) -> SegmentSums.
