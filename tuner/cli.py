@@ -89,7 +89,8 @@ def cmd_profile(args) -> int:
                        progress=lambda total: tqdm(total=total, desc="profile", unit="shape", file=sys.stderr))
     c = prof["constants"]
     print(f"{prof['gpu']['name']}: {c['sm_count']} SMs, {c['max_warps_per_sm']} warps/SM, L2 {c['l2_bytes'] >> 20} MB, "
-          f"copy {c['copy_bandwidth_gbs']:.0f} GB/s, launch {1000 * c['launch_overhead_ms']:.1f} us; "
+          f"copy {c['copy_bandwidth_gbs']:.0f} GB/s, launch {1000 * c['launch_overhead_ms']:.1f} us "
+          f"(a gather adds {1000 * c.get('gather_launch_ms', float('nan')):.1f}); "
           f"{len(prof['tables'])} kernel shapes in {prof.get('seconds', 0):.0f} s")
     return 0
 
@@ -195,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="profile file (default: models/<gpu-slug>/profile.json)")
     p.add_argument("--reduced", action="store_true", help="a small grid (seconds; for tests)")
     p.add_argument("--remeasure-constants", action="store_true",
-                   help="measure the constants (bandwidth, launch overhead, cache capacities, tail factor) and "
+                   help="measure the constants (bandwidth, launch overhead and what a gather adds to it, cache "
+                        "capacities, tail factor) and "
                         "lone-row times again, keeping the measured tables")
     p.add_argument("--remeasure-caches", action="store_true",
                    help="measure only the cache sweeps again (the hit-rate curves and capacities the model reads), "
@@ -205,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "other warps of three sizes than alone), keeping everything else")
     p.add_argument("--remeasure-occupancy", action="store_true",
                    help="measure only the small launches' floors again (each kernel shape's time with 2 to 48 "
-                        "warps per SM), keeping everything else; a profile without them gets them on any run")
+                        "warps per SM; the seg lanes' also at 8 to 64 slots), keeping everything else; a profile "
+                        "without them gets them on any run")
     common(p)
     p.set_defaults(func=cmd_profile)
 
