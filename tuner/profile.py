@@ -347,8 +347,7 @@ def occupancy_width(v: Variant) -> int | None:
         >>> occupancy_width(Variant("csr_vector", 4, 128, True)), occupancy_width(Variant("aligned_coo", "hflat", 256, True))
         (4, 32)
     """
-    return next((w for w in (OCCUPANCY_WIDTH, 8, 16, 32, 64) if w >= OCCUPANCY_WIDTH and v.params(w) is not None),
-                None)
+    return next((w for w in (OCCUPANCY_WIDTH, 8, 16, 32, 64) if v.params(w) is not None), None)
 
 
 def measure_occupancy(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, tables: dict,

@@ -93,8 +93,9 @@ def occupancy_floor(s: SegmentSums, profile: Profile) -> float:
     key = s.keys[int(np.argmax(s.work))]
     sm = int(profile.constants["sm_count"])
     per_sm = -(-int(s.blocks.sum()) // sm) * block_threads(key) / WARP
+    chained = {k for k in set(s.keys) if profile.has_chain(k)}  # a tiled launch has thousands of segments
     chains = [profile.occupancy_floor(k, -(-int(b) // sm) * block_threads(k) / WARP, width=w)
-              for k, b, w in zip(s.keys, s.blocks, s.widths) if profile.has_chain(k)]
+              for k, b, w in zip(s.keys, s.blocks, s.widths) if k in chained] if chained else []
     return max([profile.occupancy_floor(key, per_sm)] + chains)
 
 
