@@ -134,6 +134,8 @@ def test_report_repredict_rewrites_predictions_from_a_csv_without_gpu(tmp_path, 
     assert "lookup" in capsys.readouterr().out
     # The measured run's record stays; the command and the profile are now also the repredicting ones.
     meta = json.loads((out / "report.json").read_text())
-    assert meta["gpu"] == "H100" and meta["created"] == measured["created"] and meta["matrices"] == measured["matrices"]
+    assert meta["gpu"] == "H100" and meta["created"] == measured["created"] and meta["matrices"]["rmat:9"]["nnz"] == 5
+    # Planning is timed again with the current model, here.
+    assert meta["matrices"]["rmat:9"]["planning_seconds"] > 0 and meta["planning_host"]["cpus"] >= 1
     assert meta["command"].startswith("python -m tuner report rmat:9 ; then python -m tuner report rmat:9 --from-csv")
     assert meta["profile_digest"] not in ("old", None) and meta["overall"]["lookup"]["mdape"] > 0

@@ -141,8 +141,17 @@ def test_repredict_recomputes_predictions_from_params_and_keeps_measurements(tmp
     from tuner.report import collect, repredict
     rows, _ = collect(SUITE, fake_profile, outdir=tmp_path, timer=FakeTimer())
     stale = [replace(r, predicted_ms=1.0, paper_pick=not r.paper_pick) for r in read_csv(tmp_path / "report.csv")]
-    again = repredict(stale, SUITE, fake_profile)
+    again, planning = repredict(stale, SUITE, fake_profile)
     assert again == rows  # the same model and profile give the same predictions back
+    # Each matrix planned again as compile plans it, timed.
+    assert set(planning) == {r.matrix for r in rows}
+    assert all(t["planning_seconds"] > 0 and t["layout_seconds"] >= 0 for t in planning.values())
+    # A candidate that planning no longer enumerates is still predicted, apart from the others.
+    binned = next(r for r in stale if r.family == "binned")
+    moved = replace(binned, params=json.dumps({**json.loads(binned.params), "medium_max": 48, "huge_min": None}))
+    (alone,), _ = repredict([moved], SUITE, fake_profile)
+    assert json.loads(alone.params)["medium_max"] == 48  # no binned space has 48
+    assert math.isfinite(alone.predicted_ms) and alone.predicted_ms > 0
     assert any(r.family == "tile_composite" for r in again)  # params carry the per-tile workload tuples
     with pytest.raises(ValueError, match="rmat:10"):
         repredict(stale, SUITE[:1], fake_profile)

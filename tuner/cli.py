@@ -107,13 +107,16 @@ def cmd_report(args) -> int:
         # The measured report's record (GPU, matrices, when, how) stays, with this command after its own.
         prior = Path(args.from_csv).parent / "report.json"
         meta = {k: v for k, v in (json.loads(prior.read_text()) if prior.is_file() else {}).items()
-                if k in ("gpu", "matrices", "created", "command", "profile_digest")}
+                if k in ("gpu", "matrices", "created", "command", "profile_digest", "planning_host")}
         meta["command"] = f"{meta['command']} ; then {command}" if meta.get("command") else command
         if args.repredict:  # default profile: the one beside the CSV, as under models/<gpu-slug>/
             prof = load_profile("", args.profile or Path(args.from_csv).parent / "profile.json")
             suite = args.suite or bench.default_suite(args.data_dir, report=True)
-            rows = report.repredict(rows, suite, prof, progress=bar)
-            meta["profile_digest"] = prof.digest
+            rows, planning = report.repredict(rows, suite, prof, progress=bar)
+            # The planning seconds are now this model's, timed here; the rest of each record stays.
+            meta["matrices"] = {name: {**meta.get("matrices", {}).get(name, {}), **planning.get(name, {})}
+                                for name in dict.fromkeys([*meta.get("matrices", {}), *planning])}
+            meta.update(profile_digest=prof.digest, planning_host=report.planning_host())
     else:
         suite = args.suite or bench.default_suite(args.data_dir, report=True)
         if not gpu.available():
@@ -226,8 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-csv", default=None, help="re-summarise and re-plot an existing report.csv (no GPU)")
     p.add_argument("--repredict", action="store_true",
                    help="with --from-csv: predict every candidate again with the current model and --profile "
-                        "(default: profile.json beside the CSV); no GPU; the suite, or the default one, gives "
-                        "the matrices' sources")
+                        "(default: profile.json beside the CSV) and time each matrix's planning again, here; no "
+                        "GPU; the suite, or the default one, gives the matrices' sources")
     p.add_argument("--resume", action="store_true",
                    help="keep the candidates an interrupted report already measured in --out and time only the "
                         "rest (refused if it ran on another GPU or read another profile)")

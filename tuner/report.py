@@ -10,6 +10,8 @@ import csv
 import html
 import json
 import math
+import os
+import platform
 import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -241,12 +243,17 @@ command: <code>{html.escape(meta.get('command', ''))}</code></p>
 <p>Targets: model choice within 5 % of the exhaustive best on at least 90 % of the matrices; median absolute
 error at most 15 %; the lookup model better than the bytes-over-bandwidth baseline on both. <i>planning s</i>:
 model-mode planning (every candidate and its prediction) beyond the relabelled matrix the tiled families cut;
-target under a second for 100M entries.</p>
+target under a second for 100M entries{_host(meta.get("planning_host"))}.</p>
 <img src="{html.escape(png_name)}" alt="predicted versus measured" style="max-width:100%">
 <h2>Per matrix</h2><table><tr>{''.join(f'<th>{h}</th>' for h in mcols)}</tr>{''.join(mrows)}</table>
 {_layout_section(summary.get("aligned_coo_layouts"))}
 </body></html>"""
     path.write_text(page)
+
+
+def _host(where: dict | None) -> str:
+    """Where the planning seconds were timed, for the page."""
+    return f"; timed on {html.escape(str(where['node']))} ({where['cpus']} CPUs)" if where else ""
 
 
 def _layout_section(choices: dict | None) -> str:
@@ -404,19 +411,37 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
     finally:
         if table is not None:
             table.close()
-    return rows, {"gpu": timer.name, "matrices": per, "command": " ; then ".join(c for c in commands if c)}
+    return rows, {"gpu": timer.name, "matrices": per, "command": " ; then ".join(c for c in commands if c),
+                  "planning_host": planning_host()}
 
 
-def repredict(rows: list[Row], suite: list[str], profile, progress=None) -> list[Row]:
+def planning_host() -> dict:
+    """Where a report's planning seconds were timed: the host's name and CPU count (planning is host
+    work, and the tiled families' builds use every core).
+
+    Example:
+        >>> sorted(planning_host())
+        ['cpus', 'node']
+    """
+    return {"node": platform.node(), "cpus": os.cpu_count() or 1}
+
+
+def repredict(rows: list[Row], suite: list[str], profile, progress=None) -> tuple[list[Row], dict]:
     """``rows`` with the lookup model's predictions (and Algorithm 3's picks) made again from each
     candidate's parameters by the current model and ``profile``; the measured times stay, and so does the
     baseline, which reads only each layout's bytes (building every layout again would cost minutes on the
     largest graphs). No GPU: this is how a model change is judged against a committed report. ``suite``
     names the matrices' sources.
 
+    Each matrix is planned as ``tuner.compile`` plans it in model mode, timed (the second value: per matrix
+    ``planning_seconds`` and ``layout_seconds``, as :func:`collect` records them), so that a report
+    predicted again also says how long the current model takes to plan; candidates that planning no
+    longer enumerates are predicted apart.
+
     Example: see tests/test_report.py.
     """
     from . import families
+    from .compiler import plan_candidates
     from .families.base import Specialization
     from .loaders import display_name, load
     from .matrix import canonicalize
@@ -430,15 +455,20 @@ def repredict(rows: list[Row], suite: list[str], profile, progress=None) -> list
     if any(not r.params for r in rows):
         raise ValueError("this report.csv has no params column (it predates it): measure it again to repredict")
     max_threads = profile.constants["sm_count"] * profile.constants["max_warps_per_sm"] * 32
-    out = []
+    out, seconds = [], {}
     for name in (progress(list(groups)) if progress else groups):
         rs = groups[name]
         m = canonicalize(load(by_name[name]))
+        planned, predictions, took = plan_candidates(m, profile)
+        seconds[name] = {"planning_seconds": took["plan"], "layout_seconds": took["relabel"]}
+        planned = {s.label(): p for s, p in zip(planned, predictions)}
         specs = [Specialization(r.family, families.get(r.family).params_from_dict(json.loads(r.params)),
                                 m.value_dtype, m.index_dtype, m.value_free) for r in rs]
-        predicted = predict_many(m, specs, profile)
-        for r, s, p in zip(rs, specs, predicted):
+        apart = [s for s in specs if s.label() not in planned]
+        planned.update(zip((s.label() for s in apart), predict_many(m, apart, profile)))
+        for r, s in zip(rs, specs):
+            p = planned[s.label()]
             out.append(replace(r, predicted_ms=float("nan") if p is None else p,
                                paper_pick=paper_pick(m, s, max_threads)))
         del m
-    return out
+    return out, seconds
