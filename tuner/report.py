@@ -461,13 +461,13 @@ def repredict(rows: list[Row], suite: list[str], profile, progress=None) -> tupl
         m = canonicalize(load(by_name[name]))
         planned, predictions, took = plan_candidates(m, profile)
         seconds[name] = {"planning_seconds": took["plan"], "layout_seconds": took["relabel"]}
-        planned = {s.label(): p for s, p in zip(planned, predictions)}
+        by_label = {s.label(): p for s, p in zip(planned, predictions)}
         specs = [Specialization(r.family, families.get(r.family).params_from_dict(json.loads(r.params)),
                                 m.value_dtype, m.index_dtype, m.value_free) for r in rs]
-        apart = [s for s in specs if s.label() not in planned]
-        planned.update(zip((s.label() for s in apart), predict_many(m, apart, profile)))
+        apart = [s for s in specs if s.label() not in by_label]
+        by_label.update(zip((s.label() for s in apart), predict_many(m, apart, profile)))
         for r, s in zip(rs, specs):
-            p = planned[s.label()]
+            p = by_label[s.label()]
             out.append(replace(r, predicted_ms=float("nan") if p is None else p,
                                paper_pick=paper_pick(m, s, max_threads)))
         del m
