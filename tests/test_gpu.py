@@ -281,9 +281,16 @@ def test_report_metrics_come_from_real_timings(reduced_profile, tmp_path):
     for name in ("power_law", "one_dense_row"):
         sp.save_npz(tmp_path / f"{name}.npz", FIXTURES[name])
         sources.append(str(tmp_path / f"{name}.npz"))
-    rows, meta = report.collect(sources, reduced_profile)
+    rows, meta = report.collect(sources, reduced_profile, rounds=3)
     assert {r.matrix for r in rows} == {"power_law", "one_dense_row"}
     assert all(np.isfinite(r.measured_ms) and r.measured_ms > 0 and r.predicted_ms > 0 for r in rows)
+    # Three rounds, on buffers placed afresh, for a candidate whose first round is under the threshold; the
+    # median lies between the extremes.
+    assert all(r.min_ms <= r.measured_ms <= r.max_ms for r in rows)
+    short = [r for r in rows if r.max_ms < compiler.ROUNDS_UNDER_MS]
+    assert short and all(r.rounds == 3 for r in short)
+    assert all(r.min_ms >= compiler.ROUNDS_UNDER_MS for r in rows if r.rounds == 1)
+    assert {r.rounds for r in rows} <= {1, 3}
     summary = report.write_all(rows, meta, tmp_path / "out")
     for model in ("lookup", "baseline"):
         o = summary["overall"][model]

@@ -1,6 +1,7 @@
 """Report metrics and files from rows with known values (no GPU)."""
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -35,6 +36,38 @@ def test_summary_compares_models_over_matrices():
     assert lk["regret_max"] == pytest.approx(1.2) and lk["regret_geomean"] == pytest.approx(math.sqrt(1.2))
     assert bl["top1"] == 0.5 and bl["regret_max"] == pytest.approx(3.0)
     assert set(s["per_matrix"]) == {"a", "b"}
+
+
+def timed(name, cand, pred, rounds):
+    return Row(name, 1000, "csr_vector", cand, pred, 1.0, sorted(rounds)[len(rounds) // 2], rounds=len(rounds),
+               min_ms=min(rounds), max_ms=max(rounds))
+
+
+def test_verdict_is_open_only_where_the_rounds_straddle_the_5pct_line():
+    rs = [timed("near", "pick", 1.0, [1.03, 1.04, 1.07]), timed("near", "best", 2.0, [0.99, 1.00, 1.01]),
+          timed("clear", "pick", 1.0, [1.10, 1.11, 1.12]), timed("clear", "best", 2.0, [0.99, 1.00, 1.01]),
+          timed("hit", "pick", 1.0, [0.90, 1.00, 1.20]), timed("hit", "best", 2.0, [1.10, 1.20, 1.30])]
+    s = summarize(rs)
+    near = s["per_matrix"]["near"]["lookup"]
+    assert near["regret"] == pytest.approx(1.04) and near["regret_range"] == pytest.approx((1.03 / 1.01, 1.07 / 0.99))
+    assert s["per_matrix"]["clear"]["lookup"]["regret_range"][0] == pytest.approx(1.10 / 1.01)  # over 5 % in every round
+    assert s["per_matrix"]["hit"]["lookup"]["regret_range"] == (1.0, 1.0)  # the choice is the best
+    assert s["overall"]["lookup"]["open_verdicts"] == 1 and s["overall"]["lookup"]["within_5pct"] == pytest.approx(2 / 3)
+
+
+def test_rounds_survive_the_csv_and_old_reports_read_without_them(tmp_path):
+    rs = [timed("a", "x", 1.0, [1.02, 1.00, 1.05]), timed("a", "y", 2.0, [2.0])]
+    write_all(rs, {"gpu": "Fake"}, tmp_path)
+    back = read_csv(tmp_path / "report.csv")
+    assert back == rs and back[0].rounds == 3 and (back[0].min_ms, back[0].measured_ms, back[0].max_ms) == (1.0, 1.02, 1.05)
+    assert "regret over rounds" in (tmp_path / "report.html").read_text()
+    old = tmp_path / "old.csv"  # a report from before rounds: no rounds, min_ms, max_ms columns
+    old.write_text("matrix,nnz,family,candidate,predicted_ms,baseline_ms,measured_ms,paper_pick,params\n"
+                   "a,5,binned,k,1.0,2.0,1.5,False,{}\n")
+    (row,) = read_csv(old)
+    assert (row.rounds, row.min_ms, row.max_ms, row.measured_ms) == (1, None, None, 1.5)
+    lk = summarize([row, replace(row, candidate="j", predicted_ms=2.0, measured_ms=1.0)])["per_matrix"]["a"]["lookup"]
+    assert all(math.isnan(x) for x in lk["regret_range"]) and lk["regret"] == 1.5
 
 
 def test_report_files_are_written_and_read_back(tmp_path):
@@ -88,12 +121,13 @@ class FakeTimer:
     def __init__(self, stop_after=None):
         self.stop_after, self.timed = stop_after, []
 
-    def times(self, m, specs):
+    def times(self, m, specs, rounds=1):
         for s in specs:
             if self.stop_after is not None and len(self.timed) == self.stop_after:
                 raise KeyboardInterrupt("killed")
             self.timed.append(s.label())
-            yield 0.01 + 1e-4 * len(s.label())
+            base = 0.01 + 1e-4 * len(s.label())
+            yield tuple(base * (1 + 0.01 * (i % 3)) for i in range(rounds))
 
 
 @pytest.fixture
@@ -127,6 +161,15 @@ def test_interrupted_report_resumes_measuring_only_what_is_missing(tmp_path, fak
     assert all(0 < m["planning_seconds"] < 30 and m["layout_seconds"] >= 0 for m in meta["matrices"].values())
 
 
+def test_collect_keeps_the_median_and_range_of_the_timing_rounds(fake_profile):
+    from tuner.report import collect
+    rows, _ = collect(SUITE[:1], fake_profile, timer=FakeTimer(), rounds=3)
+    assert rows and all(r.rounds == 3 and r.min_ms < r.measured_ms < r.max_ms for r in rows)
+    assert all(r.max_ms == pytest.approx(r.min_ms * 1.02) for r in rows)  # the fake's rounds: base, +1 %, +2 %
+    with pytest.raises(ValueError, match="rounds"):
+        collect(SUITE[:1], fake_profile, timer=FakeTimer(), rounds=0)
+
+
 def test_resume_refuses_a_report_of_another_gpu_or_profile(tmp_path, fake_profile):
     from tuner.report import collect
     collect(SUITE[:1], fake_profile, outdir=tmp_path, timer=FakeTimer())
@@ -137,7 +180,6 @@ def test_resume_refuses_a_report_of_another_gpu_or_profile(tmp_path, fake_profil
 
 
 def test_repredict_recomputes_predictions_from_params_and_keeps_measurements(tmp_path, fake_profile):
-    from dataclasses import replace
     from tuner.report import collect, repredict
     rows, _ = collect(SUITE, fake_profile, outdir=tmp_path, timer=FakeTimer())
     stale = [replace(r, predicted_ms=1.0, paper_pick=not r.paper_pick) for r in read_csv(tmp_path / "report.csv")]

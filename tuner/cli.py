@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from . import __version__, codegen, gpu
+from .report import DEFAULT_ROUNDS
 
 NO_GPU_EXIT = 3
 
@@ -101,6 +102,8 @@ def cmd_report(args) -> int:
     from . import bench, report
     from .model import load_profile
     command = args.command_line
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
     bar = lambda s: tqdm(s, desc="report", unit="matrix", file=sys.stderr)  # noqa: E731
     if args.from_csv:
         rows = report.read_csv(Path(args.from_csv))
@@ -124,14 +127,16 @@ def cmd_report(args) -> int:
         prof = load_profile(gpu.device_info().name, args.profile)
         outdir = Path(args.out) if args.out else report_dir()
         rows, meta = report.collect(suite, prof, cache_dir=args.cache_dir, outdir=outdir, resume=args.resume,
-                                    progress=bar, command=command)
+                                    progress=bar, command=command, rounds=args.rounds)
         meta.update(created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), profile_digest=prof.digest)
     outdir = Path(args.out) if args.out else report_dir()
     summary = report.write_all(rows, meta, outdir)
-    print(f"{'model':<10}{'MdAPE':>8}{'Spearman':>10}{'top-1':>8}{'within 5%':>11}{'regret gm':>11}{'worst':>8}")
+    print(f"{'model':<10}{'MdAPE':>8}{'Spearman':>10}{'top-1':>8}{'within 5%':>11}{'regret gm':>11}{'worst':>8}"
+          f"{'open':>6}")
     for model, o in summary["overall"].items():
         print(f"{model:<10}{o['mdape']:8.1%}{o['spearman_mean']:10.3f}{o['top1']:8.1%}{o['within_5pct']:11.1%}"
-              f"{o['regret_geomean']:11.3f}{o['regret_max']:8.3f}")
+              f"{o['regret_geomean']:11.3f}{o['regret_max']:8.3f}{o['open_verdicts']:6d}")
+    print("open: within-5 % verdicts the timing rounds' spread could flip")
     print(f"\nwrote {outdir}/report.{{csv,png,html,json}}")
     return 0
 
@@ -234,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="keep the candidates an interrupted report already measured in --out and time only the "
                         "rest (refused if it ran on another GPU or read another profile)")
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                   help="timing rounds of each candidate shorter than 50 us, each on buffers placed afresh; the "
+                        f"report keeps their median and range (default {DEFAULT_ROUNDS}; 1: one timing each)")
     common(p)
     p.set_defaults(func=cmd_report)
     return parser

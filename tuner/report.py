@@ -30,7 +30,9 @@ class Row:
     ``params`` is the candidate's parameters as JSON (the label abbreviates long tuples), so that a report
     can be predicted again by a changed model without a GPU (:func:`repredict`). ``paper_pick`` marks the
     aligned_coo layout that paper 004's Algorithm 3 (its runtime-cost equations) picks for the candidate's
-    ordering, so that the report can set the paper's choice against measurement.
+    ordering, so that the report can set the paper's choice against measurement. ``measured_ms`` is the
+    median over ``rounds`` rounds of timing (each the median of its launches, on buffers placed afresh);
+    ``min_ms`` and ``max_ms`` are the fastest and slowest round (None where the report predates rounds).
     """
 
     matrix: str
@@ -42,6 +44,9 @@ class Row:
     measured_ms: float
     paper_pick: bool = False
     params: str = ""
+    rounds: int = 1
+    min_ms: float | None = None
+    max_ms: float | None = None
 
 
 def _by_matrix(rows: list[Row]) -> dict[str, list[Row]]:
@@ -67,8 +72,36 @@ def matrix_metrics(rows: list[Row], column: str) -> dict:
     rho = float(stats.spearmanr(pred, meas).statistic) if len(ok) > 2 and np.ptp(pred) > 0 else float("nan")
     return {"mdape": float(np.median(np.abs(pred - meas) / meas)), "spearman": rho,
             "top1": choice == best, "regret": float(meas[choice] / meas[best]),
+            "regret_range": regret_range(ok[choice], ok[best]),
             "choice": ok[choice].candidate, "choice_ms": float(meas[choice]),
             "best": ok[best].candidate, "best_ms": float(meas[best]), "candidates": len(ok)}
+
+
+def regret_range(choice: Row, best: Row) -> tuple[float, float]:
+    """How far the rounds of timing let the choice's regret move: its fastest round over the best's slowest,
+    and its slowest over the best's fastest ((1, 1) when the choice is the best; NaN without rounds).
+
+    Example:
+        >>> a = Row("m", 1, "f", "a", 1, 1, 1.06, rounds=3, min_ms=1.03, max_ms=1.08)
+        >>> b = Row("m", 1, "f", "b", 2, 1, 1.00, rounds=3, min_ms=0.99, max_ms=1.02)
+        >>> [round(x, 3) for x in regret_range(a, b)]
+        [1.01, 1.091]
+    """
+    if choice is best:
+        return (1.0, 1.0)
+    if None in (choice.min_ms, choice.max_ms, best.min_ms, best.max_ms):
+        return (float("nan"), float("nan"))
+    return (choice.min_ms / best.max_ms, choice.max_ms / best.min_ms)
+
+
+def open_verdict(lo: float, hi: float) -> bool:
+    """True when a regret range straddles the 5 % line: the rounds' spread alone could flip the verdict.
+
+    Example:
+        >>> open_verdict(1.01, 1.09), open_verdict(1.0, 1.04), open_verdict(float("nan"), float("nan"))
+        (True, False, False)
+    """
+    return bool(lo <= WITHIN < hi)
 
 
 def summarize(rows: list[Row]) -> dict:
@@ -100,6 +133,7 @@ def summarize(rows: list[Row]) -> dict:
             "within_5pct": float(np.mean(regrets <= WITHIN)) if mm else float("nan"),
             "regret_geomean": float(np.exp(np.mean(np.log(regrets)))) if mm else float("nan"),
             "regret_max": float(regrets.max()) if mm else float("nan"),
+            "open_verdicts": int(sum(open_verdict(*x["regret_range"]) for x in mm)),
         }
     return {"per_matrix": per_matrix, "overall": overall, "aligned_coo_layouts": layout_choices(rows)}
 
@@ -171,8 +205,14 @@ def read_csv(path: Path) -> list[Row]:
         return [Row(matrix=d["matrix"], nnz=int(d["nnz"]), family=d["family"], candidate=d["candidate"],
                     predicted_ms=float(d["predicted_ms"]), baseline_ms=float(d["baseline_ms"]),
                     measured_ms=float(d["measured_ms"]), paper_pick=d.get("paper_pick") == "True",
-                    params=d.get("params", ""))
+                    params=d.get("params", ""), rounds=int(d.get("rounds") or 1),
+                    min_ms=_optional(d.get("min_ms")), max_ms=_optional(d.get("max_ms")))
                 for d in csv.DictReader(f)]
+
+
+def _optional(text: str | None) -> float | None:
+    """A CSV cell that may be empty (a report from before rounds)."""
+    return float(text) if text else None
 
 
 def plot(rows: list[Row], path: Path) -> None:
@@ -218,18 +258,20 @@ def write_html(summary: dict, meta: dict, path: Path, png_name: str) -> None:
              ("mean Spearman rank correlation", "spearman_mean", False),
              ("model's first choice is the measured best", "top1", True),
              ("model's choice within 5 % of the best", "within_5pct", True),
-             ("regret, geometric mean", "regret_geomean", False), ("regret, worst", "regret_max", False)]
+             ("regret, geometric mean", "regret_geomean", False), ("regret, worst", "regret_max", False),
+             ("within-5 % verdicts the rounds' spread leaves open", "open_verdicts", False)]
     rows = "".join(f"<tr><td>{html.escape(label)}</td>" + "".join(f"<td>{_fmt(o[m][k], pct)}</td>"
                                                                     for m in MODEL_COLUMNS) + "</tr>"
                    for label, k, pct in items)
     mcols = ["matrix", "nnz", "candidates", "best (measured)", "best ms", "lookup choice", "its ms", "regret",
-             "MdAPE", "Spearman", "baseline regret", "baseline MdAPE", "planning s"]
+             "regret over rounds", "MdAPE", "Spearman", "baseline regret", "baseline MdAPE", "planning s"]
     mrows = []
     for name, mm in summary["per_matrix"].items():
         lk, bl = mm["lookup"], mm["baseline"]
         info = meta.get("matrices", {}).get(name, {})
         cells = [name, f"{info.get('nnz', 0):,}", lk["candidates"], lk["best"], lk["best_ms"], lk["choice"],
-                 lk["choice_ms"], lk["regret"], (lk["mdape"], True), lk["spearman"], bl["regret"],
+                 lk["choice_ms"], lk["regret"], _range(*lk["regret_range"]), (lk["mdape"], True), lk["spearman"],
+                 bl["regret"],
                  (bl["mdape"], True), info.get("planning_seconds", float("nan"))]
         mrows.append("<tr>" + "".join(f"<td>{_fmt(*c) if isinstance(c, tuple) else _fmt(c)}</td>" for c in cells)
                      + "</tr>")
@@ -240,6 +282,10 @@ padding:3px 8px;text-align:right}}td:first-child{{text-align:left}}</style></hea
 <p>{html.escape(meta.get('gpu', ''))} &middot; {html.escape(meta.get('created', ''))} &middot;
 command: <code>{html.escape(meta.get('command', ''))}</code></p>
 <h2>Overall</h2><table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{rows}</table>
+<p>Measured times are medians over rounds of timing, each on buffers placed afresh (launches under
+50 us; one round for longer ones). <i>regret over rounds</i>: the choice's fastest round over the best's
+slowest, and its slowest over the best's fastest; a range across 1.05 is a verdict the rounds' spread leaves
+open.</p>
 <p>Targets: model choice within 5 % of the exhaustive best on at least 90 % of the matrices; median absolute
 error at most 15 %; the lookup model better than the bytes-over-bandwidth baseline on both. <i>planning s</i>:
 model-mode planning (every candidate and its prediction) beyond the relabelled matrix the tiled families cut;
@@ -249,6 +295,11 @@ target under a second for 100M entries{_host(meta.get("planning_host"))}.</p>
 {_layout_section(summary.get("aligned_coo_layouts"))}
 </body></html>"""
     path.write_text(page)
+
+
+def _range(lo: float, hi: float) -> str:
+    """A regret range for the page ('-' where the report has no rounds)."""
+    return "-" if not (math.isfinite(lo) and math.isfinite(hi)) else f"{lo:.3f} to {hi:.3f}"
 
 
 def _host(where: dict | None) -> str:
@@ -309,6 +360,7 @@ def paper_pick(m, spec, max_threads: int) -> bool:
     return choice == p.layout
 
 
+DEFAULT_ROUNDS = 5  # timing rounds of a short candidate (compiler.ROUNDS_UNDER_MS): its median and spread
 PROGRESS = "report-progress.json"  # beside report.csv while a report runs: its GPU, profile and matrices
 
 
@@ -321,11 +373,11 @@ class GpuTimer:
         info = gpu.device_info()
         self.name, self.arch, self.cache = info.name, info.arch, Cache(cache_dir)
 
-    def times(self, m, specs):
+    def times(self, m, specs, rounds: int = 1):
         from . import codegen, families
         from .compiler import measure_each
         binaries = codegen.compile_many([families.render(s, m) for s in specs], self.arch, cache=self.cache)
-        yield from measure_each(m, specs, binaries)
+        yield from measure_each(m, specs, binaries, rounds=rounds)
 
 
 def resume_state(outdir: Path, gpu_name: str, profile_digest: str) -> tuple[list[Row], dict, list[str]]:
@@ -349,15 +401,18 @@ def resume_state(outdir: Path, gpu_name: str, profile_digest: str) -> tuple[list
 
 
 def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Path | None = None,
-            resume: bool = False, timer=None, command: str = "") -> tuple[list[Row], dict]:
+            resume: bool = False, timer=None, command: str = "", rounds: int = DEFAULT_ROUNDS
+            ) -> tuple[list[Row], dict]:
     """Predict (both models) and time (exhaustively, on the GPU) every candidate of every matrix.
 
     With ``outdir``, every measured candidate is appended to ``outdir/report.csv`` at once and the matrices'
     records go to ``report-progress.json``, so an interrupted run keeps what it measured: with ``resume``
     it measures only what is missing (a matrix's candidates are enumerated again and those already in the
-    CSV skipped). ``timer`` (default :class:`GpuTimer`) has a ``name`` and ``times(m, specs)`` yielding
-    each candidate's median milliseconds in order; tests pass a fake one. The returned record's
-    ``command`` joins the commands of every run that contributed.
+    CSV skipped). ``timer`` (default :class:`GpuTimer`) has a ``name`` and ``times(m, specs, rounds)``
+    yielding each candidate's per-round median milliseconds in order (see
+    :func:`~tuner.compiler.measure_each`); tests pass a fake one. A row keeps the median over the rounds
+    and the fastest and slowest. The returned record's ``command`` joins the commands of every run that
+    contributed.
     """
     from . import families
     from .compiler import plan_candidates, predictable
@@ -365,6 +420,8 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
     from .matrix import canonicalize
     from .model import predict_baseline
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     timer = timer or GpuTimer(cache_dir)
     max_threads = profile.constants["sm_count"] * profile.constants["max_warps_per_sm"] * 32
     rows, per, commands = (resume_state(outdir, timer.name, profile.digest) if outdir is not None and resume
@@ -398,9 +455,10 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
                          "planning_seconds": seconds["plan"], "layout_seconds": seconds["relabel"],
                          "complete": False}
             save_progress()
-            for (s, p), t in zip(todo, timer.times(m, [s for s, _ in todo])):
-                row = Row(name, m.nnz, s.family, s.label(), p, predict_baseline(m, s, profile), t,
-                          paper_pick(m, s, max_threads), json.dumps(families.params_dict(s.params)))
+            for (s, p), t in zip(todo, timer.times(m, [s for s, _ in todo], rounds)):
+                row = Row(name, m.nnz, s.family, s.label(), p, predict_baseline(m, s, profile),
+                          float(np.median(t)), paper_pick(m, s, max_threads),
+                          json.dumps(families.params_dict(s.params)), len(t), float(np.min(t)), float(np.max(t)))
                 rows.append(row)
                 if table is not None:
                     csv_append(table, [row])
