@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from . import __version__, codegen, gpu
-from .report import DEFAULT_ROUNDS
+from .compiler import DEFAULT_ROUNDS
 
 NO_GPU_EXIT = 3
 

@@ -108,6 +108,7 @@ def predictable(specs: list[Specialization], predicted: list, gpu_name: str) -> 
 # judges a choice; a kernel of 50 us or more streams megabytes over many pages, and re-uploading a large
 # graph's layouts each round would cost seconds.
 ROUNDS_UNDER_MS = 0.05
+DEFAULT_ROUNDS = 5  # the report's rounds of a short candidate: enough for a median and a range
 
 
 def measure_each(m: CanonicalMatrix, specs: list[Specialization], binaries: list, seed: int = 0,

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from .compiler import DEFAULT_ROUNDS
+
 MODEL_COLUMNS = {"lookup": "predicted_ms", "baseline": "baseline_ms"}
 WITHIN = 1.05  # "the chosen plan is within 5 % of the exhaustive best"
 
@@ -360,7 +362,6 @@ def paper_pick(m, spec, max_threads: int) -> bool:
     return choice == p.layout
 
 
-DEFAULT_ROUNDS = 5  # timing rounds of a short candidate (compiler.ROUNDS_UNDER_MS): its median and spread
 PROGRESS = "report-progress.json"  # beside report.csv while a report runs: its GPU, profile and matrices
 
 
