@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from . import __version__, codegen, gpu
-from .compiler import DEFAULT_ROUNDS
+from .compiler import DEFAULT_ROUNDS, ROUNDS_UNDER_MS
 
 NO_GPU_EXIT = 3
 
@@ -240,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the candidates an interrupted report already measured in --out and time only the "
                         "rest (refused if it ran on another GPU or read another profile)")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                   help="timing rounds of each candidate shorter than 50 us, each on buffers placed afresh; the "
-                        f"report keeps their median and range (default {DEFAULT_ROUNDS}; 1: one timing each)")
+                   help=f"timing rounds of each candidate shorter than {ROUNDS_UNDER_MS * 1e3:g} us, each on "
+                        "buffers placed afresh; the report keeps their median and range "
+                        f"(default {DEFAULT_ROUNDS}; 1: one timing each)")
     common(p)
     p.set_defaults(func=cmd_report)
     return parser

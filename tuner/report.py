@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from .compiler import DEFAULT_ROUNDS
+from .compiler import DEFAULT_ROUNDS, ROUNDS_UNDER_MS
 
 MODEL_COLUMNS = {"lookup": "predicted_ms", "baseline": "baseline_ms"}
 WITHIN = 1.05  # "the chosen plan is within 5 % of the exhaustive best"
@@ -285,7 +285,7 @@ padding:3px 8px;text-align:right}}td:first-child{{text-align:left}}</style></hea
 command: <code>{html.escape(meta.get('command', ''))}</code></p>
 <h2>Overall</h2><table><tr>{''.join(f'<th>{h}</th>' for h in head)}</tr>{rows}</table>
 <p>Measured times are medians over rounds of timing, each on buffers placed afresh (launches under
-50 us; one round for longer ones). <i>regret over rounds</i>: the choice's fastest round over the best's
+{ROUNDS_UNDER_MS * 1e3:g} us; one round for longer ones). <i>regret over rounds</i>: the choice's fastest round over the best's
 slowest, and its slowest over the best's fastest; a range across 1.05 is a verdict the rounds' spread leaves
 open.</p>
 <p>Targets: model choice within 5 % of the exhaustive best on at least 90 % of the matrices; median absolute
