@@ -7,7 +7,9 @@ import pytest
 from tuner import families, profile
 from tuner.formats.aligned_coo import sizes
 from tuner.formats.binned import build_binned
+from tuner.compiler import ROUNDS_UNDER_MS
 from tuner.model import load_profile
+from tuner.model.chains import ChainFit
 from tuner.model.profile_data import REGIMES, ROW_HEIGHTS, warp_rows
 
 
@@ -159,10 +161,21 @@ def test_reduced_profile_is_written_loadable_and_resumable(tmp_path):
     assert seg["by_width"][-1]["busy_ms"][-1] > seg["busy_ms"][-1]
     assert [k for k, s in occ.items() if "by_width" in s] == ["aligned_coo:seg:256:vf"]
     assert loaded.occupancy_floor("aligned_coo:seg:256:vf", 1000, width=64) == seg["by_width"][-1]["busy_ms"][-1]
+    # The chain floor: every row-walking candidate of the reduced launches of mixed rows timed in its rounds
+    # (those under the rounds' threshold), and a fit no worse than no floor (the grid holds a zero floor).
+    ch = prof["chains"]
+    assert [c["launch"] for c in ch["launches"]] == [f"{k}:{a}:{b}" for k, a, b in profile.REDUCED.chain_launches]
+    assert all(len(launch["candidates"]) >= 18 for launch in ch["launches"])
+    for c in (c for launch in ch["launches"] for c in launch["candidates"]):
+        assert len(c["rounds_ms"]) == (profile.REDUCED.chain_rounds if c["rounds_ms"][0] < ROUNDS_UNDER_MS else 1)
+        assert c["measured_ms"] > prof["constants"]["launch_overhead_ms"] / 2 and c["predicted_ms"] > 0
+    assert 0 <= ch["error"] <= ch["error_without"]
+    assert ChainFit.from_profile(loaded.chains) == ChainFit(ch["base_ms"], ch["round_ms"], 4, ch["error"],
+                                                            ch["error_without"])
     before = out.read_text()
     again = profile.run(out, profile.REDUCED)  # resumed: nothing left to measure
     assert json.loads(before)["tables"] == again["tables"]
-    assert prof["constants"] == again["constants"]
+    assert prof["constants"] == again["constants"] and prof["chains"] == again["chains"]
     # Only the cache sweeps and the tail measured again; the file records the run that changed it.
     remeasured = profile.run(out, profile.REDUCED, remeasure_caches=True, remeasure_tail=True,
                              command="python -m tuner profile --remeasure-caches --remeasure-tail")
@@ -194,6 +207,11 @@ def test_shipped_profiles_load_with_measured_constants(gpu_name):
     assert set(loaded.tables) == {v.key for v in shapes}
     # Every shape's table, and the lone-row times of those that have them.
     assert all(loaded.has(v.key) if v.alone_measured else loaded.has_table(v.key) for v in shapes)
+    # The chain floor fitted to every launch of mixed rows: a base of a microsecond or two and a fraction of
+    # one a round, which brings the model closer to those launches than it was without.
+    fit = ChainFit.from_profile(loaded.chains)
+    assert 0.0005 < fit.base_ms < 0.003 and 0 < fit.round_ms < 0.001 and fit.error < fit.error_without
+    assert [c["launch"] for c in loaded.chains["launches"]] == [f"{k}:{a}:{b}" for k, a, b in profile.CHAIN_LAUNCHES]
 
 
 def test_profile_of_an_older_format_is_refused_with_advice():

@@ -86,6 +86,7 @@ def cmd_profile(args) -> int:
     prof = profile.run(Path(args.out) if args.out else None, grid, cache_dir=args.cache_dir,
                        remeasure_constants=args.remeasure_constants, remeasure_caches=args.remeasure_caches,
                        remeasure_tail=args.remeasure_tail, remeasure_occupancy=args.remeasure_occupancy,
+                       remeasure_chains=args.remeasure_chains,
                        command=args.command_line,
                        progress=lambda total: tqdm(total=total, desc="profile", unit="shape", file=sys.stderr))
     c = prof["constants"]
@@ -217,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure only the small launches' floors again (each kernel shape's time with 2 to 48 "
                         "warps per SM; the seg lanes' also at 8 to 64 slots), keeping everything else; a profile "
                         "without them gets them on any run")
+    p.add_argument("--remeasure-chains", action="store_true",
+                   help="measure only the chain floor again (every csr_vector and binned candidate timed on "
+                        "synthetic launches of mixed rows, and the base and time per round of the longest lane "
+                        "fitted to them), keeping everything else; a profile without it gets it on any run")
     common(p)
     p.set_defaults(func=cmd_profile)
 

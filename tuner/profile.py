@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 
-from . import __version__, codegen, families, gpu
+from . import __version__, codegen, compiler, families, gpu
 from .cache import Cache, atomic_write
 from .families.aligned_coo import AlignedCooParams
 from .families.base import Specialization
@@ -27,15 +28,23 @@ from .families.csr_vector import BLOCK_SIZES, THREADS_PER_ROW, CsrVectorParams
 from .families.tile_composite import TileCompositeParams
 from .formats.reorder import NONE
 from .formats.tile_composite import col_shape_height
+from .generators import rmat
 from .kernel import DeviceArrays, SpMV, copy_bandwidth_gbs, time_spmv
-from .matrix import CanonicalMatrix
+from .matrix import CanonicalMatrix, canonicalize
+from .model.chains import ROW_WALKERS, fit_chain_floor, longest_lane
 from .model.locality import SECTOR_BYTES, fit_capacity
 from .model.profile_data import warp_rows
 from .model.warps import warp_segments
-from .model.lookup import TAIL_START
+from .model.lookup import TAIL_START, predict_many
 from .model.occupancy import active_warps_per_sm
-from .model.profile_data import FORMAT, REGIMES, ROW_HEIGHTS, kernel_key, profile_path, row_group
+from .model.profile_data import FORMAT, REGIMES, ROW_HEIGHTS, Profile, kernel_key, profile_path, row_group
 
+# The chain floor's launches of mixed rows (:func:`measure_chains`): R-MAT graphs ("rmat", scale, edge
+# factor), patterns as real power-law graphs come, of 2k to 64k rows and up to 10k entries in a row; and
+# banded matrices ("band", rows, mean row length), with values, as the finite-element controls come.
+CHAIN_LAUNCHES = (("rmat", 11, 16), ("rmat", 12, 8), ("rmat", 13, 16), ("rmat", 14, 8), ("rmat", 14, 32),
+                  ("rmat", 15, 16), ("rmat", 16, 8), ("rmat", 16, 32), ("band", 5000, 60), ("band", 20000, 24),
+                  ("band", 50000, 12))
 HOPPER_L1_BYTES = 256 * 1024  # unified L1/texture/shared per SM on sm_90 (not exposed as an attribute)
 WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096)
 
@@ -51,6 +60,8 @@ class Grid:
         value_free: which value-free variants to measure (True: pattern kernels, False: with values).
         repeats: timed launches per point.
         alone_widths: row lengths of the lone-row measurements.
+        chain_launches: the synthetic launches of mixed rows of the chain floor (``CHAIN_LAUNCHES``).
+        chain_rounds: rounds each of their candidates is timed in, each on buffers placed afresh.
     """
 
     widths: tuple = WIDTHS
@@ -65,11 +76,14 @@ class Grid:
     # where its cache serves next to nothing (8 MB for L1, 512 MB for L2).
     l1_sweep: tuple = tuple(round(2 ** (k / 4)) for k in range(44, 85))  # 8 KB .. 8 MB of float32
     l2_sweep: tuple = tuple(round(2 ** (k / 2)) for k in range(38, 55))  # 2 MB .. 512 MB
+    chain_launches: tuple = CHAIN_LAUNCHES
+    chain_rounds: int = compiler.DEFAULT_ROUNDS
 
 
 REDUCED = Grid(widths=(1, 4, 32, 256), target_nnz=1 << 20, max_nnz=4 << 20, value_free=(True,), repeats=5,
                alone_widths=(1, 64, 4096), cache_nnz=2 << 20, l1_sweep=(2 ** 11, 2 ** 14, 2 ** 17, 2 ** 19),
-               l2_sweep=(2 ** 19, 2 ** 22, 2 ** 24, 2 ** 26))
+               l2_sweep=(2 ** 19, 2 ** 22, 2 ** 24, 2 ** 26), chain_launches=(("rmat", 11, 16), ("band", 5000, 60)),
+               chain_rounds=2)
 
 
 @dataclass(frozen=True)
@@ -412,6 +426,80 @@ def _busy_curve(info: gpu.DeviceInfo, v: Variant, w: int, tables: dict, arch: st
     return {"width": w, "warps_per_sm": per_sm, "busy_ms": [busy[o] for o in per_sm]}
 
 
+def chain_launch(kind: str, a: int, b: int) -> CanonicalMatrix:
+    """One of the chain floor's synthetic launches (``CHAIN_LAUNCHES``): ``("rmat", scale, edge factor)``, a
+    pattern R-MAT graph; ``("band", rows, mean length)``, a square matrix whose rows have lengths uniform in
+    mean +- mean / 3 and columns around the diagonal, with values spread in [0.5, 1.5) (never all equal).
+
+    Example:
+        >>> m = chain_launch("band", 100, 12)
+        >>> m.n_rows, m.value_free, int(m.row_lengths.min()) >= 8, int(m.row_lengths.max()) <= 16
+        (100, False, True, True)
+        >>> chain_launch("rmat", 8, 4).value_free
+        True
+    """
+    if kind == "rmat":
+        return canonicalize(rmat(a, edge_factor=b, seed=27 + a))
+    if kind != "band":
+        raise ValueError(f"chain launches are 'rmat' or 'band', got {kind!r}")
+    rng = np.random.default_rng(a + b)
+    lengths = np.minimum(rng.integers(b - b // 3, b + b // 3 + 1, a), a)
+    rows = np.repeat(np.arange(a), lengths)
+    first = np.clip(np.arange(a) - lengths // 2, 0, a - lengths)  # a run of columns around the diagonal
+    cols = np.repeat(first, lengths) + np.arange(rows.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    values = rng.uniform(0.5, 1.5, rows.size).astype(np.float32)
+    return canonicalize(sp.csr_matrix((values, (rows, cols)), shape=(a, a)))
+
+
+def measure_chains(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, prof: dict,
+                   have: dict | None = None, save=None) -> dict:
+    """The chain floor (:mod:`tuner.model.chains`): every candidate of the families whose lanes walk whole
+    rows, in the caller's order, timed on each of ``grid.chain_launches`` in ``grid.chain_rounds`` rounds
+    on buffers placed afresh (:func:`tuner.compiler.measure_each`, as the reports time), beside the model's
+    prediction from ``prof`` without a chain floor and its longest lane; then the base and time per round
+    that fit them best (:func:`~tuner.model.chains.fit_chain_floor`). ``have``: a profile's ``chains``
+    whose launches are kept; ``save(chains)`` is called after each launch (resumable).
+
+    The tables' launches have rows of one length; these have thousands of rows of mixed lengths, whose
+    longest lanes' chains, not their work, set the time of a small launch (models/README.md, session 27).
+    """
+    model = Profile.from_json(json.dumps({k: v for k, v in prof.items() if k != "chains"}))
+    done = {c["launch"]: c for c in (have or {}).get("launches", [])}
+    launches = []
+    for kind, a, b in grid.chain_launches:
+        name = f"{kind}:{a}:{b}"
+        if name not in done:
+            m = chain_launch(kind, a, b)
+            specs = [s for s in families.specializations(m, list(ROW_WALKERS)) if getattr(s.params, "order", NONE) == NONE]
+            binaries = codegen.compile_many([families.render(s, m) for s in specs], arch, cache=cache)
+            timed = list(compiler.measure_each(m, specs, binaries, seed=a + b, rounds=grid.chain_rounds))
+            predicted = predict_many(m, specs, model)
+            done[name] = {"launch": name, "rows": m.n_rows, "nnz": m.nnz, "candidates": [
+                {"label": s.label(), "longest_lane": longest_lane(m, s.family, s.params), "predicted_ms": p,
+                 "measured_ms": float(np.median(t)), "rounds_ms": list(t)}
+                for s, p, t in zip(specs, predicted, timed) if p is not None and np.isfinite(t).all()]}
+            if save:
+                save({"launches": [done[n] for n in done]})
+        launches.append(done[name])
+    rows = [c for launch in launches for c in launch["candidates"]]
+    fit = fit_chain_floor([c["predicted_ms"] for c in rows], [c["longest_lane"] for c in rows],
+                          [c["measured_ms"] for c in rows], model.constants["launch_overhead_ms"])
+    return {"base_ms": fit.base_ms, "round_ms": fit.round_ms, "unroll": fit.unroll, "error": fit.error,
+            "error_without": fit.error_without, "launches": launches}
+
+
+def chains_missing(have: dict | None, grid: Grid) -> bool:
+    """Whether a profile's ``chains`` (``have``) lacks the fit or one of ``grid``'s launches.
+
+    Example:
+        >>> chains_missing(None, REDUCED), chains_missing({"base_ms": 0.001, "launches": [
+        ...     {"launch": "rmat:11:16"}, {"launch": "band:5000:60"}]}, REDUCED)
+        (True, False)
+    """
+    got = {c["launch"] for c in (have or {}).get("launches", [])}
+    return "base_ms" not in (have or {}) or any(f"{k}:{a}:{b}" not in got for k, a, b in grid.chain_launches)
+
+
 def _versions() -> dict:
     try:
         smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
@@ -423,14 +511,15 @@ def _versions() -> dict:
 
 def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=None,
         remeasure_constants: bool = False, remeasure_caches: bool = False, remeasure_tail: bool = False,
-        remeasure_occupancy: bool = False, command: str | None = None) -> dict:
+        remeasure_occupancy: bool = False, remeasure_chains: bool = False, command: str | None = None) -> dict:
     """Measure this GPU and write the profile to ``out`` (default ``models/<gpu-slug>/profile.json``).
 
     Resumable: points already in ``out`` (same GPU, same format) are kept and not measured again;
     ``remeasure_constants`` measures the constants and the lone-row times again and keeps the tables;
     ``remeasure_caches``, ``remeasure_tail`` and ``remeasure_occupancy`` measure only the cache sweeps (and
     their capacities), the tail factor or the small launches' floors (:func:`measure_occupancy`, measured
-    after the tables, which it reads) again. ``command`` (default: this process's) is recorded in the file,
+    after the tables, which it reads) again; ``remeasure_chains`` the chain floor (:func:`measure_chains`,
+    measured last: it reads the rest). ``command`` (default: this process's) is recorded in the file,
     after those of the runs that made it.
     """
     info = gpu.device_info()
@@ -490,6 +579,12 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
     have = None if remeasure_occupancy else prof.get("occupancy")
     if any(occupancy_missing(have, todo_variants, prof["tables"])):
         prof["occupancy"] = measure_occupancy(info, grid, info.arch, cache, prof["tables"], have)
+        atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())
+    have = None if remeasure_chains else prof.get("chains")
+    if chains_missing(have, grid):
+        def save(partial):  # the launches measured so far, without a fit: a rerun resumes from them
+            atomic_write(out, json.dumps({**prof, "chains": partial}, indent=1, sort_keys=True).encode())
+        prof["chains"] = measure_chains(info, grid, info.arch, cache, prof, have, save)
         atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())
     return prof
 

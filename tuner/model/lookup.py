@@ -9,6 +9,7 @@ from .. import families
 from ..families.base import Specialization, ordered_structure, shared_layout
 from ..formats.reorder import NONE
 from ..matrix import CanonicalMatrix
+from .chains import ChainFit, chain_floor_ms
 from .locality import SECTOR_BYTES, cache_sectors
 from .profile_data import Profile
 from .tables import SegmentSums, block_threads, gather_fractions, segment_sums, table_for
@@ -31,7 +32,9 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     the slowest warp of each launch segment: blocks are dispatched in index order, so that warp starts
     after the work of the segments launched before it plus, on average, half of its own segment's work,
     and runs for its time alone times the profile's tail factor for a kernel of this much work
-    (:func:`tail_factor`). A long row in binned's last class therefore starts near the end.
+    (:func:`tail_factor`). A long row in binned's last class therefore starts near the end. Where lanes walk
+    whole rows, the launch lasts at least its longest lane's chain as the profile's launches of mixed rows
+    measured it (:mod:`tuner.model.chains`).
 
     A relabelled candidate is predicted on the permuted matrix's lengths (its hot columns packed into
     few sectors) plus its two gathers, of x into its order and of y back (:func:`reorder_ms`).
@@ -56,7 +59,8 @@ def predict_lookup(m: CanonicalMatrix, spec: Specialization, profile: Profile) -
     tail = float((start + tail_factor(profile, work) * s.alone_max).max(initial=0.0))
     alone_sum = float(np.cumsum(s.alone_sum)[-1]) if s.alone_sum.size else 0.0
     spread = sm_spread(int(s.blocks.sum()), int(profile.constants["sm_count"]))
-    t = max(work * spread, alone_sum / max(s.max_active, 1) * spread, tail, occupancy_floor(s, profile))
+    chain = chain_floor_ms(m, spec, ChainFit.from_profile(profile.chains))
+    t = max(work * spread, alone_sum / max(s.max_active, 1) * spread, tail, occupancy_floor(s, profile), chain)
     return float(profile.constants["launch_overhead_ms"] + t + gathers)
 
 

@@ -82,6 +82,9 @@ class Profile:
             entries) take with that many warps on their busiest SM (:func:`tuner.profile.measure_occupancy`),
             where measured; a shape whose lanes walk their slots one after another also has ``by_width``, a
             list of such curves ({"width", "warps_per_sm", "busy_ms"}) at longer lanes.
+        chains: the chain floor's fit ({"base_ms", "round_ms", "unroll", ...}, read by
+            :class:`~tuner.model.chains.ChainFit`) and the synthetic launches of mixed rows it was fitted to
+            (:func:`tuner.profile.measure_chains`), where measured.
     """
 
     gpu: dict
@@ -94,6 +97,7 @@ class Profile:
     tail: dict = None
     alone_warp: dict = None
     occupancy: dict = None
+    chains: dict = None
 
     @classmethod
     def from_json(cls, text: str) -> "Profile":
@@ -105,7 +109,7 @@ class Profile:
                    digest=hashlib.sha256(text.encode()).hexdigest(), alone=raw.get("alone", {}),
                    caches=raw.get("caches", {}), regime_columns=raw.get("grid", {}).get("regime_columns", {}),
                    tail=raw.get("tail", {}), alone_warp=raw.get("alone_warp", {}),
-                   occupancy=raw.get("occupancy", {}))
+                   occupancy=raw.get("occupancy", {}), chains=raw.get("chains", {}))
 
     def max_active_warps(self, key: str) -> int:
         """Warps resident on the whole GPU at once for that kernel (eq. 1's MAX_ACT_WARP/SM x NUM_SM)."""
