@@ -100,3 +100,32 @@ def test_a_profile_lacking_a_chain_launch_or_the_fit_measures_them():
     assert chains_missing(None, REDUCED) and chains_missing({"launches": names}, REDUCED)
     assert chains_missing({"base_ms": 0.001, "launches": names[:1]}, REDUCED)
     assert not chains_missing({"base_ms": 0.001, "launches": names}, REDUCED)
+
+
+def test_kept_chain_timings_are_fitted_again_against_the_profiles_current_model():
+    # Every reduced launch is already timed, so no GPU is needed: the stale predictions kept beside the
+    # timings give way to the current profile's, and the fit is made from those.
+    from tuner import families
+    from tuner.model import predict_many
+    from tuner.model.chains import ROW_WALKERS
+    from tuner.profile import chain_launch, measure_chains
+    raw = json.loads(fake_profile_json())
+    model = Profile.from_json(json.dumps(raw))
+    rng = np.random.default_rng(1)
+    kept, fresh = [], {}
+    for kind, a, b in REDUCED.chain_launches:
+        m = chain_launch(kind, a, b)
+        specs = [s for s in families.specializations(m, list(ROW_WALKERS)) if s.params.order == "none"]
+        fresh.update(zip(((f"{kind}:{a}:{b}", s.label()) for s in specs), predict_many(m, specs, model)))
+        kept.append({"launch": f"{kind}:{a}:{b}", "rows": m.n_rows, "nnz": m.nnz, "candidates": [
+            {"label": s.label(), "longest_lane": longest_lane(m, s.family, s.params), "predicted_ms": 1.0,
+             "measured_ms": float(t), "rounds_ms": [float(t)]} for s, t in zip(specs, rng.uniform(0.01, 0.3, len(specs)))]})
+    chains = measure_chains(None, REDUCED, None, None, raw, {"launches": kept})
+    rows = [c for launch in chains["launches"] for c in launch["candidates"]]
+    assert len(rows) == sum(len(k["candidates"]) for k in kept) == len(fresh) > 50
+    assert all(c["predicted_ms"] == fresh[launch["launch"], c["label"]] != 1.0
+               for launch in chains["launches"] for c in launch["candidates"])
+    assert [c["measured_ms"] for c in rows] == [c["measured_ms"] for k in kept for c in k["candidates"]]
+    fit = fit_chain_floor([c["predicted_ms"] for c in rows], [c["longest_lane"] for c in rows],
+                          [c["measured_ms"] for c in rows], raw["constants"]["launch_overhead_ms"])
+    assert (chains["base_ms"], chains["round_ms"], chains["error"]) == (fit.base_ms, fit.round_ms, fit.error)

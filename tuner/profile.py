@@ -458,7 +458,8 @@ def measure_chains(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, pr
     on buffers placed afresh (:func:`tuner.compiler.measure_each`, as the reports time), beside the model's
     prediction from ``prof`` without a chain floor and its longest lane; then the base and time per round
     that fit them best (:func:`~tuner.model.chains.fit_chain_floor`). ``have``: a profile's ``chains``
-    whose launches are kept; ``save(chains)`` is called after each launch (resumable).
+    whose launches' timings are kept (their predictions are made again from ``prof``, so a fit after new
+    tables or constants follows them); ``save(chains)`` is called after each launch timed (resumable).
 
     The tables' launches have rows of one length; these have thousands of rows of mixed lengths, whose
     longest lanes' chains, not their work, set the time of a small launch (models/README.md, session 27).
@@ -468,19 +469,22 @@ def measure_chains(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, pr
     launches = []
     for kind, a, b in grid.chain_launches:
         name = f"{kind}:{a}:{b}"
+        m = chain_launch(kind, a, b)
+        specs = [s for s in families.specializations(m, list(ROW_WALKERS)) if getattr(s.params, "order", NONE) == NONE]
         if name not in done:
-            m = chain_launch(kind, a, b)
-            specs = [s for s in families.specializations(m, list(ROW_WALKERS)) if getattr(s.params, "order", NONE) == NONE]
             binaries = codegen.compile_many([families.render(s, m) for s in specs], arch, cache=cache)
-            timed = list(compiler.measure_each(m, specs, binaries, seed=a + b, rounds=grid.chain_rounds))
-            predicted = predict_many(m, specs, model)
+            timed = compiler.measure_each(m, specs, binaries, seed=a + b, rounds=grid.chain_rounds)
             done[name] = {"launch": name, "rows": m.n_rows, "nnz": m.nnz, "candidates": [
-                {"label": s.label(), "longest_lane": longest_lane(m, s.family, s.params), "predicted_ms": p,
+                {"label": s.label(), "longest_lane": longest_lane(m, s.family, s.params),
                  "measured_ms": float(np.median(t)), "rounds_ms": list(t)}
-                for s, p, t in zip(specs, predicted, timed) if p is not None and np.isfinite(t).all()]}
+                for s, t in zip(specs, timed) if np.isfinite(t).all()]}
             if save:
-                save({"launches": [done[n] for n in done]})
-        launches.append(done[name])
+                save({"launches": list(done.values())})
+        # Predicted afresh on every fit, so that the fit follows the tables and constants it sits beside.
+        predicted = dict(zip((s.label() for s in specs), predict_many(m, specs, model)))
+        kept = [dict(c, predicted_ms=predicted[c["label"]]) for c in done[name]["candidates"]
+                if predicted.get(c["label"]) is not None]
+        launches.append({**done[name], "candidates": kept})
     rows = [c for launch in launches for c in launch["candidates"]]
     fit = fit_chain_floor([c["predicted_ms"] for c in rows], [c["longest_lane"] for c in rows],
                           [c["measured_ms"] for c in rows], model.constants["launch_overhead_ms"])
@@ -577,11 +581,14 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
     if bar:
         bar.close()
     have = None if remeasure_occupancy else prof.get("occupancy")
-    if any(occupancy_missing(have, todo_variants, prof["tables"])):
+    floors = any(occupancy_missing(have, todo_variants, prof["tables"]))
+    if floors:
         prof["occupancy"] = measure_occupancy(info, grid, info.arch, cache, prof["tables"], have)
         atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())
     have = None if remeasure_chains else prof.get("chains")
-    if chains_missing(have, grid):
+    # The fit compares the model with the launches' timings: anything measured above moves the model.
+    stale = bool(pending) or floors or remeasure_constants or remeasure_caches or remeasure_tail
+    if chains_missing(have, grid) or stale:
         def save(partial):  # the launches measured so far, without a fit: a rerun resumes from them
             atomic_write(out, json.dumps({**prof, "chains": partial}, indent=1, sort_keys=True).encode())
         prof["chains"] = measure_chains(info, grid, info.arch, cache, prof, have, save)
