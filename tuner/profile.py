@@ -451,6 +451,16 @@ def chain_launch(kind: str, a: int, b: int) -> CanonicalMatrix:
     return canonicalize(sp.csr_matrix((values, (rows, cols)), shape=(a, a)))
 
 
+def launch_name(kind: str, a: int, b: int) -> str:
+    """How a chain launch is named in the profile (what a resumed run matches its timings by).
+
+    Example:
+        >>> launch_name("rmat", 11, 16)
+        'rmat:11:16'
+    """
+    return f"{kind}:{a}:{b}"
+
+
 def measure_chains(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, prof: dict,
                    have: dict | None = None, save=None) -> dict:
     """The chain floor (:mod:`tuner.model.chains`): every candidate of the families whose lanes walk whole
@@ -468,7 +478,7 @@ def measure_chains(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, pr
     done = {c["launch"]: c for c in (have or {}).get("launches", [])}
     launches = []
     for kind, a, b in grid.chain_launches:
-        name = f"{kind}:{a}:{b}"
+        name = launch_name(kind, a, b)
         m = chain_launch(kind, a, b)
         specs = [s for s in families.specializations(m, list(ROW_WALKERS)) if getattr(s.params, "order", NONE) == NONE]
         if name not in done:
@@ -501,7 +511,7 @@ def chains_missing(have: dict | None, grid: Grid) -> bool:
         (True, False)
     """
     got = {c["launch"] for c in (have or {}).get("launches", [])}
-    return "base_ms" not in (have or {}) or any(f"{k}:{a}:{b}" not in got for k, a, b in grid.chain_launches)
+    return "base_ms" not in (have or {}) or any(launch_name(*c) not in got for c in grid.chain_launches)
 
 
 def _versions() -> dict:
