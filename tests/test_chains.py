@@ -129,3 +129,39 @@ def test_kept_chain_timings_are_fitted_again_against_the_profiles_current_model(
     fit = fit_chain_floor([c["predicted_ms"] for c in rows], [c["longest_lane"] for c in rows],
                           [c["measured_ms"] for c in rows], raw["constants"]["launch_overhead_ms"])
     assert (chains["base_ms"], chains["round_ms"], chains["error"]) == (fit.base_ms, fit.round_ms, fit.error)
+
+
+def test_refit_chains_fits_a_profile_file_again_without_a_gpu(tmp_path):
+    # A profile whose chain fit was made against another model: `profile --refit-chains --out` keeps its
+    # timings, predicts them afresh, writes the new fit and records the command; nothing is measured.
+    from tuner.cli import main
+    from tuner.profile import chain_launch, fit_chains
+    raw = json.loads(fake_profile_json())
+    rng = np.random.default_rng(2)
+    kind, a, b = REDUCED.chain_launches[0]
+    m = chain_launch(kind, a, b)
+    from tuner import families
+    specs = [s for s in families.specializations(m, ["csr_vector", "binned"]) if s.params.order == "none"]
+    launch = {"launch": f"{kind}:{a}:{b}", "rows": m.n_rows, "nnz": m.nnz, "candidates": [
+        {"label": s.label(), "longest_lane": longest_lane(m, s.family, s.params), "predicted_ms": 1.0,
+         "measured_ms": float(t), "rounds_ms": [float(t)]} for s, t in zip(specs, rng.uniform(0.005, 0.05, len(specs)))]}
+    raw["chains"] = {"base_ms": 0.5, "round_ms": 0.5, "unroll": 4, "launches": [launch]}
+    raw["command"] = "python -m tuner profile"
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(raw))
+    assert main(["profile", "--refit-chains", "--out", str(path)]) == 0
+    got = json.loads(path.read_text())
+    want = fit_chains(raw, [launch])
+    assert (got["chains"]["base_ms"], got["chains"]["round_ms"]) == (want["base_ms"], want["round_ms"]) != (0.5, 0.5)
+    assert [c["measured_ms"] for c in got["chains"]["launches"][0]["candidates"]] == \
+        [c["measured_ms"] for c in launch["candidates"]]
+    assert got["command"] == f"python -m tuner profile ; then python -m tuner profile --refit-chains --out {path}"
+    assert got["tables"] == raw["tables"]
+
+
+def test_refit_chains_refuses_a_profile_without_chain_timings(tmp_path, capsys):
+    from tuner.cli import main
+    path = tmp_path / "profile.json"
+    path.write_text(fake_profile_json())
+    assert main(["profile", "--refit-chains", "--out", str(path)]) == 2
+    assert "holds no chain launches" in capsys.readouterr().err

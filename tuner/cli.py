@@ -79,6 +79,21 @@ def cmd_profile(args) -> int:
     from tqdm import tqdm
 
     from . import profile
+    if args.refit_chains:  # timings already held, fitted again: no GPU needed where --out names the file
+        if not args.out and not gpu.available():
+            print("--refit-chains without a GPU needs --out: the profile file to fit again", file=sys.stderr)
+            return 2
+        from .model.profile_data import profile_path
+        path = Path(args.out) if args.out else profile_path(gpu.device_info().name)
+        try:
+            chains = profile.refit_chains(path, args.command_line)["chains"]
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"{path}: chain floor {1000 * chains['base_ms']:.2f} us + {1000 * chains['round_ms']:.4f} us a round; "
+              f"median log error {chains['error_without']:.3f} -> {chains['error']:.3f} over "
+              f"{sum(len(c['candidates']) for c in chains['launches'])} timings")
+        return 0
     if not gpu.available():
         print(_no_gpu_banner().splitlines()[0] + "\nProfiling measures this GPU: there is nothing to do without one.")
         return NO_GPU_EXIT
@@ -222,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure only the chain floor again (every csr_vector and binned candidate timed on "
                         "synthetic launches of mixed rows, and the base and time per round of the longest lane "
                         "fitted to them), keeping everything else; a profile without it gets it on any run")
+    p.add_argument("--refit-chains", action="store_true",
+                   help="only fit the chain floor again to the timings the profile already holds, each predicted "
+                        "afresh by the current model (after a change to the model); measures nothing and needs no "
+                        "GPU when --out names the profile file")
     common(p)
     p.set_defaults(func=cmd_profile)
 

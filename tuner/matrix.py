@@ -90,6 +90,20 @@ class CanonicalMatrix(Shaped):
                 total += part
         return total
 
+    def row_entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(lengths, columns) of ``rows`` in the order given, their columns concatenated.
+
+        Example:
+            >>> m = canonicalize(sp.csr_matrix(np.array([[1.0, 0, 2.0], [0, 0, 0], [0, 3.0, 0]])))
+            >>> [a.tolist() for a in m.row_entries(np.array([2, 0]))]
+            [[1, 2], [1, 0, 2]]
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        start, lengths = self.indptr[rows].astype(np.int64), self.row_lengths[rows]
+        offsets = np.cumsum(lengths) - lengths
+        at = np.repeat(start - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+        return lengths, self.indices[at]
+
     def to_scipy(self) -> sp.csr_matrix:
         """The same matrix as a SciPy CSR matrix (shares the arrays)."""
         return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape, copy=False)

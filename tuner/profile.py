@@ -474,32 +474,69 @@ def measure_chains(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, pr
     The tables' launches have rows of one length; these have thousands of rows of mixed lengths, whose
     longest lanes' chains, not their work, set the time of a small launch (models/README.md, session 27).
     """
-    model = Profile.from_json(json.dumps({k: v for k, v in prof.items() if k != "chains"}))
     done = {c["launch"]: c for c in (have or {}).get("launches", [])}
-    launches = []
     for kind, a, b in grid.chain_launches:
         name = launch_name(kind, a, b)
+        if name in done:
+            continue
         m = chain_launch(kind, a, b)
-        specs = [s for s in families.specializations(m, list(ROW_WALKERS)) if getattr(s.params, "order", NONE) == NONE]
-        if name not in done:
-            binaries = codegen.compile_many([families.render(s, m) for s in specs], arch, cache=cache)
-            timed = compiler.measure_each(m, specs, binaries, seed=a + b, rounds=grid.chain_rounds)
-            done[name] = {"launch": name, "rows": m.n_rows, "nnz": m.nnz, "candidates": [
-                {"label": s.label(), "longest_lane": longest_lane(m, s.family, s.params),
-                 "measured_ms": float(np.median(t)), "rounds_ms": list(t)}
-                for s, t in zip(specs, timed) if np.isfinite(t).all()]}
-            if save:
-                save({"launches": list(done.values())})
-        # Predicted afresh on every fit, so that the fit follows the tables and constants it sits beside.
+        specs = chain_candidates(m)
+        binaries = codegen.compile_many([families.render(s, m) for s in specs], arch, cache=cache)
+        timed = compiler.measure_each(m, specs, binaries, seed=a + b, rounds=grid.chain_rounds)
+        done[name] = {"launch": name, "rows": m.n_rows, "nnz": m.nnz, "candidates": [
+            {"label": s.label(), "longest_lane": longest_lane(m, s.family, s.params),
+             "measured_ms": float(np.median(t)), "rounds_ms": list(t)}
+            for s, t in zip(specs, timed) if np.isfinite(t).all()]}
+        if save:
+            save({"launches": list(done.values())})
+    return fit_chains(prof, [done[launch_name(*c)] for c in grid.chain_launches])
+
+
+def chain_candidates(m: CanonicalMatrix) -> list[Specialization]:
+    """The candidates a chain launch times: every one of the row-walking families in the caller's order."""
+    return [s for s in families.specializations(m, list(ROW_WALKERS)) if getattr(s.params, "order", NONE) == NONE]
+
+
+def fit_chains(prof: dict, launches: list[dict]) -> dict:
+    """The chain floor's ``chains`` section fitted to the timings of ``launches`` (as
+    :func:`measure_chains` records them), each candidate predicted afresh from ``prof`` without a chain
+    floor: so that the fit follows the tables, constants and model it sits beside. Needs no GPU.
+
+    Example: see tests/test_chains.py.
+    """
+    model = Profile.from_json(json.dumps({k: v for k, v in prof.items() if k != "chains"}))
+    fitted = []
+    for launch in launches:
+        kind, a, b = launch["launch"].split(":")
+        m = chain_launch(kind, int(a), int(b))
+        specs = chain_candidates(m)
         predicted = dict(zip((s.label() for s in specs), predict_many(m, specs, model)))
-        kept = [dict(c, predicted_ms=predicted[c["label"]]) for c in done[name]["candidates"]
+        kept = [dict(c, predicted_ms=predicted[c["label"]]) for c in launch["candidates"]
                 if predicted.get(c["label"]) is not None]
-        launches.append({**done[name], "candidates": kept})
-    rows = [c for launch in launches for c in launch["candidates"]]
+        fitted.append({**launch, "candidates": kept})
+    rows = [c for launch in fitted for c in launch["candidates"]]
     fit = fit_chain_floor([c["predicted_ms"] for c in rows], [c["longest_lane"] for c in rows],
                           [c["measured_ms"] for c in rows], model.constants["launch_overhead_ms"])
     return {"base_ms": fit.base_ms, "round_ms": fit.round_ms, "unroll": fit.unroll, "error": fit.error,
-            "error_without": fit.error_without, "launches": launches}
+            "error_without": fit.error_without, "launches": fitted}
+
+
+def refit_chains(path: Path, command: str | None = None) -> dict:
+    """Fit the chain floor of the profile at ``path`` again to the timings it holds (:func:`fit_chains`),
+    after a change to the model they are judged against, and write it back; ``command`` is recorded after
+    those that made the file. Needs no GPU.
+
+    Example: see tests/test_chains.py.
+    """
+    prof = json.loads(Path(path).read_text())
+    launches = (prof.get("chains") or {}).get("launches")
+    if not launches:
+        raise ValueError(f"{path} holds no chain launches to fit again: run `python -m tuner profile` on its GPU")
+    prof["chains"] = fit_chains(prof, launches)
+    if command:
+        prof["command"] = f"{prof['command']} ; then {command}"
+    atomic_write(Path(path), json.dumps(prof, indent=1, sort_keys=True).encode())
+    return prof
 
 
 def chains_missing(have: dict | None, grid: Grid) -> bool:

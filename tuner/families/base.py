@@ -9,7 +9,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..formats.reorder import NONE, Ordering, Structure, check_order, make_ordering, permute, permuted_structure
+from ..formats.reorder import (NONE, Ordering, Structure, check_order, inverse, make_ordering, permute, permuted_rows,
+                               permuted_structure)
 from ..matrix import CanonicalMatrix
 
 # Index loads issued ahead of their gathers in each lane's loop (templates' row_dot).
@@ -191,8 +192,15 @@ def ordered_structure(m: CanonicalMatrix, order: str) -> CanonicalMatrix | Struc
 
     def view():
         built = known_layout(m, ("permuted", order))
-        return built if built is not None else permuted_structure(
-            m, ordering(m, order), lambda: ordered_matrix(source(), order))
+        if built is not None:
+            return built
+        o = ordering(m, order)
+
+        def entries(rows):  # some rows of the permuted matrix, read from m (the model's block samples)
+            a = source()
+            rank = o.row_rank if o.symmetric else shared_layout(a, ("col_rank", order), lambda: inverse(o.col_order))
+            return permuted_rows(a, o, rank, rows)
+        return permuted_structure(m, o, lambda: ordered_matrix(source(), order), entries)
     # The first answer stays, so that what the model memoises on the view is found again.
     return shared_layout(m, ("structure", order), view)
 

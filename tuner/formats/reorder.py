@@ -136,7 +136,8 @@ class Structure(Shaped):
     The model needs the permuted row and column lengths, not the permuted arrays: a reordered candidate
     is predicted without building its layout. Same attribute names as :class:`CanonicalMatrix`.
     ``matrix`` builds the permuted matrix itself, for the model of a family whose warps depend on where
-    the entries lie (the tiled families read its tiles); None when nobody can.
+    the entries lie (the tiled families read its tiles); None when nobody can. ``entries`` reads some of
+    its rows without building it (:meth:`row_entries`); None when nobody can.
     """
 
     shape: tuple[int, int]
@@ -147,9 +148,18 @@ class Structure(Shaped):
     row_lengths: np.ndarray
     col_lengths: np.ndarray
     matrix: Callable[[], CanonicalMatrix] | None = None
+    entries: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None
+
+    def row_entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(lengths, columns) of the permuted matrix's ``rows``, as
+        :meth:`~tuner.matrix.CanonicalMatrix.row_entries` gives them (a row's columns in any order)."""
+        if self.entries is None:
+            raise ValueError("this structure holds lengths only: its rows' columns cannot be read")
+        return self.entries(rows)
 
 
-def permuted_structure(m: CanonicalMatrix, o: Ordering, matrix: Callable[[], CanonicalMatrix] | None = None) -> Structure:
+def permuted_structure(m: CanonicalMatrix, o: Ordering, matrix: Callable[[], CanonicalMatrix] | None = None,
+                       entries: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None) -> Structure:
     """The lengths of ``permute(m, o)`` without building it.
 
     Example:
@@ -161,4 +171,22 @@ def permuted_structure(m: CanonicalMatrix, o: Ordering, matrix: Callable[[], Can
     """
     return Structure(shape=m.shape, nnz=m.nnz, index_dtype=m.index_dtype, value_dtype=m.value_dtype,
                      value_free=m.value_free, row_lengths=m.row_lengths[o.row_order],
-                     col_lengths=m.col_lengths[o.col_order], matrix=matrix)
+                     col_lengths=m.col_lengths[o.col_order], matrix=matrix, entries=entries)
+
+
+def permuted_rows(m: CanonicalMatrix, o: Ordering, col_rank: np.ndarray, rows: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, columns) of ``rows`` of ``permute(m, o)`` read from ``m`` (``col_rank``: the inverse of
+    ``o.col_order``), each row's columns in m's order rather than sorted.
+
+    Example:
+        >>> from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.csr_matrix(np.array([[0, 1.0, 0], [2.0, 0, 3.0], [0, 0, 4.0]])))
+        >>> o = degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
+        >>> [a.tolist() for a in permuted_rows(m, o, inverse(o.col_order), np.array([0, 2]))]
+        [[2, 1], [2, 1, 0]]
+        >>> permute(m, o).to_scipy()[[0, 2]].indices.tolist()
+        [1, 2, 0]
+    """
+    lengths, cols = m.row_entries(o.row_order[np.asarray(rows, dtype=np.int64)])
+    return lengths, col_rank[cols]

@@ -107,12 +107,8 @@ def slice_groups(sectors: np.ndarray, cuts: np.ndarray) -> SliceGroups:
 
 
 def che_hit_rates(groups: SliceGroups, capacity: np.ndarray, stream: np.ndarray | None = None) -> np.ndarray:
-    """:func:`che_hit_rate` of every slice of ``groups`` at once, one ``capacity`` each: 1 for a slice whose
-    sectors in use all fit, 0 for a cache of no capacity.
-
-    T is found by Newton's method from T = capacity: the occupancy D(T) = sum_i (1 - exp(-p_i T)) is
-    concave, increasing and at most T (the p_i sum to 1), so the steps rise monotonically to the root; a
-    handful reach double precision. Each step is a pass over the groups, not over the sectors.
+    """:func:`che_hit_rate` of every slice of ``groups`` at once, one ``capacity`` each (:func:`che_times`):
+    1 for a slice whose sectors in use all fit, 0 for a cache of no capacity.
 
     ``stream``: the requests each slice makes of the cache, which starts empty (None: so many that the
     first misses do not count). A request k requests in hits when its sector was requested within the last
@@ -126,11 +122,38 @@ def che_hit_rates(groups: SliceGroups, capacity: np.ndarray, stream: np.ndarray 
         >>> che_hit_rates(g, np.array([2.0, 2.0]), stream=np.array([1e9, 8.0])).round(3).tolist()
         [1.0, 0.423]
     """
+    t = che_times(groups, capacity)
+    n = t.size
+    group, mult, q = groups.group, groups.mult, groups.share
+    solve = np.isfinite(t) & (t > 0)
+    hit = np.where(np.isfinite(t), 0.0, 1.0)
+    hit[solve] = np.bincount(group, weights=mult * q * -np.expm1(-q * t[group]), minlength=n)[solve]
+    if stream is None:
+        return hit
+    stream = np.broadcast_to(np.asarray(stream, dtype=np.float64), (n,))
+    first = np.minimum(t, stream)
+    occupied = np.bincount(group, weights=mult * -np.expm1(-q * first[group]), minlength=n)
+    late = np.where(np.isfinite(t), np.maximum(stream - t, 0.0), 0.0)
+    return np.where(stream > 0, (first - occupied + late * hit) / np.where(stream > 0, stream, 1.0), hit)
+
+
+def che_times(groups: SliceGroups, capacity: np.ndarray) -> np.ndarray:
+    """Che's characteristic time T of every slice of ``groups`` in an LRU of ``capacity`` sectors (one
+    each), in units of the slice's requests: a sector requested a share p of the time hits with probability
+    1 - exp(-p T). Infinite where the slice's sectors in use all fit, 0 for a cache of no capacity.
+
+    T is found by Newton's method from T = capacity: the occupancy D(T) = sum_i (1 - exp(-p_i T)) is
+    concave, increasing and at most T (the p_i sum to 1), so the steps rise monotonically to the root; a
+    handful reach double precision. Each step is a pass over the groups, not over the sectors.
+
+    Example (uniform over 4 sectors, 2 of which fit: 1 - exp(-T / 4) = 1 / 2):
+        >>> round(float(che_times(slice_groups(np.array([3, 3, 3, 3]), np.array([0, 4])), np.array([2.0]))[0]), 4)
+        2.7726
+    """
     capacity = np.asarray(capacity, dtype=np.float64)
     n = capacity.size
     over = groups.used > capacity
-    hit = np.where(over & (capacity <= 0), 0.0, 1.0)
-    t = np.where(over, 0.0, np.inf)  # Che's T: unbounded where everything fits
+    t = np.where(over, 0.0, np.inf)
     solve = over & (capacity > 0)
     group, mult, q = groups.group, groups.mult, groups.share
     if solve.any():
@@ -145,14 +168,34 @@ def che_hit_rates(groups: SliceGroups, capacity: np.ndarray, stream: np.ndarray 
             t[solve] += step[solve]
             if np.all(step <= 1e-13 * np.where(solve, t, 1.0)):
                 break
-        hit[solve] = np.bincount(g, weights=gm * gq * -np.expm1(-gq * t[g]), minlength=n)[solve]
-    if stream is None:
-        return hit
-    stream = np.broadcast_to(np.asarray(stream, dtype=np.float64), (n,))
-    first = np.minimum(t, stream)
-    occupied = np.bincount(group, weights=mult * -np.expm1(-q * first[group]), minlength=n)
-    late = np.where(np.isfinite(t), np.maximum(stream - t, 0.0), 0.0)
-    return np.where(stream > 0, (first - occupied + late * hit) / np.where(stream > 0, stream, 1.0), hit)
+    return t
+
+
+def sector_hits(counts: np.ndarray, levels) -> tuple[np.ndarray, ...]:
+    """Per sector of x (``counts``: its requests), the probability that a request of it hits each of
+    ``levels`` (:class:`CacheLevel`, innermost first), as :func:`slice_fractions` would charge it: Che's
+    1 - exp(-p T) times the level's measured departure, and no less at an outer level than at an inner one.
+    Averaged over the requests they give the whole matrix's shares.
+
+    Example (uniform over 4 sectors, L1 of 2, L2 of 8; sector 4 never requested):
+        >>> h1, h2 = sector_hits(np.array([3, 3, 3, 3, 0]), [CacheLevel(2.0), CacheLevel(8.0)])
+        >>> h1.round(3).tolist(), h2.tolist()
+        ([0.5, 0.5, 0.5, 0.5, 0.0], [1.0, 1.0, 1.0, 1.0, 0.0])
+    """
+    counts = np.asarray(counts, dtype=np.float64)
+    total = counts.sum()
+    groups = slice_groups(counts.astype(np.int64), np.array([0, counts.size]))
+    spread = groups.spread()[0] if any(c.footprints for c in levels) else 0.0
+    p = counts / total if total > 0 else counts
+    out, inner = [], np.zeros(counts.size)
+    for level in levels:
+        t = float(che_times(groups, np.array([level.capacity]))[0])
+        h = np.where(counts > 0, 1.0, 0.0) if np.isinf(t) else -np.expm1(-p * t)
+        if level.footprints:
+            h = h * level.departure(spread)
+        inner = np.maximum(h, inner)
+        out.append(inner)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

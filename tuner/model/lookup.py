@@ -10,9 +10,10 @@ from ..families.base import Specialization, ordered_structure, shared_layout
 from ..formats.reorder import NONE
 from ..matrix import CanonicalMatrix
 from .chains import ChainFit, chain_floor_ms
+from .reuse import segment_fractions
 from .locality import SECTOR_BYTES, cache_sectors
 from .profile_data import Profile
-from .tables import SegmentSums, block_threads, gather_fractions, segment_sums, table_for
+from .tables import SegmentSums, block_threads, gather_fractions, sector_hit_rates, segment_sums, table_for
 from .tiled import TILED_SUMS
 from .warps import SEGMENTS, WARP, prebuild, warp_segments
 
@@ -119,18 +120,34 @@ def launch_sums(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> S
 
 def _segment_by_segment(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> SegmentSums:
     """:func:`launch_sums` one warp segment at a time (:func:`~tuner.model.warps.warp_segments`), each
-    segment's sums memoised per view: candidates share segments (binned's classes, csr_vector's rows)."""
+    segment's sums memoised per view: candidates share segments (binned's classes, csr_vector's rows). A
+    segment's gathers that repeat a sector its block fetched before are L1 hits (:mod:`tuner.model.reuse`)."""
     rows = []
-    for seg in warp_segments(m, spec.family, spec.params):
+    for (_, s), seg in zip(SEGMENTS[spec.family](m, spec.params), warp_segments(m, spec.family, spec.params)):
         if seg.warps.w.size == 0:
             continue
         key, profiled_bytes = table_for(profile, seg.key)
-        fractions = gather_fractions(m, profile, seg.cols)
+        fractions = segment_gathers(m, profile, s, seg)
         sums = shared_layout(m, ("segment", seg.ident, key, profile.digest),
                              lambda: segment_sums(profile, key, seg.warps, fractions))
         blocks = -(-seg.warps.warps * WARP // block_threads(seg.key))
         rows.append((*sums, blocks, profiled_bytes, profile.max_active_warps(key), key))
     return SegmentSums.of_rows(rows)
+
+
+def segment_gathers(m: CanonicalMatrix, profile: Profile, s, seg) -> np.ndarray:
+    """Shares of the gathers of warp segment ``seg`` (launched as ``s``) that L1, L2 and memory serve: those
+    of its blocks, which repeat sectors they fetched before (:func:`~tuner.model.reuse.segment_fractions`),
+    or of its columns where it gathers from a tile's."""
+    if seg.cols is None:
+        # A block's share of L1: the SM's, over the blocks of this shape resident on it at once.
+        key = table_for(profile, seg.key)[0]
+        per_sm = profile.max_active_warps(key) / profile.constants["sm_count"] * WARP / block_threads(seg.key)
+        held = cache_sectors(profile.constants, "l1") / max(per_sm, 1.0)
+        got = segment_fractions(m, s, seg.warps, sector_hit_rates(m, profile), held, (profile.digest,))
+        if got is not None:
+            return got
+    return gather_fractions(m, profile, seg.cols)
 
 
 def sm_spread(blocks: int, sm_count: int) -> float:

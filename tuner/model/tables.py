@@ -14,7 +14,8 @@ import numpy as np
 
 from ..families.base import shared_layout
 from ..matrix import CanonicalMatrix
-from .locality import SECTOR_BYTES, CacheLevel, cache_sectors, sector_counts, slice_fractions, slice_groups, sweep_level
+from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, sector_counts, sector_hits, slice_fractions,
+                       slice_groups, sweep_level)
 from .profile_data import REGIMES, ROW_HEIGHTS, Profile, kernel_key, row_group, warp_rows
 from .warps import WarpHistogram
 
@@ -64,6 +65,24 @@ def gather_fractions(m: CanonicalMatrix, profile: Profile, cols: tuple[int, int]
     a, b = cols if cols is not None else (0, m.n_cols)
     return shared_layout(m, ("gather_fractions", profile.digest, cols),
                          lambda: column_fractions(m, profile, np.array([a, b]), tiles=cols is not None)[0])
+
+
+def sector_hit_rates(m: CanonicalMatrix, profile: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per 32-byte sector of x, the probability that a gather of it hits L1 and that it hits L1 or L2 in a
+    whole-matrix launch (:func:`~tuner.model.locality.sector_hits`), and their averages over the gathers
+    (the shares of L1, L2 and memory). Memoised per view and profile.
+
+    Example: see tests/test_reuse.py (needs a profile).
+    """
+    itemsize = m.value_dtype.itemsize
+
+    def build():
+        counts = shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))
+        h1, h2 = sector_hits(counts, [cache_level(profile, "l1"), cache_level(profile, "l2")])
+        total = max(float(counts.sum()), 1.0)
+        a1, a2 = float(np.dot(counts, h1)) / total, float(np.dot(counts, h2)) / total
+        return h1, h2, np.array([a1, a2 - a1, 1.0 - a2])
+    return shared_layout(m, ("sector_hit_rates", profile.digest), build)
 
 
 def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_share: np.ndarray | None = None,
