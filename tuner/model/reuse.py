@@ -135,11 +135,11 @@ def run_fractions(m, entries_per_block: int, hits: tuple, block_sectors: float =
         (0.921, [0.0, 0.0, 1.0])
     """
     def build():
+        if entries_per_block > SAMPLE_ENTRIES:  # a run longer than the sample (long seg lanes): not counted
+            return np.asarray(hits[2], dtype=np.float64)
         L = m.row_lengths
         ends = np.cumsum(L)
         total = int(ends[-1]) if ends.size else 0
-        if entries_per_block > SAMPLE_ENTRIES:  # a run longer than the sample (long seg lanes): not counted
-            return np.asarray(hits[2], dtype=np.float64)
         runs = -(-total // entries_per_block)
         picked = np.arange(0, runs, max(1, total // SAMPLE_ENTRIES)) * entries_per_block
         first = np.searchsorted(ends, picked, side="right")  # the row each run starts in
