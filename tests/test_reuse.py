@@ -166,3 +166,40 @@ def test_a_band_whose_x_outgrows_l1_is_predicted_faster_for_its_repeats(monkeypa
     without = predict(band(400_000, 3)), predict(scattered(400_000, 7))
     assert with_r[0] < 0.8 * without[0]
     assert with_r[1] == pytest.approx(without[1], rel=0.03)
+
+
+def test_a_classs_sampled_rows_are_found_without_listing_the_class():
+    # Power-law lengths over rows that are not a whole number of chunks, bounds below and above the uint8
+    # lengths: the k-th row of each class is the k-th row of its mask.
+    rng = np.random.default_rng(7)
+    lengths = np.minimum(rng.zipf(1.6, 5_003), 3_000)
+    view = Structure((lengths.size, 4_000), int(lengths.sum()), np.dtype(np.int32), np.dtype(np.float32), False,
+                     lengths.astype(np.int64), np.ones(4_000, np.int64))
+    for lo, hi in ((0, 4), (4, 96), (8, None), (96, 1024), (300, None), (1024, None)):
+        mask = (lengths >= lo) & ((lengths < hi) if hi is not None else True)
+        members = np.flatnonzero(mask)
+        at = np.unique(np.concatenate([[0, members.size - 1], rng.integers(0, members.size, 50)]))
+        assert reuse.class_rows_at(view, lo, hi, at).tolist() == members[at].tolist()
+        chunks = -(-lengths.size // reuse.CHUNK_ROWS)
+        assert reuse.rows_at_least(view, lo).tolist() == [
+            int((lengths[c * reuse.CHUNK_ROWS:(c + 1) * reuse.CHUNK_ROWS] >= lo).sum()) for c in range(chunks)]
+    assert reuse.row_ends(view).tolist() == np.cumsum(lengths).tolist()
+
+
+def test_a_sample_is_counted_once_whatever_share_of_l1_its_blocks_hold(monkeypatch):
+    m = band(64, 1)
+    calls = []
+    counted = reuse._sampled_blocks
+    monkeypatch.setattr(reuse, "_sampled_blocks", lambda *a: calls.append(a[1:4]) or counted(*a))
+    shares = [block_fractions(m, 0, None, 8, cold(m), held)[0] for held in (np.inf, 1.5, 0.0)]
+    assert calls == [(0, None, 8)]
+    assert shares == pytest.approx([1 - 22 / 190, (6 * 21 * 0.5 + 2 * 21 * 0.75) / 190, 0.0])
+
+
+def test_distinct_keys_are_counted_as_numpy_counts_them():
+    from tuner.model.locality import distinct_counts
+    rng = np.random.default_rng(2)
+    for keys in (rng.integers(0, 50, 1_000), rng.integers(0, 1 << 40, 1_000), np.array([7, 7, 7]), np.zeros(0, np.int64)):
+        want = np.unique(keys, return_counts=True)
+        got = distinct_counts(keys)
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

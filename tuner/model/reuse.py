@@ -16,16 +16,65 @@ milliseconds. A relabelled view reads its sampled rows from the matrix it relabe
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..families.base import UNROLL, shared_layout
-from .locality import SECTOR_BYTES
-from .warps import ALIGNED_PARTS, SegmentSpec, WarpHistogram, row_histogram
+from .locality import SECTOR_BYTES, distinct_counts
+from .warps import ALIGNED_PARTS, NARROW, SegmentSpec, WarpHistogram, narrow_lengths, row_histogram
 
 SAMPLE_ENTRIES = 1 << 14  # entries of sampled blocks per segment: the shares to a few percent
 # A block of more entries than this (a degree-ordered graph's hub rows) is not counted: its distinct sectors
 # far outgrow its share of L1, so its repeats would miss; it is served as the whole matrix's gathers are.
 BLOCK_ENTRIES = 1 << 18
+
+
+@dataclass(frozen=True)
+class Touches:
+    """A sample's gathers counted per block, whatever share of L1 each block holds.
+
+    Attributes:
+        distinct: each block's distinct sectors.
+        repeats: its gathers of a sector it gathered before.
+        every: per level (L1, then L1 or L2), each block's gathers' hit chances summed.
+        firsts: per level, those of its first touch of each sector summed.
+        gathers: the sample's gathers.
+    """
+
+    distinct: np.ndarray
+    repeats: np.ndarray
+    every: tuple
+    firsts: tuple
+    gathers: int
+
+    def fractions(self, block_sectors: float = np.inf) -> np.ndarray:
+        """Shares of the gathers L1, L2 and memory serve when each block holds ``block_sectors`` of L1."""
+        if self.gathers == 0:
+            return np.array([1.0, 0.0, 0.0])
+        held = np.minimum(1.0, block_sectors / np.maximum(self.distinct, 1.0))  # a repeat's chance to find its sector
+        out = [float((f + held * self.repeats + (1.0 - held) * (e - f)).sum()) for e, f in zip(self.every, self.firsts)]
+        return np.array([out[0], out[1] - out[0], self.gathers - out[1]]) / self.gathers
+
+
+def count_touches(block: np.ndarray, cols: np.ndarray, itemsize: int, hits: tuple) -> Touches:
+    """:class:`Touches` of the gathers ``cols`` made by ``block`` (sorted by block), whose sector s hits L1
+    with probability ``hits[0][s]`` and L1 or L2 with ``hits[1][s]``."""
+    if cols.size == 0:
+        return Touches(np.zeros(0), np.zeros(0), (), (), 0)
+    sector = cols.astype(np.int64) // max(SECTOR_BYTES // int(itemsize), 1)
+    span = int(sector.max()) + 1
+    block = block.astype(np.int64)
+    # Each (block, sector) once, with its gathers: every sum below runs over these, not the gathers.
+    pairs, times = distinct_counts(block * span + sector)
+    first, owner = pairs % span, pairs // span
+    n = int(block.max()) + 1
+    distinct = np.bincount(owner, minlength=n).astype(np.float64)
+    repeats = np.bincount(owner, weights=times, minlength=n) - distinct
+    chances = [h[first] for h in hits[:2]]
+    every = tuple(np.bincount(owner, weights=c * times, minlength=n) for c in chances)
+    firsts = tuple(np.bincount(owner, weights=c, minlength=n) for c in chances)
+    return Touches(distinct, repeats, every, firsts, int(cols.size))
 
 
 def touch_fractions(block: np.ndarray, cols: np.ndarray, itemsize: int, hits: tuple,
@@ -47,23 +96,14 @@ def touch_fractions(block: np.ndarray, cols: np.ndarray, itemsize: int, hits: tu
         >>> touch_fractions(*args, block_sectors=1.0).tolist()  # block 0's 2 sectors, half of it held
         [0.125, 0.625, 0.25]
     """
-    if cols.size == 0:
-        return np.array([1.0, 0.0, 0.0])
-    sector = cols.astype(np.int64) // max(SECTOR_BYTES // int(itemsize), 1)
-    span = int(sector.max()) + 1
-    block = block.astype(np.int64)
-    pairs = np.unique(block * span + sector)
-    first, owner = pairs % span, pairs // span
-    n = int(block.max()) + 1
-    distinct = np.bincount(owner, minlength=n).astype(np.float64)
-    repeats = np.bincount(block, minlength=n) - distinct
-    held = np.minimum(1.0, block_sectors / np.maximum(distinct, 1.0))  # a repeat's chance to find its sector
-    out = []
-    for h in hits[:2]:  # L1, then L1 or L2
-        every = np.bincount(block, weights=h[sector], minlength=n)
-        firsts = np.bincount(owner, weights=h[first], minlength=n)
-        out.append(float((firsts + held * repeats + (1.0 - held) * (every - firsts)).sum()))
-    return np.array([out[0], out[1] - out[0], cols.size - out[1]]) / cols.size
+    return count_touches(block, cols, itemsize, hits).fractions(block_sectors)
+
+
+def served(touches: Touches, others: np.ndarray, whole, block_sectors: float) -> np.ndarray:
+    """Shares of a segment's gathers: the counted ``touches`` at their blocks' share of L1, and ``others``
+    gathers served as the whole matrix's are (``whole``: its L1, L2 and memory shares)."""
+    n = touches.gathers
+    return (touches.fractions(block_sectors) * n + np.asarray(whole) * others) / max(n + others, 1.0)
 
 
 def block_fractions(m, lo: int, hi: int | None, rows_per_block: int, hits: tuple, block_sectors: float = np.inf,
@@ -83,41 +123,94 @@ def block_fractions(m, lo: int, hi: int | None, rows_per_block: int, hits: tuple
         >>> round(float(block_fractions(m, 0, None, 8, hits)[0]), 4), round(1 - 22 / 190, 4)
         (0.8842, 0.8842)
     """
+    touches, big = shared_layout(m, ("block_touches", lo, hi, rows_per_block) + tuple(key),
+                                 lambda: _sampled_blocks(m, lo, hi, rows_per_block, hits))
+    return served(touches, big, hits[2], block_sectors)
+
+
+def _sampled_blocks(m, lo: int, hi: int | None, rows_per_block: int, hits: tuple) -> tuple[Touches, float]:
+    """:func:`block_fractions`' sample counted, and the entries of the sampled blocks it leaves out."""
+    L = m.row_lengths
+    size_of_class, entries = class_size(m, lo, hi)
+    blocks = -(-size_of_class // rows_per_block)
+    # Every k-th block, so that the sample spans the whole class (degree-ordered views put their
+    # longest rows first) and holds about SAMPLE_ENTRIES entries.
+    picked = np.arange(0, blocks, max(1, entries // SAMPLE_ENTRIES))
+    at = (picked[:, None] * rows_per_block + np.arange(rows_per_block)).ravel()
+    at = at[at < size_of_class]
+    rows = class_rows_at(m, lo, hi, at)
+    size = np.bincount(at // rows_per_block, weights=L[rows])[picked]
+    big = float(size[size > BLOCK_ENTRIES].sum())
+    small = np.isin(at // rows_per_block, picked[size <= BLOCK_ENTRIES])
+    lengths, cols = m.row_entries(rows[small])
+    local = np.searchsorted(picked, at[small] // rows_per_block)  # blocks numbered in the sample
+    return count_touches(np.repeat(local, lengths), cols, m.value_dtype.itemsize, hits), big
+
+
+# A class's k-th row is found through counts per chunk of CHUNK_ROWS rows (of the rows at least so long,
+# once per view and bound: binned's and csr_vector's classes share a few bounds), so that a sample of the
+# class reads only its chunks' rows, not every row once per class.
+CHUNK_ROWS = 256
+
+
+def rows_at_least(m, length: int) -> np.ndarray:
+    """Rows of at least ``length`` entries in each chunk of ``CHUNK_ROWS`` consecutive rows; memoised per
+    view and length. Counted on the uint8 lengths (:func:`~tuner.model.warps.narrow_lengths`), and above
+    them on the few rows they clip.
+
+    Example (rows of lengths 0, 1, ..., 299: the first chunk holds 256 - 100 of at least 100):
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.csr_matrix(np.tril(np.ones((300, 300), np.float32), -1)))
+        >>> rows_at_least(m, 100).tolist(), rows_at_least(m, 290).tolist()
+        ([156, 44], [0, 10])
+    """
     def build():
-        L = m.row_lengths
-        rows = class_rows(m, lo, hi)
-        entries = class_entries(m, lo, hi)
-        blocks = -(-rows.size // rows_per_block)
-        # Every k-th block, so that the sample spans the whole class (degree-ordered views put their
-        # longest rows first) and holds about SAMPLE_ENTRIES entries.
-        picked = np.arange(0, blocks, max(1, entries // SAMPLE_ENTRIES))
-        at = (picked[:, None] * rows_per_block + np.arange(rows_per_block)).ravel()
-        at = at[at < rows.size]
-        size = np.bincount(at // rows_per_block, weights=L[rows[at]])[picked]
-        big = float(size[size > BLOCK_ENTRIES].sum())
-        at = at[np.isin(at // rows_per_block, picked[size <= BLOCK_ENTRIES])]
-        lengths, cols = m.row_entries(rows[at])
-        local = np.searchsorted(picked, at // rows_per_block)  # blocks numbered in the sample
-        counted = touch_fractions(np.repeat(local, lengths), cols, m.value_dtype.itemsize, hits, block_sectors)
-        return (counted * cols.size + np.asarray(hits[2]) * big) / max(cols.size + big, 1.0)
-    return shared_layout(m, ("block_fractions", lo, hi, rows_per_block, block_sectors) + tuple(key), build)
+        n = m.n_rows
+        chunks = -(-n // CHUNK_ROWS)
+        if length >= NARROW:  # beyond the uint8 lengths: count among the rows they clip
+            L = m.row_lengths
+            clipped = shared_layout(m, ("rows_clipped",), lambda: np.flatnonzero(narrow_lengths(m) == NARROW))
+            return np.bincount(clipped // CHUNK_ROWS, weights=L[clipped] >= length, minlength=chunks).astype(np.int64)
+        L8 = narrow_lengths(m)
+        whole = n - n % CHUNK_ROWS
+        at_least = (L8 >= length).view(np.uint8)
+        # Summed in uint16 (a chunk's count fits): a third of the time of int64 sums.
+        counts = at_least[:whole].reshape(-1, CHUNK_ROWS).sum(axis=1, dtype=np.uint16).astype(np.int64)
+        return np.append(counts, at_least[whole:].sum(dtype=np.int64)) if whole < n else counts
+    return shared_layout(m, ("rows_at_least", int(length)), build)
 
 
-def class_rows(m, lo: int, hi: int | None) -> np.ndarray:
-    """The rows with lo <= length < hi, in order; memoised per view (candidates share classes)."""
-    def build():
-        L = m.row_lengths
-        if lo <= 0 and hi is None:
-            return np.arange(L.size)
-        return np.flatnonzero((L >= lo) if hi is None else (L >= lo) & (L < hi))
-    return shared_layout(m, ("class_rows", lo, hi), build)
-
-
-def class_entries(m, lo: int, hi: int | None) -> int:
-    """Entries of the rows with lo <= length < hi, from the row-length histogram."""
+def class_size(m, lo: int, hi: int | None) -> tuple[int, int]:
+    """Rows and entries of the rows with lo <= length < hi, from the row-length histogram."""
     count, entries = row_histogram(m)
-    top = entries.size if hi is None else min(hi, entries.size)
-    return int(entries[max(lo, 0):top].sum())
+    bottom, top = max(lo, 0), count.size if hi is None else min(hi, count.size)
+    return int(count[bottom:top].sum()), int(entries[bottom:top].sum())
+
+
+def class_rows_at(m, lo: int, hi: int | None, positions: np.ndarray) -> np.ndarray:
+    """The rows at ``positions`` (ascending) among those with lo <= length < hi, counted in row order:
+    each position's chunk from :func:`rows_at_least`, then only those chunks' rows are read, so that a
+    sample of a class costs its chunks, not a pass over every row.
+
+    Example (rows of lengths 0, 1, ..., 9: those of 3 to 7 are rows 3 to 7):
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.csr_matrix(np.tril(np.ones((10, 10), np.float32), -1)))
+        >>> class_rows_at(m, 3, 8, np.array([0, 2, 4])).tolist()
+        [3, 5, 7]
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    L = m.row_lengths
+    if lo <= 0 and hi is None:
+        return positions
+    per_chunk = rows_at_least(m, lo) - (0 if hi is None else rows_at_least(m, hi))
+    through = np.cumsum(per_chunk)
+    chunks = distinct_counts(np.searchsorted(through, positions, side="right"))[0]
+    rows = chunks[:, None] * CHUNK_ROWS + np.arange(CHUNK_ROWS)
+    length = L[np.minimum(rows, L.size - 1)]
+    inside = (rows < L.size) & (length >= lo) & ((length < hi) if hi is not None else True)
+    # A member's position: the class's rows before its chunk, then its rank among its chunk's members.
+    position = (through[chunks] - per_chunk[chunks])[:, None] + np.cumsum(inside, axis=1) - 1
+    return rows[inside][np.searchsorted(position[inside], positions)]
 
 
 def run_fractions(m, entries_per_block: int, hits: tuple, block_sectors: float = np.inf, key=()) -> np.ndarray:
@@ -134,36 +227,56 @@ def run_fractions(m, entries_per_block: int, hits: tuple, block_sectors: float =
         >>> round(float(run_fractions(m, 24, hits)[0]), 3), run_fractions(m, 1, hits).tolist()
         (0.921, [0.0, 0.0, 1.0])
     """
-    def build():
-        if entries_per_block > SAMPLE_ENTRIES:  # a run longer than the sample (long seg lanes): not counted
-            return np.asarray(hits[2], dtype=np.float64)
-        L = m.row_lengths
-        ends = np.cumsum(L)
-        total = int(ends[-1]) if ends.size else 0
-        runs = -(-total // entries_per_block)
-        picked = np.arange(0, runs, max(1, total // SAMPLE_ENTRIES)) * entries_per_block
-        first = np.searchsorted(ends, picked, side="right")  # the row each run starts in
-        last = np.searchsorted(ends, np.minimum(picked + entries_per_block, total) - 1, side="right")
-        span = last - first + 1
-        rows = np.repeat(first, span) + np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span)
-        # A run that touches a row longer than itself (a hub's) is served as the whole matrix's gathers:
-        # reading such rows whole would cost more than the rest of the sample, and a relabelled view's
-        # rows are sorted only once built.
-        owner = np.repeat(np.arange(picked.size), span)
-        big = np.bincount(owner, weights=L[rows] > entries_per_block, minlength=picked.size) > 0
-        take = ~big[owner]
-        rows = rows[take]
-        lengths, cols = m.row_entries(rows)
-        # Each entry's place in the whole matrix, and the run it was sampled for.
-        position = (np.repeat(ends[rows] - L[rows], lengths) + np.arange(int(lengths.sum()))
-                    - np.repeat(np.cumsum(lengths) - lengths, lengths))
-        run = np.repeat(owner[take], lengths)
-        keep = (position >= picked[run]) & (position < picked[run] + entries_per_block)
-        counted = touch_fractions(run[keep], cols[keep], m.value_dtype.itemsize, hits, block_sectors)
-        skipped = float(np.minimum(picked[big] + entries_per_block, total).sum() - picked[big].sum())
-        n = int(keep.sum())
-        return (counted * n + np.asarray(hits[2]) * skipped) / max(n + skipped, 1.0)
-    return shared_layout(m, ("run_fractions", entries_per_block, block_sectors) + tuple(key), build)
+    if entries_per_block > SAMPLE_ENTRIES:  # a run longer than the sample (long seg lanes): not counted
+        return np.asarray(hits[2], dtype=np.float64)
+    touches, skipped = shared_layout(m, ("run_touches", entries_per_block) + tuple(key),
+                                     lambda: _sampled_runs(m, entries_per_block, hits))
+    return served(touches, skipped, hits[2], block_sectors)
+
+
+def _sampled_runs(m, entries_per_block: int, hits: tuple) -> tuple[Touches, float]:
+    """:func:`run_fractions`' sample counted, and the entries of the sampled runs it leaves out."""
+    L = m.row_lengths
+    ends = row_ends(m)
+    total = int(ends[-1]) if ends.size else 0
+    runs = -(-total // entries_per_block)
+    picked = np.arange(0, runs, max(1, total // SAMPLE_ENTRIES)) * entries_per_block
+    # In the ends' own type: searching an int32 indptr for int64 values would copy all of it.
+    first = np.searchsorted(ends, picked.astype(ends.dtype), side="right")  # the row each run starts in
+    last = np.searchsorted(ends, (np.minimum(picked + entries_per_block, total) - 1).astype(ends.dtype),
+                           side="right")
+    span = last - first + 1
+    rows = np.repeat(first, span) + np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span)
+    # A run that touches a row longer than itself (a hub's) is served as the whole matrix's gathers:
+    # reading such rows whole would cost more than the rest of the sample, and a relabelled view's
+    # rows are sorted only once built.
+    owner = np.repeat(np.arange(picked.size), span)
+    big = np.bincount(owner, weights=L[rows] > entries_per_block, minlength=picked.size) > 0
+    take = ~big[owner]
+    rows = rows[take]
+    lengths, cols = m.row_entries(rows)
+    # Each entry's place in the whole matrix, and the run it was sampled for.
+    position = (np.repeat(ends[rows] - L[rows], lengths) + np.arange(int(lengths.sum()))
+                - np.repeat(np.cumsum(lengths) - lengths, lengths))
+    run = np.repeat(owner[take], lengths)
+    keep = (position >= picked[run]) & (position < picked[run] + entries_per_block)
+    skipped = float(np.minimum(picked[big] + entries_per_block, total).sum() - picked[big].sum())
+    return count_touches(run[keep], cols[keep], m.value_dtype.itemsize, hits), skipped
+
+
+def row_ends(m) -> np.ndarray:
+    """Where each row's entries end: the CSR row pointers past the first, or for a lengths-only view their
+    running sum, once.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> row_ends(canonicalize(sp.csr_matrix(np.tril(np.ones((3, 3), np.float32))))).tolist()
+        [1, 3, 6]
+    """
+    indptr = getattr(m, "indptr", None)
+    if indptr is not None:
+        return indptr[1:]
+    return shared_layout(m, ("row_ends",), lambda: np.cumsum(m.row_lengths))
 
 
 def segment_fractions(m, s: SegmentSpec, warps: WarpHistogram, hits: tuple, block_sectors: float = np.inf,

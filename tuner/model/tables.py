@@ -74,15 +74,29 @@ def sector_hit_rates(m: CanonicalMatrix, profile: Profile) -> tuple[np.ndarray, 
 
     Example: see tests/test_reuse.py (needs a profile).
     """
-    itemsize = m.value_dtype.itemsize
-
     def build():
-        counts = shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))
-        h1, h2 = sector_hits(counts, [cache_level(profile, "l1"), cache_level(profile, "l2")])
+        counts = matrix_sector_counts(m)
+        whole = sector_groups(m, np.array([0, m.n_cols]))  # the whole-matrix gather shares' grouping
+        h1, h2 = sector_hits(counts, [cache_level(profile, "l1"), cache_level(profile, "l2")], whole)
         total = max(float(counts.sum()), 1.0)
         a1, a2 = float(np.dot(counts, h1)) / total, float(np.dot(counts, h2)) / total
         return h1, h2, np.array([a1, a2 - a1, 1.0 - a2])
     return shared_layout(m, ("sector_hit_rates", profile.digest), build)
+
+
+def matrix_sector_counts(m: CanonicalMatrix) -> np.ndarray:
+    """Gathers of each 32-byte sector of x over the whole matrix (its column lengths by sector), once per view."""
+    return shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, m.value_dtype.itemsize))
+
+
+def sector_groups(m: CanonicalMatrix, cuts: np.ndarray):
+    """:func:`~tuner.model.locality.slice_groups` of the columns ``cuts[i]`` to ``cuts[i + 1]`` - 1, ranges
+    of whole sectors (the tile widths are; the last may end at the last column): the matrix's sector
+    counts sliced, grouped once per view and tiling (the shares differ per candidate, the sectors do not)."""
+    cuts = np.asarray(cuts, dtype=np.int64)
+    per = max(SECTOR_BYTES // m.value_dtype.itemsize, 1)
+    return shared_layout(m, ("slice_groups", cuts.tobytes()), lambda: slice_groups(
+        matrix_sector_counts(m)[cuts[0] // per:-(-cuts[-1] // per)], -(-cuts // per) - cuts[0] // per))
 
 
 def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_share: np.ndarray | None = None,
@@ -106,11 +120,7 @@ def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_
     cuts = np.asarray(cuts, dtype=np.int64)
     a, b = cuts[:-1], cuts[1:]
     if np.all(a % per == 0) and np.all((b % per == 0) | (b == m.n_cols)):
-        # Ranges of whole sectors (the tile widths are) slice the matrix's sector counts, counted once,
-        # and are grouped once per tiling (the shares differ per candidate, the sectors do not).
-        groups = shared_layout(m, ("slice_groups", cuts.tobytes()), lambda: slice_groups(
-            shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, itemsize))[
-                a[0] // per:-(-b[-1] // per)], -(-cuts // per) - a[0] // per))
+        groups = sector_groups(m, cuts)
     else:  # a range that splits a sector counts its own
         parts = [sector_counts(m.col_lengths[i:j], itemsize) for i, j in zip(a, b)]
         groups = slice_groups(np.concatenate(parts), np.cumsum([0] + [c.size for c in parts]))
