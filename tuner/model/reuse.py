@@ -11,8 +11,11 @@ not). Without repeats this is the cache model's share exactly; a hot sector's re
 
 The blocks are those each kernel shape really launches (:func:`block_fractions`: rows per block from the
 segment's lanes per row; ALIGNED_COO's blocks take runs of entries, :func:`run_fractions`), counted on an
-evenly spaced sample of about ``SAMPLE_ENTRIES`` of their entries, so that a 100M-entry matrix costs
-milliseconds. A relabelled view reads its sampled rows from the matrix it relabels.
+evenly spaced sample of about ``SAMPLE_ENTRIES`` of their entries. Planning must not pass over every row
+once per class of rows and kernel shape (a 100M-entry graph has 8M rows and some 60 of them): a class's
+sampled rows are found through per-chunk counts of the rows at least so long (:func:`class_rows_at`, one
+pass per bound), and a sample is counted once (:class:`Touches`) for every share of L1 its blocks may hold.
+A relabelled view reads its sampled rows from the matrix it relabels.
 """
 from __future__ import annotations
 
@@ -123,9 +126,11 @@ def block_fractions(m, lo: int, hi: int | None, rows_per_block: int, hits: tuple
         >>> round(float(block_fractions(m, 0, None, 8, hits)[0]), 4), round(1 - 22 / 190, 4)
         (0.8842, 0.8842)
     """
-    touches, big = shared_layout(m, ("block_touches", lo, hi, rows_per_block) + tuple(key),
-                                 lambda: _sampled_blocks(m, lo, hi, rows_per_block, hits))
-    return served(touches, big, hits[2], block_sectors)
+    def share():
+        touches, big = shared_layout(m, ("block_touches", lo, hi, rows_per_block) + tuple(key),
+                                     lambda: _sampled_blocks(m, lo, hi, rows_per_block, hits))
+        return served(touches, big, hits[2], block_sectors)
+    return shared_layout(m, ("block_fractions", lo, hi, rows_per_block, block_sectors) + tuple(key), share)
 
 
 def _sampled_blocks(m, lo: int, hi: int | None, rows_per_block: int, hits: tuple) -> tuple[Touches, float]:
@@ -229,9 +234,11 @@ def run_fractions(m, entries_per_block: int, hits: tuple, block_sectors: float =
     """
     if entries_per_block > SAMPLE_ENTRIES:  # a run longer than the sample (long seg lanes): not counted
         return np.asarray(hits[2], dtype=np.float64)
-    touches, skipped = shared_layout(m, ("run_touches", entries_per_block) + tuple(key),
-                                     lambda: _sampled_runs(m, entries_per_block, hits))
-    return served(touches, skipped, hits[2], block_sectors)
+    def share():
+        touches, skipped = shared_layout(m, ("run_touches", entries_per_block) + tuple(key),
+                                         lambda: _sampled_runs(m, entries_per_block, hits))
+        return served(touches, skipped, hits[2], block_sectors)
+    return shared_layout(m, ("run_fractions", entries_per_block, block_sectors) + tuple(key), share)
 
 
 def _sampled_runs(m, entries_per_block: int, hits: tuple) -> tuple[Touches, float]:
