@@ -123,11 +123,11 @@ def _segment_by_segment(m: CanonicalMatrix, spec: Specialization, profile: Profi
     segment's sums memoised per view: candidates share segments (binned's classes, csr_vector's rows). A
     segment's gathers that repeat a sector its block fetched before are L1 hits (:mod:`tuner.model.reuse`)."""
     rows = []
-    for (_, s), seg in zip(SEGMENTS[spec.family](m, spec.params), warp_segments(m, spec.family, spec.params)):
+    for seg in warp_segments(m, spec.family, spec.params):
         if seg.warps.w.size == 0:
             continue
         key, profiled_bytes = table_for(profile, seg.key)
-        fractions = segment_gathers(m, profile, s, seg)
+        fractions = segment_gathers(m, profile, seg)
         sums = shared_layout(m, ("segment", seg.ident, key, profile.digest),
                              lambda: segment_sums(profile, key, seg.warps, fractions))
         blocks = -(-seg.warps.warps * WARP // block_threads(seg.key))
@@ -135,8 +135,8 @@ def _segment_by_segment(m: CanonicalMatrix, spec: Specialization, profile: Profi
     return SegmentSums.of_rows(rows)
 
 
-def segment_gathers(m: CanonicalMatrix, profile: Profile, s, seg) -> np.ndarray:
-    """Shares of the gathers of warp segment ``seg`` (launched as ``s``) that L1, L2 and memory serve: those
+def segment_gathers(m: CanonicalMatrix, profile: Profile, seg) -> np.ndarray:
+    """Shares of the gathers of warp segment ``seg`` that L1, L2 and memory serve: those
     of its blocks, which repeat sectors they fetched before (:func:`~tuner.model.reuse.segment_fractions`),
     or of its columns where it gathers from a tile's."""
     if seg.cols is None:
@@ -144,7 +144,7 @@ def segment_gathers(m: CanonicalMatrix, profile: Profile, s, seg) -> np.ndarray:
         key = table_for(profile, seg.key)[0]
         per_sm = profile.max_active_warps(key) / profile.constants["sm_count"] * WARP / block_threads(seg.key)
         held = cache_sectors(profile.constants, "l1") / max(per_sm, 1.0)
-        got = segment_fractions(m, s, seg.warps, sector_hit_rates(m, profile), held, (profile.digest,))
+        got = segment_fractions(m, seg.spec, seg.warps, sector_hit_rates(m, profile), held, (profile.digest,))
         if got is not None:
             return got
     return gather_fractions(m, profile, seg.cols)

@@ -121,12 +121,20 @@ class SegmentSpec:
 
 @dataclass(frozen=True)
 class WarpSegment:
-    """Consecutive warps of one launch that share a table."""
+    """Consecutive warps of one launch that share a table: ``key``, their histogram ``warps`` and the
+    segment ``spec`` that launches them."""
 
     key: str
     warps: WarpHistogram
-    ident: tuple = ()
-    cols: tuple | None = None
+    spec: SegmentSpec | None = None
+
+    @property
+    def ident(self) -> tuple:
+        return self.spec.ident if self.spec is not None else ()
+
+    @property
+    def cols(self) -> tuple | None:
+        return self.spec.cols if self.spec is not None else None
 
 
 def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
@@ -512,4 +520,4 @@ def warp_segments(m: CanonicalMatrix, family: str, params) -> list[WarpSegment]:
         >>> [s.warps.warps for s in warp_segments(m, "csr_vector", CsrVectorParams(16, 128))]
         [3]
     """
-    return [WarpSegment(key, histogram(m, s), s.ident, s.cols) for key, s in SEGMENTS[family](m, params)]
+    return [WarpSegment(key, histogram(m, s), s) for key, s in SEGMENTS[family](m, params)]
