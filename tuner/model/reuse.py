@@ -102,7 +102,7 @@ def touch_fractions(block: np.ndarray, cols: np.ndarray, itemsize: int, hits: tu
     return count_touches(block, cols, itemsize, hits).fractions(block_sectors)
 
 
-def served(touches: Touches, others: np.ndarray, whole, block_sectors: float) -> np.ndarray:
+def served(touches: Touches, others: float, whole, block_sectors: float) -> np.ndarray:
     """Shares of a segment's gathers: the counted ``touches`` at their blocks' share of L1, and ``others``
     gathers served as the whole matrix's are (``whole``: its L1, L2 and memory shares)."""
     n = touches.gathers

@@ -14,8 +14,8 @@ import numpy as np
 
 from ..families.base import shared_layout
 from ..matrix import CanonicalMatrix
-from .locality import (SECTOR_BYTES, CacheLevel, cache_sectors, sector_counts, sector_hits, slice_fractions,
-                       slice_groups, sweep_level)
+from .locality import (SECTOR_BYTES, CacheLevel, SliceGroups, cache_sectors, sector_counts, sector_hits,
+                       slice_fractions, slice_groups, sweep_level)
 from .profile_data import REGIMES, ROW_HEIGHTS, Profile, kernel_key, row_group, warp_rows
 from .warps import WarpHistogram
 
@@ -89,7 +89,7 @@ def matrix_sector_counts(m: CanonicalMatrix) -> np.ndarray:
     return shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, m.value_dtype.itemsize))
 
 
-def sector_groups(m: CanonicalMatrix, cuts: np.ndarray):
+def sector_groups(m: CanonicalMatrix, cuts: np.ndarray) -> SliceGroups:
     """:func:`~tuner.model.locality.slice_groups` of the columns ``cuts[i]`` to ``cuts[i + 1]`` - 1, ranges
     of whole sectors (the tile widths are; the last may end at the last column): the matrix's sector
     counts sliced, grouped once per view and tiling (the shares differ per candidate, the sectors do not)."""
