@@ -52,9 +52,11 @@ def test_bad_matrix_argument_is_a_clear_error(capsys):
     assert cli.main(["tune", "rmat:notanumber"]) == 2
 
 
-def test_report_refuses_fewer_than_one_timing_round(capsys):
+def test_report_refuses_fewer_than_one_timing_round_or_plan(capsys):
     assert cli.main(["report", "rmat:8", "--rounds", "0"]) == 2
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+    assert cli.main(["report", "rmat:8", "--plan-repeats", "0"]) == 2
+    assert "--plan-repeats must be at least 1, got 0" in capsys.readouterr().err
 
 
 def test_compile_without_gpu_names_the_problem(no_gpu, monkeypatch):

@@ -136,3 +136,22 @@ def test_unknown_tune_mode_is_refused():
     import tuner
     with pytest.raises(ValueError, match="tune must be one of"):
         tuner.compile(power_law(50), tune="guess")
+
+
+def test_repeated_planning_starts_each_plan_afresh_from_the_relabelled_matrix(monkeypatch):
+    # The report's planning seconds are a median of plans; each must redo everything but the relabelling.
+    from tuner import compiler
+    from tuner.families import tiles as family_tiles
+    from tuner.model import Profile
+    from .fake_profile import fake_profile_json
+    prof = Profile.from_json(fake_profile_json())
+    counted, real = [], family_tiles.ranked_runs_many
+    monkeypatch.setattr(family_tiles, "ranked_runs_many", lambda *a, **k: counted.append(1) or real(*a, **k))
+    specs, predicted, seconds = compiler.plan_candidates(canonicalize(power_law(3000, seed=11)), prof, repeats=3)
+    assert len(counted) == 3  # every plan counted the tiles itself: nothing found from the plan before
+    assert len(seconds["plan_runs"]) == 3 and seconds["plan"] == np.median(seconds["plan_runs"])
+    once, once_predicted, once_seconds = compiler.plan_candidates(canonicalize(power_law(3000, seed=11)), prof)
+    assert [s.label() for s in once] == [s.label() for s in specs] and once_predicted == predicted
+    assert "plan_runs" not in once_seconds and len(counted) == 4
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        compiler.plan_candidates(canonicalize(power_law(300, seed=1)), prof, repeats=0)

@@ -3,6 +3,7 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from tuner.report import Row, matrix_metrics, read_csv, summarize, write_all
@@ -179,6 +180,18 @@ def test_resume_refuses_a_report_of_another_gpu_or_profile(tmp_path, fake_profil
         collect(SUITE, fake_profile, outdir=tmp_path, resume=True, timer=other)
 
 
+def test_repredict_names_a_pick_of_model_mode_that_the_report_never_measured(tmp_path, fake_profile, caplog):
+    from tuner.report import collect, repredict
+    rows, _ = collect(SUITE, fake_profile, outdir=tmp_path, timer=FakeTimer(), plan_repeats=1)
+    name = rows[0].matrix
+    pick = min((r for r in rows if r.matrix == name), key=lambda r: r.predicted_ms)
+    _, planning = repredict([r for r in rows if r is not pick], SUITE, fake_profile, plan_repeats=1)
+    assert planning[name]["unmeasured_pick"] == pick.candidate
+    assert all("unmeasured_pick" not in t for n, t in planning.items() if n != name)
+    assert "planning_runs" not in planning[name]  # one plan: nothing to take a median of
+    assert f"{name}: model mode now picks {pick.candidate}" in caplog.text
+
+
 def test_repredict_recomputes_predictions_from_params_and_keeps_measurements(tmp_path, fake_profile):
     from tuner.report import collect, repredict
     rows, _ = collect(SUITE, fake_profile, outdir=tmp_path, timer=FakeTimer())
@@ -188,6 +201,9 @@ def test_repredict_recomputes_predictions_from_params_and_keeps_measurements(tmp
     # Each matrix planned again as compile plans it, timed.
     assert set(planning) == {r.matrix for r in rows}
     assert all(t["planning_seconds"] > 0 and t["layout_seconds"] >= 0 for t in planning.values())
+    # Three plans each (the default), the median recorded; model mode picks a candidate the report measured.
+    assert all(len(t["planning_runs"]) == 3 and t["planning_seconds"] == np.median(t["planning_runs"])
+               and "unmeasured_pick" not in t for t in planning.values())
     # A candidate that planning no longer enumerates is still predicted, apart from the others.
     binned = next(r for r in stale if r.family == "binned")
     moved = replace(binned, params=json.dumps({**json.loads(binned.params), "medium_max": 48, "huge_min": None}))

@@ -80,6 +80,49 @@ def test_tilings_counted_in_one_pass_equal_each_counted_alone(widths):
                 assert all(np.array_equal(getattr(r, f), getattr(alone, f)) for f in ("lengths", "counts", "offsets"))
 
 
+def _tile_entries(runs):
+    total = np.concatenate([[0], np.cumsum(runs.lengths * runs.counts)])
+    return total[runs.offsets[1:]] - total[runs.offsets[:-1]]
+
+
+def test_sampled_tile_counts_keep_every_long_run_and_estimate_the_rest_closely():
+    # A degree-ordered R-MAT graph of 955K entries counted from a quarter of its chunks of short rows: rows
+    # of 64 or more are always counted, so every run of 64 or more (the counting table's long runs) is
+    # exact; the other counts stand for their group of chunks.
+    from tuner.formats.tiles import COUNTED_LENGTHS, RowSample, ranked_runs_many
+    from tuner.loaders import load
+    b = ordered_matrix(canonicalize(load("rmat:16")), "degree")
+    bounds = [tile_bounds(b.col_lengths, w) for w in (512, 1024, 2048)]
+    sample = RowSample(from_entries=0, every=4, chunk_entries=4096, exact_length=COUNTED_LENGTHS)
+    ranges, weights = sample.chunks(b.indptr)
+    counted = sum(int(b.indptr[r] - b.indptr[a]) for a, r in ranges)
+    assert counted < 0.8 * b.nnz  # fewer entries counted, though rows of 64 or more hold most of them here
+    whole = RowSample(from_entries=0, every=4, chunk_entries=4096, exact_length=0).chunks(b.indptr)[0]  # all
+    assert sum(weights) == len(whole)  # every chunk stood for once
+    for exact, est in zip(ranked_runs_many(b.indptr, b.indices, bounds),
+                          ranked_runs_many(b.indptr, b.indices, bounds, sample=sample)):
+        assert est.n_tiles == exact.n_tiles > 10
+        e, s = _tile_entries(exact), _tile_entries(est)
+        assert abs(s.sum() / e.sum() - 1) < 0.01
+        err = np.abs(s - e) / e
+        assert np.median(err) < 0.03 and err.max() < 0.15
+        long = [[(l, c) for l, c in zip(*r.tile(t)) if l >= COUNTED_LENGTHS] for r in (exact, est)
+                for t in range(r.n_tiles)]
+        assert long[:exact.n_tiles] == long[exact.n_tiles:] and sum(map(len, long)) > 100
+        assert est.counts.dtype == np.int64 and np.all(est.counts > 0)
+
+
+def test_small_matrices_and_the_default_are_counted_exactly():
+    from tuner.formats.tiles import RowSample, ranked_runs_many
+    b = plan_of(power_law(3000, seed=11))
+    bounds = [tile_bounds(b.col_lengths, 64)]
+    exact = ranked_runs_many(b.indptr, b.indices, bounds)[0]
+    below = ranked_runs_many(b.indptr, b.indices, bounds, sample=RowSample(from_entries=b.nnz + 1, every=4,
+                                                                             chunk_entries=64))[0]
+    assert all(np.array_equal(getattr(exact, f), getattr(below, f)) for f in ("lengths", "counts", "offsets"))
+    assert RowSample(from_entries=0, every=4, chunk_entries=64).chunks(b.indptr)[1].count(1) < 20
+
+
 def test_runs_too_long_for_the_counting_table_are_counted_by_sorting():
     from tuner.formats.tiles import COUNTED_LENGTHS, ranked_runs
     # A row of 3 x 10^6 entries beside rows of one; chunked so that the long row's tile spans two chunks.

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from . import __version__, codegen, gpu
-from .compiler import DEFAULT_ROUNDS, ROUNDS_UNDER_MS
+from .compiler import DEFAULT_ROUNDS, PLAN_REPEATS, ROUNDS_UNDER_MS
 
 NO_GPU_EXIT = 3
 
@@ -120,6 +120,8 @@ def cmd_report(args) -> int:
     command = args.command_line
     if args.rounds < 1:
         raise ValueError(f"--rounds must be at least 1, got {args.rounds}")
+    if args.plan_repeats < 1:
+        raise ValueError(f"--plan-repeats must be at least 1, got {args.plan_repeats}")
     bar = lambda s: tqdm(s, desc="report", unit="matrix", file=sys.stderr)  # noqa: E731
     if args.from_csv:
         rows = report.read_csv(Path(args.from_csv))
@@ -131,7 +133,7 @@ def cmd_report(args) -> int:
         if args.repredict:  # default profile: the one beside the CSV, as under models/<gpu-slug>/
             prof = load_profile("", args.profile or Path(args.from_csv).parent / "profile.json")
             suite = args.suite or bench.default_suite(args.data_dir, report=True)
-            rows, planning = report.repredict(rows, suite, prof, progress=bar)
+            rows, planning = report.repredict(rows, suite, prof, progress=bar, plan_repeats=args.plan_repeats)
             # The planning seconds are now this model's, timed here; the rest of each record stays.
             meta["matrices"] = {name: {**meta.get("matrices", {}).get(name, {}), **planning.get(name, {})}
                                 for name in dict.fromkeys([*meta.get("matrices", {}), *planning])}
@@ -143,7 +145,8 @@ def cmd_report(args) -> int:
         prof = load_profile(gpu.device_info().name, args.profile)
         outdir = Path(args.out) if args.out else report_dir()
         rows, meta = report.collect(suite, prof, cache_dir=args.cache_dir, outdir=outdir, resume=args.resume,
-                                    progress=bar, command=command, rounds=args.rounds)
+                                    progress=bar, command=command, rounds=args.rounds,
+                                    plan_repeats=args.plan_repeats)
         meta.update(created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), profile_digest=prof.digest)
     outdir = Path(args.out) if args.out else report_dir()
     summary = report.write_all(rows, meta, outdir)
@@ -267,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timing rounds of each candidate shorter than {ROUNDS_UNDER_MS * 1e3:g} us, each on "
                         "buffers placed afresh; the report keeps their median and range "
                         f"(default {DEFAULT_ROUNDS}; 1: one timing each)")
+    p.add_argument("--plan-repeats", type=int, default=PLAN_REPEATS,
+                   help="times each matrix is planned in model mode, each from the relabelled matrix afresh; the "
+                        f"report's planning seconds are their median (default {PLAN_REPEATS})")
     common(p)
     p.set_defaults(func=cmd_report)
     return parser

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import codegen, families, gpu, paths, planner
 from .cache import Cache
-from .families.base import Specialization, ordered_matrix
+from .families.base import Specialization, memo_state, ordered_matrix, restore
 from .families.tiles import TILE_ORDER
 from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
 from .model import Profile, load_profile, predicted_candidates
@@ -63,26 +63,54 @@ def prepare(A, dtype=None, arch: str = codegen.DEFAULT_ARCH, families_: list[str
                     {"canonicalize": t1 - t0, "fingerprint": t2 - t1, "compile": t3 - t2})
 
 
-def plan_candidates(m: CanonicalMatrix, profile: Profile | None) -> tuple[list, list, dict]:
+PLAN_REPEATS = 3  # the report's plans per matrix: their median is its planning seconds
+
+
+def plan_candidates(m: CanonicalMatrix, profile: Profile | None, repeats: int = 1) -> tuple[list, list, dict]:
     """Every candidate of ``m`` with the model's prediction (None each without a profile), and the host
     seconds of the relabelled matrix the tiled candidates read ('relabel': their layout's first step, built
     before the planning) and of the planning beyond it ('plan').
+
+    With ``repeats`` > 1 the planning is done that many times, each after the first on a new copy of the
+    matrix as the relabelling left it (:func:`~tuner.families.base.restore`: nothing the earlier plans
+    built is found again), and 'plan' is the median, 'plan_runs' every time: on a shared host one timing
+    can be off by half. The candidates and predictions returned are the first plan's (the copies' are
+    the same).
 
     Example:
         >>> import scipy.sparse as sp
         >>> specs, predicted, seconds = plan_candidates(canonicalize(sp.eye(50, format="csr")), None)
         >>> len(specs) == len(predicted) > 0, predicted[0], sorted(seconds)
         (True, None, ['plan', 'relabel'])
+        >>> sorted(plan_candidates(canonicalize(sp.eye(50, format="csr")), None, repeats=3)[2])
+        ['plan', 'plan_runs', 'relabel']
     """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     t0 = time.perf_counter()
     ordered_matrix(m, TILE_ORDER)
     t1 = time.perf_counter()
+    state = memo_state(m) if repeats > 1 else None
+    specs, predicted = _plan(m, profile)
+    runs = [time.perf_counter() - t1]
+    for _ in range(repeats - 1):
+        again = restore(state)
+        t = time.perf_counter()
+        _plan(again, profile)
+        runs.append(time.perf_counter() - t)
+        del again
+    seconds = {"relabel": t1 - t0, "plan": float(np.median(runs))}
+    if repeats > 1:
+        seconds["plan_runs"] = runs
+    return specs, predicted, seconds
+
+
+def _plan(m: CanonicalMatrix, profile: Profile | None) -> tuple[list, list]:
+    """Every candidate and its prediction (None each without a profile)."""
     if profile is not None:
-        specs, predicted = predicted_candidates(m, profile)
-    else:
-        specs = families.specializations(m)
-        predicted = [None] * len(specs)
-    return specs, predicted, {"relabel": t1 - t0, "plan": time.perf_counter() - t1}
+        return predicted_candidates(m, profile)
+    specs = families.specializations(m)
+    return specs, [None] * len(specs)
 
 
 def predictable(specs: list[Specialization], predicted: list, gpu_name: str) -> tuple[list, list]:

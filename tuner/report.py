@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import html
 import json
+import logging
 import math
 import os
 import platform
@@ -19,7 +20,9 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from .compiler import DEFAULT_ROUNDS, ROUNDS_UNDER_MS
+from .compiler import DEFAULT_ROUNDS, PLAN_REPEATS, ROUNDS_UNDER_MS
+
+log = logging.getLogger("tuner.report")
 
 MODEL_COLUMNS = {"lookup": "predicted_ms", "baseline": "baseline_ms"}
 WITHIN = 1.05  # "the chosen plan is within 5 % of the exhaustive best"
@@ -402,8 +405,8 @@ def resume_state(outdir: Path, gpu_name: str, profile_digest: str) -> tuple[list
 
 
 def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Path | None = None,
-            resume: bool = False, timer=None, command: str = "", rounds: int = DEFAULT_ROUNDS
-            ) -> tuple[list[Row], dict]:
+            resume: bool = False, timer=None, command: str = "", rounds: int = DEFAULT_ROUNDS,
+            plan_repeats: int = PLAN_REPEATS) -> tuple[list[Row], dict]:
     """Predict (both models) and time (exhaustively, on the GPU) every candidate of every matrix.
 
     With ``outdir``, every measured candidate is appended to ``outdir/report.csv`` at once and the matrices'
@@ -413,7 +416,7 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
     yielding each candidate's per-round median milliseconds in order (see
     :func:`~tuner.compiler.measure_each`); tests pass a fake one. A row keeps the median over the rounds
     and the fastest and slowest. The returned record's ``command`` joins the commands of every run that
-    contributed.
+    contributed. Each matrix is planned ``plan_repeats`` times (:func:`planning_record`).
     """
     from . import families
     from .compiler import plan_candidates, predictable
@@ -448,12 +451,11 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
                 continue
             m = canonicalize(load(source))
             # Planning as tuner.compile does it in model mode, timed apart from the relabelled matrix.
-            specs, predicted, seconds = plan_candidates(m, profile)
+            specs, predicted, seconds = plan_candidates(m, profile, plan_repeats)
             specs, predicted = predictable(specs, predicted, timer.name)
             done = {r.candidate for r in rows if r.matrix == name}
             todo = [(s, p) for s, p in zip(specs, predicted) if s.label() not in done]
-            per[name] = {"source": str(source), "nnz": m.nnz, "n_rows": m.n_rows,
-                         "planning_seconds": seconds["plan"], "layout_seconds": seconds["relabel"],
+            per[name] = {"source": str(source), "nnz": m.nnz, "n_rows": m.n_rows, **planning_record(seconds),
                          "complete": False}
             save_progress()
             for (s, p), t in zip(todo, timer.times(m, [s for s, _ in todo], rounds)):
@@ -485,7 +487,24 @@ def planning_host() -> dict:
     return {"node": platform.node(), "cpus": os.cpu_count() or 1}
 
 
-def repredict(rows: list[Row], suite: list[str], profile, progress=None) -> tuple[list[Row], dict]:
+def planning_record(seconds: dict) -> dict:
+    """A matrix's planning times as the report records them (from
+    :func:`~tuner.compiler.plan_candidates`): ``planning_seconds``, the median of its plans,
+    ``planning_runs``, each plan's time (when there were several), and ``layout_seconds``, the relabelled
+    matrix built before them.
+
+    Example:
+        >>> planning_record({"relabel": 2.0, "plan": 0.5, "plan_runs": [0.7, 0.5, 0.4]})
+        {'planning_seconds': 0.5, 'layout_seconds': 2.0, 'planning_runs': [0.7, 0.5, 0.4]}
+    """
+    out = {"planning_seconds": seconds["plan"], "layout_seconds": seconds["relabel"]}
+    if "plan_runs" in seconds:
+        out["planning_runs"] = list(seconds["plan_runs"])
+    return out
+
+
+def repredict(rows: list[Row], suite: list[str], profile, progress=None, plan_repeats: int = PLAN_REPEATS
+              ) -> tuple[list[Row], dict]:
     """``rows`` with the lookup model's predictions (and Algorithm 3's picks) made again from each
     candidate's parameters by the current model and ``profile``; the measured times stay, and so does the
     baseline, which reads only each layout's bytes (building every layout again would cost minutes on the
@@ -493,9 +512,11 @@ def repredict(rows: list[Row], suite: list[str], profile, progress=None) -> tupl
     names the matrices' sources.
 
     Each matrix is planned as ``tuner.compile`` plans it in model mode, timed (the second value: per matrix
-    ``planning_seconds`` and ``layout_seconds``, as :func:`collect` records them), so that a report
+    :func:`planning_record`, as :func:`collect` records it), so that a report
     predicted again also says how long the current model takes to plan; candidates that planning no
-    longer enumerates are predicted apart.
+    longer enumerates are predicted apart. Where model mode would now pick a candidate the report never
+    measured, the matrix's record names it (``unmeasured_pick``) and a warning says so: its regret is
+    then unknown.
 
     Example: see tests/test_report.py.
     """
@@ -518,12 +539,19 @@ def repredict(rows: list[Row], suite: list[str], profile, progress=None) -> tupl
     for name in (progress(list(groups)) if progress else groups):
         rs = groups[name]
         m = canonicalize(load(by_name[name]))
-        planned, predictions, took = plan_candidates(m, profile)
-        seconds[name] = {"planning_seconds": took["plan"], "layout_seconds": took["relabel"]}
+        planned, predictions, took = plan_candidates(m, profile, plan_repeats)
+        seconds[name] = planning_record(took)
         by_label = {s.label(): p for s, p in zip(planned, predictions)}
         specs = [Specialization(r.family, families.get(r.family).params_from_dict(json.loads(r.params)),
                                 m.value_dtype, m.index_dtype, m.value_free) for r in rs]
         apart = [s for s in specs if s.label() not in by_label]
+        # Model mode's pick among what planning now enumerates: the report judges the pick among the
+        # measured rows, which is the same pick unless planning now makes a candidate nobody timed.
+        scored = [(p, s.label()) for s, p in zip(planned, predictions) if p is not None]
+        pick = min(scored)[1] if scored else None
+        if pick is not None and pick not in {s.label() for s in specs}:
+            seconds[name]["unmeasured_pick"] = pick
+            log.warning("%s: model mode now picks %s, which this report did not measure", name, pick)
         by_label.update(zip((s.label() for s in apart), predict_many(m, apart, profile)))
         for r, s in zip(rs, specs):
             p = by_label[s.label()]

@@ -1,6 +1,7 @@
 """What every SpMV kernel family provides, and the launch description its format builder produces."""
 from __future__ import annotations
 
+import copy
 import hashlib
 import threading
 import weakref
@@ -168,6 +169,45 @@ def shared_layout(m: CanonicalMatrix, key: tuple, build: Callable[[], object]):
 def known_layout(m: CanonicalMatrix, key: tuple):
     """What :func:`shared_layout` holds for ``m`` under ``key``, or None when nothing was built yet."""
     return _layouts.get(m, {}).get(key)
+
+
+@dataclass(frozen=True, eq=False)
+class MemoState:
+    """A matrix as it stands at one moment: a shallow copy of it (the arrays and cached properties it has
+    so far) and what :func:`shared_layout` holds for it, matrices among that (a relabelled view) in turn.
+    :func:`restore` makes a new matrix from it that has exactly that and nothing built since: the same
+    planning can be timed again from the same start."""
+
+    matrix: CanonicalMatrix
+    memos: dict
+
+
+def memo_state(m: CanonicalMatrix) -> MemoState:
+    """What ``m`` holds now (see :class:`MemoState`)."""
+    with _memo_lock:
+        memos = dict(_layouts.get(m, {}))
+    return MemoState(copy.copy(m), {k: memo_state(v) if isinstance(v, CanonicalMatrix) else v
+                                    for k, v in memos.items()})
+
+
+def restore(state: MemoState) -> CanonicalMatrix:
+    """A new matrix equal to the one ``state`` was taken of, sharing its arrays, with only what it held then.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.eye(4, format="csr"))
+        >>> _ = shared_layout(m, ("a",), lambda: 1)
+        >>> state = memo_state(m)
+        >>> _ = shared_layout(m, ("b",), lambda: 2)
+        >>> r = restore(state)
+        >>> r is not m, r.indices is m.indices, known_layout(r, ("a",)), known_layout(r, ("b",))
+        (True, True, 1, None)
+    """
+    m = copy.copy(state.matrix)
+    memos = {k: restore(v) if isinstance(v, MemoState) else v for k, v in state.memos.items()}
+    with _memo_lock:
+        _layouts[m] = memos
+    return m
 
 
 def ordering(m: CanonicalMatrix, order: str) -> Ordering | None:

@@ -132,8 +132,67 @@ CHUNK_ENTRIES = 1 << 20  # entries counted at a time (whole rows)
 PARALLEL_ENTRIES = 1 << 23  # count on several threads from this many entries on
 
 
-def ranked_runs(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray, workers: int | None = None
-                ) -> RankedRuns:
+@dataclass(frozen=True)
+class RowSample:
+    """Which rows :func:`ranked_runs_many` counts on a large matrix, and what each counted row stands for.
+
+    The rows are cut into chunks of ``chunk_entries`` entries (whole rows). A chunk holding a row of at
+    least ``exact_length`` entries is always counted: such rows make a tile's long runs, few and each
+    weighty. The other chunks, in order, are taken ``every`` at a time and the middle one of each group is
+    counted for all of them (its counts times the group's size, so counts stay whole): in a degree-ordered
+    plan matrix, rows by decreasing length (or row + column length when square), neighbouring chunks
+    hold rows of nearly one length, so the middle one stands well for its group. Matrices of fewer than
+    ``from_entries`` entries are counted exactly.
+
+    Attributes:
+        from_entries: sample from this many entries on.
+        every: chunks in a group (1: count every row).
+        chunk_entries: entries of a chunk.
+        exact_length: rows at least this long are always counted.
+    """
+
+    from_entries: int = 1 << 25
+    every: int = 4
+    chunk_entries: int = 1 << 18
+    exact_length: int = 4096
+
+    def chunks(self, indptr: np.ndarray) -> tuple[list[tuple[int, int]], list[int]]:
+        """Row ranges (a, b) to count and the integer weight of each.
+
+        Example (10 rows of 8 entries then 32 of 1, chunks of 16 entries: rows 0-1, 2-3, ..., 8-9, 10-25,
+        26-41; in groups of 4 the third chunk stands for the first four, the sixth for the last three):
+            >>> s = RowSample(from_entries=0, every=4, chunk_entries=16, exact_length=1_000)
+            >>> s.chunks(np.concatenate([[0], np.cumsum([8] * 10 + [1] * 32)]))
+            ([(4, 6), (10, 26)], [4, 3])
+            >>> RowSample(from_entries=0, every=4, chunk_entries=16, exact_length=8).chunks(np.array([0, 8, 16, 17]))
+            ([(0, 2), (2, 3)], [1, 1])
+        """
+        nnz = int(indptr[-1])
+        exact = self.every <= 1 or nnz < self.from_entries
+        step = CHUNK_ENTRIES if exact else self.chunk_entries
+        cuts = np.searchsorted(indptr, np.arange(step, nnz, step))
+        rows = np.unique(np.concatenate([[0], cuts, [indptr.size - 1]]))
+        rows = rows[np.r_[True, indptr[rows[1:]] > indptr[rows[:-1]]]] if rows.size > 1 else rows
+        ranges = list(zip(rows[:-1].tolist(), rows[1:].tolist()))
+        if exact or not ranges:
+            return ranges, [1] * len(ranges)
+        lengths = np.diff(indptr)
+        longest = np.maximum.reduceat(lengths, rows[:-1])
+        whole = longest >= self.exact_length
+        out = [(r, 1) for r in np.flatnonzero(whole).tolist()]
+        rest = np.flatnonzero(~whole)
+        for g in range(0, rest.size, self.every):
+            group = rest[g:g + self.every]
+            out.append((int(group[group.size // 2]), int(group.size)))
+        out.sort()
+        return [ranges[r] for r, _ in out], [w for _, w in out]
+
+
+EXACT = RowSample(every=1)  # count every row
+
+
+def ranked_runs(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray, workers: int | None = None,
+                sample: RowSample = EXACT) -> RankedRuns:
     """Count every tile's rows by their length inside the tile, straight from the CSR arrays (no regrouping
     of the entries): :class:`RankedRuns`, equal to :func:`tile_entries`' runs ranked per tile.
 
@@ -142,11 +201,11 @@ def ranked_runs(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray, wor
         >>> r.lengths.tolist(), r.counts.tolist(), r.offsets.tolist()
         ([2, 2, 1], [1, 1, 1], [0, 1, 3])
     """
-    return ranked_runs_many(indptr, indices, [bounds], workers)[0]
+    return ranked_runs_many(indptr, indices, [bounds], workers, sample)[0]
 
 
-def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list, workers: int | None = None
-                     ) -> list[RankedRuns]:
+def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list, workers: int | None = None,
+                     sample: RowSample = EXACT) -> list[RankedRuns]:
     """:func:`ranked_runs` for several tilings (each from :func:`tile_bounds`) in one pass over the entries.
 
     The rows' column indices must be sorted (canonical CSR), so that a row's entries of one tile are
@@ -154,7 +213,8 @@ def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list,
     multiple of the narrowest, the entries are cut once, into runs of the narrowest tiles, and the wider
     tilings merge those runs (a quarter as many as entries on a power-law graph). The entries are counted
     a million at a time, so that the passes work in cache on reused memory, and on ``workers`` threads
-    for large matrices (NumPy releases the GIL in its passes): counts add up.
+    for large matrices (NumPy releases the GIL in its passes): counts add up. ``sample`` may count only
+    some of the rows, each counted run standing for several (:class:`RowSample`); the default counts all.
 
     Example (tiles of 2 and of 4 columns):
         >>> b2, b4 = np.array([0, 2, 4]), np.array([0, 4])
@@ -167,18 +227,17 @@ def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list,
     nnz = int(indptr[-1])
     if workers is None:
         workers = min(8, os.cpu_count() or 1) if nnz >= PARALLEL_ENTRIES else 1
-    cuts = np.searchsorted(indptr, np.arange(CHUNK_ENTRIES, nnz, CHUNK_ENTRIES))
-    rows = np.unique(np.concatenate([[0], cuts, [indptr.size - 1]])).tolist()
-    chunks = [(a, b) for a, b in zip(rows[:-1], rows[1:]) if indptr[b] > indptr[a]]
+    ranges, weights = sample.chunks(indptr)
+    chunks = list(zip(ranges, weights))
 
     def count(group):
         dense = [np.zeros((n, COUNTED_LENGTHS), np.int64) for n in n_tiles]
         long = [[] for _ in n_tiles]
-        for a, b in group:
+        for (a, b), weight in group:
             part = _chunk_counts(indptr[a:b + 1] - indptr[a], indices[indptr[a]:indptr[b]], bounds_list)
             for k, (d, lt, ll) in enumerate(part):
-                dense[k] += d
-                long[k].append((lt, ll))
+                dense[k] += d if weight == 1 else d * weight
+                long[k].append((lt, ll, np.full(lt.size, weight, np.int64)))
         return dense, long
     groups = [chunks[i::workers] for i in range(workers) if chunks[i::workers]]
     if len(groups) > 1:
@@ -190,16 +249,19 @@ def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list,
     for k, n in enumerate(n_tiles):
         dense = sum(p[0][k] for p in parts)
         pairs = [x for p in parts for x in p[1][k]]
-        long_tile = np.concatenate([t for t, _ in pairs]) if pairs else np.zeros(0, np.int64)
-        long_length = np.concatenate([v for _, v in pairs]) if pairs else np.zeros(0, np.int64)
-        out.append(_ranked(dense, long_tile, long_length, n))
+        long_tile, long_length, long_weight = (np.concatenate([x[i] for x in pairs]) if pairs else np.zeros(0, np.int64)
+                                               for i in range(3))
+        out.append(_ranked(dense, long_tile, long_length, long_weight, n))
     return out
 
 
-def _ranked(dense: np.ndarray, long_tile: np.ndarray, long_length: np.ndarray, n_tiles: int) -> RankedRuns:
-    """:class:`RankedRuns` from a (tile, length) table of the short runs and the long runs' pairs."""
+def _ranked(dense: np.ndarray, long_tile: np.ndarray, long_length: np.ndarray, long_weight: np.ndarray,
+            n_tiles: int) -> RankedRuns:
+    """:class:`RankedRuns` from a (tile, length) table of the short runs and the long runs' pairs, each
+    standing for ``long_weight`` runs."""
     span = int(long_length.max(initial=0)) + 1
-    pairs, long_counts = np.unique(long_tile.astype(np.int64) * span + long_length, return_counts=True)
+    pairs, at = np.unique(long_tile.astype(np.int64) * span + long_length, return_inverse=True)
+    long_counts = np.bincount(at.ravel(), weights=long_weight, minlength=pairs.size).astype(np.int64)
     at = np.flatnonzero(dense)
     tile = np.concatenate([pairs // span, at // COUNTED_LENGTHS])
     length = np.concatenate([pairs % span, at % COUNTED_LENGTHS])

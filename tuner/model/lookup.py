@@ -1,6 +1,7 @@
 """The lookup-table model of paper 003: per-warp table performance combined by equations 1-5."""
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -235,14 +236,16 @@ def can_predict(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> b
     return all(profile.has(table_for(profile, key)[0]) for key, _ in SEGMENTS[spec.family](view, spec.params))
 
 
-def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profile) -> list[float | None]:
-    """:func:`predict_lookup` of every candidate, their warp segments built first, in parallel; None for a
-    candidate the profile cannot predict (:func:`can_predict`).
+def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profile, workers: int | None = None
+                 ) -> list[float | None]:
+    """:func:`predict_lookup` of every candidate, their warp segments built first, in parallel (on
+    ``workers`` threads; default :func:`~tuner.model.warps.prebuild`'s); None for a candidate the profile
+    cannot predict (:func:`can_predict`).
 
     Example: see tests/test_model.py (needs a profile).
     """
     ok = [can_predict(m, spec, profile) for spec in specs]
-    _prebuild(m, [spec for spec, k in zip(specs, ok) if k], profile)
+    _prebuild(m, [spec for spec, k in zip(specs, ok) if k], profile, workers)
     return [predict_lookup(m, spec, profile) if k else None for spec, k in zip(specs, ok)]
 
 
@@ -250,33 +253,46 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
                          ) -> tuple[list[Specialization], list[float | None]]:
     """Every candidate of ``m`` (``families.specializations``) and its prediction (:func:`predict_many`),
     in that order. While the families whose space reads the profile (the tiled ones: they count every
-    tile's rows and run Algorithm 2) build their candidates, the other families' warp histograms (passes
-    over the rows of each class) are built on other threads: the two do not wait for each other.
+    tile's rows and run Algorithm 2) build their candidates and are predicted, the other families'
+    candidates are predicted on other threads, one per view (ordering) of the matrix, each building its
+    view's warp histograms first (passes over the rows of each class, on threads of their own): none
+    waits for another (models/README, session 30: on rmat:23 a tenth faster than predicting them after
+    the tiled candidates).
 
     Example: see tests/test_model.py (needs a profile).
     """
     names = list(families.REGISTRY) if names is None else list(names)
     tiled = [n for n in names if families.get(n).uses_profile]
     plain = families.specializations(m, [n for n in names if n not in tiled], profile=profile)
+    views: dict[str, list[Specialization]] = {}
+    for spec in plain:
+        views.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
+    # The histogram threads shared between the views: as many in all as one view had alone.
+    workers = max(1, min(8, os.cpu_count() or 1) // max(len(views), 1))
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        built = pool.submit(_prebuild, m, [spec for spec in plain if can_predict(m, spec, profile)], profile)
+    with ThreadPoolExecutor(max_workers=max(len(views), 1)) as pool:
+        pending = [(view, pool.submit(predict_many, m, view, profile, workers)) for view in views.values()]
         tiled_specs = families.specializations(m, tiled, profile=profile)
-        built.result()
+        predicted = dict(zip(map(id, tiled_specs), predict_many(m, tiled_specs, profile)))
+        for view, done in pending:
+            predicted.update(zip(map(id, view), done.result()))
     made = {n: [] for n in names}
     for spec in plain + tiled_specs:
         made[spec.family].append(spec)
     specs = [spec for n in names for spec in made[n]]
-    return specs, predict_many(m, specs, profile)
+    return specs, [predicted[id(spec)] for spec in specs]
 
 
-def _prebuild(m: CanonicalMatrix, specs: list[Specialization], profile: Profile) -> None:
-    """Build the warp histograms of ``specs`` and each view's gather shares, view by view (the caller's order
-    first: no relabelling); the tiled families' launches need no histograms (:mod:`tuner.model.tiled`)."""
+def _prebuild(m: CanonicalMatrix, specs: list[Specialization], profile: Profile, workers: int | None = None
+              ) -> None:
+    """Build the warp histograms of ``specs`` (on ``workers`` threads) and each view's gather shares, view
+    by view (the caller's order first: no relabelling); the tiled families' launches need no histograms
+    (:mod:`tuner.model.tiled`)."""
     by_order: dict[str, list] = {}
     for spec in (s for s in specs if s.family not in TILED_SUMS):
         by_order.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
     for order in sorted(by_order, key=lambda o: o != NONE):
         view = ordered_structure(m, order)
-        prebuild(view, [s for spec in by_order[order] for _, s in SEGMENTS[spec.family](view, spec.params)])
+        prebuild(view, [s for spec in by_order[order] for _, s in SEGMENTS[spec.family](view, spec.params)],
+                 workers)
         gather_fractions(view, profile)

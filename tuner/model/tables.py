@@ -142,7 +142,8 @@ def blended(profile: Profile, key: str, w: np.ndarray, fractions) -> np.ndarray:
     """
     w = np.asarray(w, dtype=np.float64)
     inv = sum((f / profile.performance(key, r, w) for f, r in _regimes(fractions)), np.zeros(w.shape))
-    return 1.0 / inv
+    with np.errstate(divide="ignore"):  # no regime reached (no gathers at all): no time, not a warning
+        return 1.0 / inv
 
 
 def row_heights(profile: Profile, value_free: bool, block: int) -> tuple:
