@@ -22,6 +22,16 @@ def test_matrix_metrics_by_hand():
     assert lk["spearman"] == pytest.approx(0.8)
 
 
+def test_the_choice_is_model_modes_recorded_pick_where_it_was_measured():
+    # k0 is a candidate planning no longer makes (its prediction is the least); model mode picked k1.
+    rs = rows_for("m", pred=[1.0, 2.0, 3.0], base=[3.0, 2.0, 1.0], meas=[2.0, 1.0, 3.0])
+    assert matrix_metrics(rs, "predicted_ms", pick="k1")["regret"] == 1.0
+    assert matrix_metrics(rs, "predicted_ms")["regret"] == 2.0
+    assert matrix_metrics(rs, "predicted_ms", pick="gone")["choice"] == "k0"  # never measured: least predicted
+    s = summarize(rs, {"m": "k1"})["per_matrix"]["m"]
+    assert s["lookup"]["choice"] == "k1" and s["baseline"]["choice"] == "k2"  # the pick is the lookup model's
+
+
 def test_failed_candidates_are_left_out_of_metrics():
     rs = rows_for("m", pred=[1.0, 2.0, 3.0], base=[1.0, 2.0, 3.0], meas=[math.nan, 2.0, 4.0])
     lk = matrix_metrics(rs, "predicted_ms")
@@ -160,6 +170,9 @@ def test_interrupted_report_resumes_measuring_only_what_is_missing(tmp_path, fak
     assert meta["command"] == "first ; then second" and set(meta["matrices"]) == set(SUITE)
     # Planning (candidates and predictions) is timed apart from the relabelled layout it reads.
     assert all(0 < m["planning_seconds"] < 30 and m["layout_seconds"] >= 0 for m in meta["matrices"].values())
+    # With model mode's pick: the candidate of least prediction.
+    assert all(m["model_pick"] == min((r for r in rows if r.matrix == name), key=lambda r: r.predicted_ms).candidate
+               for name, m in meta["matrices"].items())
 
 
 def test_collect_keeps_the_median_and_range_of_the_timing_rounds(fake_profile):
@@ -186,7 +199,7 @@ def test_repredict_names_a_pick_of_model_mode_that_the_report_never_measured(tmp
     name = rows[0].matrix
     pick = min((r for r in rows if r.matrix == name), key=lambda r: r.predicted_ms)
     _, planning = repredict([r for r in rows if r is not pick], SUITE, fake_profile, plan_repeats=1)
-    assert planning[name]["unmeasured_pick"] == pick.candidate
+    assert planning[name]["unmeasured_pick"] == pick.candidate == planning[name]["model_pick"]
     assert all("unmeasured_pick" not in t for n, t in planning.items() if n != name)
     assert "planning_runs" not in planning[name]  # one plan: nothing to take a median of
     assert f"{name}: model mode now picks {pick.candidate}" in caplog.text
@@ -204,6 +217,8 @@ def test_repredict_recomputes_predictions_from_params_and_keeps_measurements(tmp
     # Three plans each (the default), the median recorded; model mode picks a candidate the report measured.
     assert all(len(t["planning_runs"]) == 3 and t["planning_seconds"] == np.median(t["planning_runs"])
                and "unmeasured_pick" not in t for t in planning.values())
+    for name, t in planning.items():  # model mode's pick: the candidate of least prediction
+        assert t["model_pick"] == min((r for r in rows if r.matrix == name), key=lambda r: r.predicted_ms).candidate
     # A candidate that planning no longer enumerates is still predicted, apart from the others.
     binned = next(r for r in stale if r.family == "binned")
     moved = replace(binned, params=json.dumps({**json.loads(binned.params), "medium_max": 48, "huge_min": None}))

@@ -61,8 +61,10 @@ def _by_matrix(rows: list[Row]) -> dict[str, list[Row]]:
     return out
 
 
-def matrix_metrics(rows: list[Row], column: str) -> dict:
-    """Metrics of one matrix's candidates for one model's prediction column.
+def matrix_metrics(rows: list[Row], column: str, pick: str | None = None) -> dict:
+    """Metrics of one matrix's candidates for one model's prediction column. The model's choice is ``pick``
+    (the candidate model mode picked when the matrix was planned) where it was measured, else the row of
+    least prediction (the same unless some rows are of candidates planning no longer makes).
 
     Example:
         >>> rs = [Row("m", 1, "f", c, p, 0.0, t) for c, p, t in [("a", 1.0, 1.1), ("b", 2.0, 1.9), ("c", 3.0, 3.3)]]
@@ -73,7 +75,8 @@ def matrix_metrics(rows: list[Row], column: str) -> dict:
     ok = [r for r in rows if math.isfinite(r.measured_ms)]
     pred = np.array([getattr(r, column) for r in ok])
     meas = np.array([r.measured_ms for r in ok])
-    choice, best = int(np.argmin(pred)), int(np.argmin(meas))
+    labels = [r.candidate for r in ok]
+    choice, best = labels.index(pick) if pick in labels else int(np.argmin(pred)), int(np.argmin(meas))
     rho = float(stats.spearmanr(pred, meas).statistic) if len(ok) > 2 and np.ptp(pred) > 0 else float("nan")
     return {"mdape": float(np.median(np.abs(pred - meas) / meas)), "spearman": rho,
             "top1": choice == best, "regret": float(meas[choice] / meas[best]),
@@ -109,8 +112,9 @@ def open_verdict(lo: float, hi: float) -> bool:
     return bool(lo <= WITHIN < hi)
 
 
-def summarize(rows: list[Row]) -> dict:
-    """Per-matrix and overall metrics for every model.
+def summarize(rows: list[Row], picks: dict | None = None) -> dict:
+    """Per-matrix and overall metrics for every model; ``picks``: per matrix, the lookup model's pick in
+    model mode (see :func:`matrix_metrics`).
 
     Overall: median absolute percentage error over all candidates of all matrices, mean per-matrix Spearman
     correlation, share of matrices whose model choice is the measured best, share within 5 % of it, and
@@ -122,7 +126,9 @@ def summarize(rows: list[Row]) -> dict:
         >>> s["overall"]["lookup"]["within_5pct"], s["overall"]["baseline"]["within_5pct"]
         (1.0, 0.0)
     """
-    per_matrix = {name: {model: matrix_metrics(rs, col) for model, col in MODEL_COLUMNS.items()}
+    picks = picks or {}
+    per_matrix = {name: {model: matrix_metrics(rs, col, picks.get(name) if model == "lookup" else None)
+                         for model, col in MODEL_COLUMNS.items()}
                   for name, rs in _by_matrix(rows).items()}
     overall = {}
     for model, col in MODEL_COLUMNS.items():
@@ -333,7 +339,7 @@ def _layout_section(choices: dict | None) -> str:
 def write_all(rows: list[Row], meta: dict, outdir: Path) -> dict:
     """CSV, PNG, HTML and JSON of a report into ``outdir``; returns the summary."""
     outdir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(rows)
+    summary = summarize(rows, {name: info.get("model_pick") for name, info in meta.get("matrices", {}).items()})
     write_csv(rows, outdir / "report.csv")
     plot(rows, outdir / "report.png")
     write_html(summary, meta, outdir / "report.html", "report.png")
@@ -456,7 +462,7 @@ def collect(suite: list[str], profile, cache_dir=None, progress=None, outdir: Pa
             done = {r.candidate for r in rows if r.matrix == name}
             todo = [(s, p) for s, p in zip(specs, predicted) if s.label() not in done]
             per[name] = {"source": str(source), "nnz": m.nnz, "n_rows": m.n_rows, **planning_record(seconds),
-                         "complete": False}
+                         "model_pick": model_pick(specs, predicted), "complete": False}
             save_progress()
             for (s, p), t in zip(todo, timer.times(m, [s for s, _ in todo], rounds)):
                 row = Row(name, m.nnz, s.family, s.label(), p, predict_baseline(m, s, profile),
@@ -485,6 +491,24 @@ def planning_host() -> dict:
         ['cpus', 'node']
     """
     return {"node": platform.node(), "cpus": os.cpu_count() or 1}
+
+
+def model_pick(specs: list, predicted: list) -> str | None:
+    """The label of the candidate model mode picks (:func:`~tuner.planner.select`) among those predicted.
+
+    Example:
+        >>> from tuner.families.base import Specialization
+        >>> from tuner.families.csr_vector import CsrVectorParams
+        >>> s = [Specialization("csr_vector", CsrVectorParams(t), np.dtype("float32"), np.dtype("int32"), True)
+        ...      for t in (1, 2, 4)]
+        >>> model_pick(s, [3.0, None, 2.0]).startswith("csr_vector(threads_per_row=4")
+        True
+    """
+    from .planner import select
+    kept = [(s, p) for s, p in zip(specs, predicted) if p is not None]
+    if not kept:
+        return None
+    return select("model", [s for s, _ in kept], [p for _, p in kept], benchmark=None)[0].label()
 
 
 def planning_record(seconds: dict) -> dict:
@@ -547,8 +571,8 @@ def repredict(rows: list[Row], suite: list[str], profile, progress=None, plan_re
         apart = [s for s in specs if s.label() not in by_label]
         # Model mode's pick among what planning now enumerates: the report judges the pick among the
         # measured rows, which is the same pick unless planning now makes a candidate nobody timed.
-        scored = [(p, s.label()) for s, p in zip(planned, predictions) if p is not None]
-        pick = min(scored)[1] if scored else None
+        pick = model_pick(planned, predictions)
+        seconds[name]["model_pick"] = pick
         if pick is not None and pick not in {s.label() for s in specs}:
             seconds[name]["unmeasured_pick"] = pick
             log.warning("%s: model mode now picks %s, which this report did not measure", name, pick)
