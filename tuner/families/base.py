@@ -176,7 +176,8 @@ class MemoState:
     """A matrix as it stands at one moment: a shallow copy of it (the arrays and cached properties it has
     so far) and what :func:`shared_layout` holds for it, matrices among that (a relabelled view) in turn.
     :func:`restore` makes a new matrix from it that has exactly that and nothing built since: the same
-    planning can be timed again from the same start."""
+    planning can be timed again from the same start. Other memos are shared, not copied: take it before
+    planning makes views that refer back to the matrix (:func:`ordered_structure`'s)."""
 
     matrix: CanonicalMatrix
     memos: dict
