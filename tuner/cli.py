@@ -135,7 +135,7 @@ def cmd_report(args) -> int:
             suite = args.suite or bench.default_suite(args.data_dir, report=True)
             rows, planning = report.repredict(rows, suite, prof, progress=bar, plan_repeats=args.plan_repeats)
             # The planning seconds are now this model's, timed here; the rest of each record stays.
-            meta["matrices"] = {name: {**meta.get("matrices", {}).get(name, {}), **planning.get(name, {})}
+            meta["matrices"] = {name: report.replanned(meta.get("matrices", {}).get(name, {}), planning.get(name, {}))
                                 for name in dict.fromkeys([*meta.get("matrices", {}), *planning])}
             meta.update(profile_digest=prof.digest, planning_host=report.planning_host())
     else:

@@ -527,6 +527,26 @@ def planning_record(seconds: dict) -> dict:
     return out
 
 
+# What planning a matrix records (collect, repredict): replaced as a whole when a matrix is planned again.
+PLANNING_KEYS = ("planning_seconds", "planning_runs", "layout_seconds", "model_pick", "unmeasured_pick")
+
+
+def replanned(record: dict, planning: dict) -> dict:
+    """A matrix's report record with a new planning's keys (from :func:`repredict`) in place of the old
+    ones, none of those left over; the record as it was when the matrix was not planned again.
+
+    Example:
+        >>> old = {"nnz": 9, "planning_seconds": 2.0, "planning_runs": [2.0], "unmeasured_pick": "a"}
+        >>> replanned(old, {"planning_seconds": 1.0, "model_pick": "b"})
+        {'nnz': 9, 'planning_seconds': 1.0, 'model_pick': 'b'}
+        >>> replanned(old, {}) == old
+        True
+    """
+    if not planning:
+        return dict(record)
+    return {**{k: v for k, v in record.items() if k not in PLANNING_KEYS}, **planning}
+
+
 def repredict(rows: list[Row], suite: list[str], profile, progress=None, plan_repeats: int = PLAN_REPEATS
               ) -> tuple[list[Row], dict]:
     """``rows`` with the lookup model's predictions (and Algorithm 3's picks) made again from each
@@ -569,8 +589,7 @@ def repredict(rows: list[Row], suite: list[str], profile, progress=None, plan_re
         specs = [Specialization(r.family, families.get(r.family).params_from_dict(json.loads(r.params)),
                                 m.value_dtype, m.index_dtype, m.value_free) for r in rs]
         apart = [s for s in specs if s.label() not in by_label]
-        # Model mode's pick among what planning now enumerates: the report judges the pick among the
-        # measured rows, which is the same pick unless planning now makes a candidate nobody timed.
+        # Model mode's pick among what planning now enumerates: the report judges it where it was measured.
         pick = model_pick(planned, predictions)
         seconds[name]["model_pick"] = pick
         if pick is not None and pick not in {s.label() for s in specs}:
