@@ -155,3 +155,19 @@ def test_repeated_planning_starts_each_plan_afresh_from_the_relabelled_matrix(mo
     assert "plan_runs" not in once_seconds and len(counted) == 4
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         compiler.plan_candidates(canonicalize(power_law(300, seed=1)), prof, repeats=0)
+
+
+def test_planning_calls_no_blas_routine(monkeypatch):
+    # OpenBLAS wakes a thread per core for a dot product of over 10,000 elements, and they spin for a while
+    # after it, taking the cores planning's own threads work on (H100 host: 2-3 s more CPU per plan of rmat:23).
+    from tuner import compiler
+    from tuner.model import Profile
+    from .fake_profile import fake_profile_json
+    called = []
+    for name in ("dot", "vdot", "inner", "matmul", "tensordot", "einsum"):
+        real = getattr(np, name)
+        monkeypatch.setattr(np, name, lambda *a, _name=name, _real=real, **k: called.append(_name) or _real(*a, **k))
+    m = canonicalize(power_law(3000, n_cols=120_000, seed=5))  # x of 15,000 sectors
+    specs, predicted, _ = compiler.plan_candidates(m, Profile.from_json(fake_profile_json()))
+    assert called == []
+    assert len(specs) > 20 and all(p is not None and p > 0 for p in predicted)
