@@ -112,6 +112,27 @@ def test_sampled_tile_counts_keep_every_long_run_and_estimate_the_rest_closely()
         assert est.counts.dtype == np.int64 and np.all(est.counts > 0)
 
 
+def test_sampled_chunks_counted_in_joined_units_equal_each_chunk_counted_alone(monkeypatch):
+    # The sample's chunks are joined into units of about a million entries (fewer NumPy calls under the
+    # GIL); the counts must be exactly those of counting every chunk by itself.
+    from tuner.formats import tiles as formats_tiles
+    from tuner.formats.tiles import RowSample, ranked_runs_many, work_units
+    from tuner.loaders import load
+    b = ordered_matrix(canonicalize(load("rmat:16")), "degree")
+    bounds = [tile_bounds(b.col_lengths, w) for w in (512, 1024, 2048)]
+    sample = RowSample(from_entries=0, every=4, chunk_entries=4096, exact_length=256)
+    ranges, weights = sample.chunks(b.indptr)
+    units = work_units(b.indptr, ranges, weights, entries=1 << 16)
+    assert len(units) < len(ranges) / 3 and max(len(u) for u, _ in units) > 1  # joined, some from apart
+    assert sorted(r for u, _ in units for r in u) != sorted(ranges)  # ranges that met became one
+    joined = ranked_runs_many(b.indptr, b.indices, bounds, sample=sample)
+    monkeypatch.setattr(formats_tiles, "work_units", lambda indptr, r, w: [([x], k) for x, k in zip(r, w)])
+    alone = ranked_runs_many(b.indptr, b.indices, bounds, sample=sample)
+    for j, a in zip(joined, alone):
+        assert all(np.array_equal(getattr(j, f), getattr(a, f)) for f in ("lengths", "counts", "offsets"))
+        assert j.n_tiles > 10 and int(j.counts.sum()) > 10_000
+
+
 def test_small_matrices_and_the_default_are_counted_exactly():
     from tuner.formats.tiles import RowSample, ranked_runs_many
     b = plan_of(power_law(3000, seed=11))
