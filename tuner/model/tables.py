@@ -244,7 +244,7 @@ def sum_of_products(a: np.ndarray, b: np.ndarray) -> float:
     """The sum of ``a * b``, without BLAS: np.dot of vectors over 10,000 elements wakes OpenBLAS's threads,
     one per core, and they spin for a while after each call, taking the cores planning's own threads
     count and build on (H100 host, rmat:23: 2-3 s more CPU per plan and a tenth more wall time, for
-    three dot products over x's million sectors).
+    two dot products per view over x's million sectors).
 
     Example:
         >>> sum_of_products(np.array([1, 2, 3]), np.array([0.5, 0.25, 1.0]))
