@@ -112,3 +112,82 @@ def test_stream_hold_ptx_assembles_for_sm_90(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "hold.cubin").stat().st_size > 0
+
+
+_CHILD = """
+import sys, time
+from pathlib import Path
+from tuner import codegen
+from tuner.cache import Cache
+root, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+codegen.nvcc_version()  # before the start line, so that only the compiles race
+ready.touch()
+while not go.exists():
+    time.sleep(0.01)
+b = codegen.compile_source('extern "C" __global__ void k(float* y) { y[threadIdx.x] = 3.f; }', cache=Cache(root))
+print(b.cached, len(b.cubin))
+"""
+
+
+def test_processes_compiling_one_kernel_at_once_run_nvcc_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+    calls = tmp_path / "nvcc-calls"
+    wrapper = tmp_path / "nvcc"
+    # Counts the compiles and makes each last a second longer, so the other processes arrive while it runs.
+    wrapper.write_text(f'#!/bin/sh\ncase " $* " in *" -cubin "*) echo $$ >> {calls}; sleep 1;; esac\n'
+                       f'exec {codegen.nvcc_path()} "$@"\n')
+    wrapper.chmod(0o755)
+    go = tmp_path / "go"
+    env = {**os.environ, "NVCC": str(wrapper)}
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path / "cache"), str(tmp_path / f"ready{i}"),
+                               str(go)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(3)]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready{i}").exists() for i in range(3)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err for _, err in results]
+    cached = sorted(out.split()[0] for out, _ in results)
+    assert cached == ["False", "True", "True"]
+    assert len({out.split()[1] for out, _ in results}) == 1
+    assert len(calls.read_text().split()) == 1
+
+
+def test_threads_compiling_one_kernel_at_once_run_nvcc_once(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    cache = Cache(tmp_path)
+    src = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 4.f; }'
+    with ThreadPoolExecutor(4) as pool:
+        binaries = list(pool.map(lambda _: codegen.compile_source(src, cache=cache), range(4)))
+    assert sorted(b.cached for b in binaries) == [False, True, True, True]
+    assert len({b.cubin for b in binaries}) == 1
+
+
+def test_compile_into_a_cache_that_became_a_file_names_the_path(tmp_path):
+    from tuner.cache import CacheError
+    cache = Cache(tmp_path / "cache")
+    cache.root.write_text("")
+    src = 'extern "C" __global__ void k(float* y) { y[threadIdx.x] = 5.f; }'
+    with pytest.raises(CacheError) as info:
+        codegen.compile_source(src, cache=cache)
+    text = str(info.value)
+    assert text.startswith(f"cannot write lock file {cache.root / 'lock' / 'cubin'}")
+    assert f"({cache.root} is not a directory)" in text and "TUNER_CACHE_DIR or --cache-dir" in text
+
+
+def test_compile_failure_releases_the_lock(tmp_path):
+    import fcntl
+    import os
+    cache = Cache(tmp_path)
+    src = 'extern "C" __global__ void k() { undeclared_thing = 1; }'
+    with pytest.raises(codegen.CompileError):
+        codegen.compile_source(src, cache=cache)
+    fd = os.open(cache.lock_path("cubin", codegen.binary_key(src, "sm_90")), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
+    finally:
+        os.close(fd)

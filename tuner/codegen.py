@@ -2,6 +2,8 @@
 
 The binary cache key is sha256 over the rendered source, the nvcc version, the options and the target
 architecture (as Triton and PyCUDA do), so a changed template, compiler or flag never reuses a stale cubin.
+A compile holds the cache's lock of its key while it checks the cache again, runs nvcc and puts the cubin,
+so processes and threads compiling the same kernel at once run nvcc once: the others wait and read it.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import jinja2
 
 from . import paths
-from .cache import Cache, atomic_write, make_key
+from .cache import Cache, make_key
 
 DEFAULT_ARCH = "sm_90"
 NVCC_OPTIONS = ("-O3", "-lineinfo")
@@ -34,7 +36,12 @@ class ToolchainError(RuntimeError):
 
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
-    """The Jinja2 environment over templates/ (StrictUndefined: a missing variable is an error)."""
+    """The Jinja2 environment over templates/ (StrictUndefined: a missing variable is an error).
+
+    Example:
+        >>> "csr_vector.cu.j2" in environment().list_templates()
+        True
+    """
     return jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_dir())),
                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                               keep_trailing_newline=True)
@@ -54,7 +61,12 @@ def render(template: str, context: dict) -> str:
 
 @lru_cache(maxsize=1)
 def nvcc_path() -> str:
-    """Path of nvcc: ``$NVCC``, then PATH, then ``$CUDA_HOME/bin``, then /usr/local/cuda/bin."""
+    """Path of nvcc: ``$NVCC``, then PATH, then ``$CUDA_HOME/bin``, then /usr/local/cuda/bin (found once).
+
+    Example:
+        >>> os.access(nvcc_path(), os.X_OK)
+        True
+    """
     candidates = [os.environ.get("NVCC"), shutil.which("nvcc")]
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home:
@@ -67,7 +79,12 @@ def nvcc_path() -> str:
 
 @lru_cache(maxsize=1)
 def nvcc_version() -> str:
-    """nvcc's version line, e.g. 'V13.0.88' (part of every binary cache key)."""
+    """nvcc's version, e.g. 'V13.0.88' (part of every binary cache key).
+
+    Example:
+        >>> nvcc_version().startswith("V")
+        True
+    """
     out = subprocess.run([nvcc_path(), "--version"], capture_output=True, text=True, check=True).stdout
     m = re.search(r"V(\d+\.\d+\.\d+)", out)
     return m.group(0) if m else out.strip().splitlines()[-1]
@@ -101,6 +118,12 @@ class Binary:
 
 
 def binary_key(source: str, arch: str, options: tuple[str, ...] = NVCC_OPTIONS) -> str:
+    """The binary cache key of ``source`` compiled for ``arch`` with ``options`` by this nvcc.
+
+    Example:
+        >>> binary_key("//", "sm_90") != binary_key("//", "sm_80")
+        True
+    """
     return make_key("cubin", source, nvcc_version(), " ".join(options), arch)
 
 
@@ -108,42 +131,63 @@ def compile_source(source: str, arch: str = DEFAULT_ARCH, options: tuple[str, ..
                    cache: Cache | None = None) -> Binary:
     """Compile CUDA ``source`` to a cubin for ``arch``, through the binary cache.
 
+    nvcc runs under the cache's lock of the binary key, so concurrent compiles of one source, in other
+    processes or threads, run it once. The source is kept as ``<cache>/src/<key>.cu`` for nvcc's messages.
+    Raises ``CompileError`` when nvcc fails, ``ToolchainError`` when it is missing, ``CacheError`` when the
+    cache cannot be written.
+
     Example:
-        >>> b = compile_source('extern "C" __global__ void k(float* y) { y[0] = 1.f; }')
-        >>> b.arch, len(b.cubin) > 0
-        ('sm_90', True)
+        >>> import tempfile
+        >>> cache = Cache(tempfile.mkdtemp())
+        >>> b = compile_source('extern "C" __global__ void k(float* y) { y[0] = 1.f; }', cache=cache)
+        >>> b.arch, len(b.cubin) > 0, b.cached
+        ('sm_90', True, False)
+        >>> compile_source('extern "C" __global__ void k(float* y) { y[0] = 1.f; }', cache=cache).cached
+        True
     """
     cache = cache or Cache()
     key = binary_key(source, arch, options)
     body = cache.get("cubin", key)
     if body is not None:
         return Binary(key=key, cubin=body, arch=arch, cached=True)
-    src_path = cache.root / "src" / f"{key}.cu"
-    atomic_write(src_path, source.encode())
-    with tempfile.TemporaryDirectory(prefix="tuner-nvcc-") as tmp:
-        out = Path(tmp) / "kernel.cubin"
-        cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *options, "-o", str(out), str(src_path)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise CompileError(f"nvcc failed (exit {proc.returncode}) on {src_path}\n"
-                               f"command: {' '.join(cmd)}\n{proc.stderr}{proc.stdout}")
-        cubin = out.read_bytes()
-    cache.put("cubin", key, cubin, meta={"arch": arch, "nvcc": nvcc_version(), "options": list(options)})
+    with cache.lock("cubin", key):
+        body = cache.get("cubin", key)  # put by whoever held the lock before us
+        if body is not None:
+            return Binary(key=key, cubin=body, arch=arch, cached=True)
+        src_path = cache.write(cache.root / "src" / f"{key}.cu", source.encode())
+        with tempfile.TemporaryDirectory(prefix="tuner-nvcc-") as tmp:
+            out = Path(tmp) / "kernel.cubin"
+            cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *options, "-o", str(out), str(src_path)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise CompileError(f"nvcc failed (exit {proc.returncode}) on {src_path}\n"
+                                   f"command: {' '.join(cmd)}\n{proc.stderr}{proc.stdout}")
+            cubin = out.read_bytes()
+        cache.put("cubin", key, cubin, meta={"arch": arch, "nvcc": nvcc_version(), "options": list(options)})
     return Binary(key=key, cubin=cubin, arch=arch, cached=False)
 
 
 def load_binary(key: str, arch: str, cache: Cache | None = None) -> Binary | None:
-    """A cached binary by key, without running nvcc; None when absent or corrupt."""
+    """A cached binary by key, without running nvcc; None when absent or corrupt.
+
+    Example:
+        >>> import tempfile
+        >>> cache = Cache(tempfile.mkdtemp())
+        >>> _ = cache.put("cubin", "ab" * 32, b"\\x7fELF...")
+        >>> load_binary("ab" * 32, "sm_90", cache).cubin, load_binary("cd" * 32, "sm_90", cache)
+        (b'\\x7fELF...', None)
+    """
     body = (cache or Cache()).get("cubin", key)
     return None if body is None else Binary(key=key, cubin=body, arch=arch, cached=True)
 
 
 def compile_many(sources: list[str], arch: str = DEFAULT_ARCH, cache: Cache | None = None,
                  workers: int | None = None) -> list[Binary]:
-    """Compile several sources in parallel (nvcc runs are independent processes).
+    """Compile several sources in parallel (nvcc runs are independent processes); equal sources once.
 
     Example:
-        >>> [b.arch for b in compile_many(['extern "C" __global__ void k() {}'])]
+        >>> import tempfile
+        >>> [b.arch for b in compile_many(['extern "C" __global__ void k() {}'], cache=Cache(tempfile.mkdtemp()))]
         ['sm_90']
     """
     cache = cache or Cache()
