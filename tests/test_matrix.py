@@ -148,3 +148,59 @@ def test_digest_sees_a_change_in_any_slice_of_the_structure(monkeypatch):
         B.indices[pos] = free
         B.has_sorted_indices = False
         assert matrix.structure_digest(canonicalize(B)) != base
+
+
+def _csr(indptr, indices, shape=(3, 4)):
+    """A CSR matrix whose arrays are set after construction, as a caller can (SciPy checks none of this)."""
+    A = sp.csr_matrix((np.ones(3, np.float32), np.array([0, 1, 2]), np.array([0, 1, 2, 3])), shape=shape)
+    A.indptr, A.indices, A.data = np.asarray(indptr), np.asarray(indices), np.ones(len(indices), np.float32)
+    return A
+
+
+@pytest.mark.parametrize("indptr, indices, words", [
+    ([0, 1, 2, 3], [0, 4, 2], r"column index 4 \(first out of range at position 1\) is out of range for 4 columns"),
+    ([0, 1, 2, 3], [0, -1, 2], r"negative column index -1 \(first at position 1\)"),
+    ([0, 2, 1, 3], [0, 1, 2], r"indptr is not monotonic: indptr\[2\] = 1 < indptr\[1\] = 2"),
+    ([0, 1, 2, 2], [0, 1, 2], r"indptr\[-1\] = 2 does not match the 3 stored entries"),
+    ([0, 1, 2, 4], [0, 1, 2], r"indptr\[-1\] = 4 does not match the 3 stored entries"),
+    ([1, 1, 2, 3], [0, 1, 2], r"indptr\[0\] is 1, but it must be 0"),
+    ([0, 1, 3], [0, 1, 2], r"indptr has 3 entries, but 3 rows need 4"),
+])
+def test_structural_defects_of_csr_are_refused_by_name(indptr, indices, words):
+    with pytest.raises(MatrixError, match=words):
+        canonicalize(_csr(indptr, indices))
+
+
+def test_out_of_range_rows_of_csc_and_coo_are_refused():
+    csc = sp.csc_matrix(np.eye(3, dtype=np.float32))
+    csc.indices[2] = 3
+    with pytest.raises(MatrixError, match="row index 3 .* out of range for 3 rows"):
+        canonicalize(csc)
+    coo = sp.coo_matrix(np.eye(3, dtype=np.float32))
+    coo.col[0] = 9
+    with pytest.raises(MatrixError, match="column index 9 .* out of range for 3 columns"):
+        canonicalize(coo)
+    coo = sp.coo_matrix(np.eye(3, dtype=np.float32))
+    coo.row[1] = -2
+    with pytest.raises(MatrixError, match="negative row index -2"):
+        canonicalize(coo)
+
+
+def test_a_valid_matrix_with_the_largest_index_in_range_is_accepted():
+    m = canonicalize(_csr([0, 1, 2, 3], [3, 0, 3]))
+    assert m.indices.tolist() == [3, 0, 3]
+
+
+def test_integers_beyond_float32_precision_become_float64_unless_float32_is_asked():
+    big = (1 << 24) + 1
+    A = sp.csr_matrix(np.array([[0, big], [3, 0]], dtype=np.int64))
+    m = canonicalize(A)
+    assert m.value_dtype == np.float64 and m.data.tolist() == [float(big), 3.0]
+    with pytest.warns(RuntimeWarning, match=f"integer values up to {big} do not fit float32 exactly"):
+        assert canonicalize(A, dtype=np.float32).value_dtype == np.float32
+    assert canonicalize(sp.csr_matrix(np.array([[0, 1 << 24]], dtype=np.int64))).value_dtype == np.float32
+
+
+def test_summed_duplicates_of_narrow_integers_do_not_wrap():
+    A = sp.coo_matrix((np.array([100, 100], dtype=np.int8), ([0, 0], [1, 1])), shape=(1, 2))
+    assert canonicalize(A).data.tolist() == [200.0]

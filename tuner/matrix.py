@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -109,22 +110,120 @@ class CanonicalMatrix(Shaped):
         return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape, copy=False)
 
 
-def _value_dtype(dtype: np.dtype, requested) -> np.dtype:
+# Integers up to these magnitudes convert to float32 and float64 without rounding.
+FLOAT32_EXACT = 1 << 24
+FLOAT64_EXACT = 1 << 53
+
+
+def _largest_integer(data: np.ndarray) -> int:
+    """Largest magnitude of integer or boolean values (0 when empty); no abs(), which overflows at INT_MIN."""
+    if data.size == 0 or data.dtype == np.bool_:
+        return int(data.size > 0 and data.any())
+    return max(-int(data.min()), int(data.max()))
+
+
+def _value_dtype(dtype: np.dtype, data: np.ndarray, requested) -> np.dtype:
+    """The kernel's value type for values ``data`` of ``dtype``: float32 or float64, chosen so that integer
+    values are not rounded unasked."""
+    if np.issubdtype(dtype, np.complexfloating):
+        raise MatrixError(f"complex matrices are not supported (got {dtype})")
+    integral = np.issubdtype(dtype, np.integer) or dtype == np.bool_
     if requested is not None:
         req = np.dtype(requested)
         if req not in (np.float32, np.float64):
             raise MatrixError(f"dtype must be float32 or float64, got {req}")
-        if np.issubdtype(dtype, np.complexfloating):
-            raise MatrixError(f"complex matrices are not supported (got {dtype})")
+        if integral:
+            big = _largest_integer(data)
+            if big > (FLOAT32_EXACT if req == np.float32 else FLOAT64_EXACT):
+                warnings.warn(f"integer values up to {big} do not fit {req.name} exactly and are rounded",
+                              RuntimeWarning, stacklevel=3)
         return req
-    if np.issubdtype(dtype, np.complexfloating):
-        raise MatrixError(f"complex matrices are not supported (got {dtype})")
     if dtype == np.float64:
         return np.dtype(np.float64)
-    if dtype == np.float32 or np.issubdtype(dtype, np.integer) or dtype == np.bool_ or dtype == np.float16:
-        # Integers and booleans are adjacency counts or flags: float32 holds them for SpMV purposes.
+    if dtype == np.float32 or dtype == np.float16:
         return np.dtype(np.float32)
+    if integral:
+        # Adjacency counts and flags: float32 holds them exactly up to 2^24, float64 up to 2^53.
+        big = _largest_integer(data)
+        if big > FLOAT64_EXACT:
+            warnings.warn(f"integer values up to {big} do not fit float64 exactly and are rounded",
+                          RuntimeWarning, stacklevel=3)
+        return np.dtype(np.float32 if big <= FLOAT32_EXACT else np.float64)
     raise MatrixError(f"unsupported value dtype {dtype}: use a real floating, integer or boolean matrix")
+
+
+def _check_index_range(what: str, idx: np.ndarray, bound: int, dim: str) -> None:
+    """Raise :class:`MatrixError` unless every entry of ``idx`` lies in ``[0, bound)``."""
+    if idx.size == 0:
+        return
+    if not np.issubdtype(idx.dtype, np.integer):
+        raise MatrixError(f"{what} must be integers, got dtype {idx.dtype}")
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0:
+        at = int(np.argmax(idx < 0))
+        raise MatrixError(f"negative {what} {lo} (first at position {at}): indices must be >= 0")
+    if hi >= bound:
+        at = int(np.argmax(idx >= bound))
+        raise MatrixError(f"{what} {hi} (first out of range at position {at}) is out of range for {bound} {dim}")
+
+
+def _check_compressed(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_major: int, n_minor: int,
+                      major: str, minor: str) -> None:
+    """Raise :class:`MatrixError` naming the first structural defect of a CSR (or CSC) triple."""
+    if indptr.ndim != 1 or indptr.size != n_major + 1:
+        raise MatrixError(f"indptr has {indptr.size} entries, but {n_major} {major}s need {n_major + 1}")
+    if not np.issubdtype(indptr.dtype, np.integer):
+        raise MatrixError(f"indptr must be integers, got dtype {indptr.dtype}")
+    if indices.size != data.size:
+        raise MatrixError(f"indices has {indices.size} entries but data has {data.size}")
+    if int(indptr[0]) != 0:
+        raise MatrixError(f"indptr[0] is {int(indptr[0])}, but it must be 0")
+    falls = np.flatnonzero(indptr[1:] < indptr[:-1])
+    if falls.size:
+        i = int(falls[0])
+        raise MatrixError(f"indptr is not monotonic: indptr[{i + 1}] = {int(indptr[i + 1])} < "
+                          f"indptr[{i}] = {int(indptr[i])} ({major} {i} would have a negative length)")
+    if int(indptr[-1]) != indices.size:
+        raise MatrixError(f"indptr[-1] = {int(indptr[-1])} does not match the {indices.size} stored entries "
+                          "(nnz)")
+    _check_index_range(f"{minor} index", indices, n_minor, f"{minor}s")
+
+
+def check_structure(A) -> None:
+    """Raise :class:`MatrixError` naming the first structural defect of a SciPy sparse matrix.
+
+    SciPy's constructors do not check index ranges, and its arrays can be changed after construction: an
+    index out of range would make a kernel read or write out of bounds, and a falling ``indptr`` crashes
+    SciPy's own conversions. Checked, before anything is converted or built: ``indptr`` (length, first
+    entry 0, monotonic, last entry = nnz) and index ranges of CSR, CSC and BSR; row and column ranges of
+    COO. LIL, DOK and DIA keep their structure in forms SciPy validates on every change.
+
+    Example:
+        >>> A = sp.csr_matrix((np.ones(2), np.array([0, 1]), np.array([0, 1, 2])), shape=(2, 2))
+        >>> A.indices[1] = 5
+        >>> check_structure(A)
+        Traceback (most recent call last):
+        ...
+        tuner.matrix.MatrixError: column index 5 (first out of range at position 1) is out of range for 2 columns
+    """
+    n_rows, n_cols = (int(s) for s in A.shape)
+    fmt = A.format
+    if fmt in ("csr", "csc"):
+        major, minor = ("row", "column") if fmt == "csr" else ("column", "row")
+        n_major, n_minor = (n_rows, n_cols) if fmt == "csr" else (n_cols, n_rows)
+        _check_compressed(np.asarray(A.indptr), np.asarray(A.indices), np.asarray(A.data), n_major, n_minor,
+                          major, minor)
+    elif fmt == "bsr":
+        r, c = A.blocksize
+        _check_compressed(np.asarray(A.indptr), np.asarray(A.indices), np.asarray(A.data)[:, 0, 0],
+                          n_rows // r, n_cols // c, "block row", "block column")
+    elif fmt == "coo":
+        row, col = np.asarray(A.row), np.asarray(A.col)
+        if not row.size == col.size == np.asarray(A.data).size:
+            raise MatrixError(f"COO arrays differ in length: row {row.size}, col {col.size}, "
+                              f"data {np.asarray(A.data).size}")
+        _check_index_range("row index", row, n_rows, "rows")
+        _check_index_range("column index", col, n_cols, "columns")
 
 
 def canonicalize(A, dtype=None, index_dtype=None) -> CanonicalMatrix:
@@ -133,7 +232,7 @@ def canonicalize(A, dtype=None, index_dtype=None) -> CanonicalMatrix:
     Args:
         A: any SciPy sparse matrix or array (CSR, CSC, COO, ...), 2-D.
         dtype: force float32 or float64 values; default keeps float32/float64 and casts integer or boolean
-            values to float32.
+            values to float32, or to float64 when one exceeds 2^24 in magnitude (float32 would round it).
         index_dtype: force int64 (or int32, when everything fits) indices; default int32 when it fits.
 
     Example:
@@ -154,7 +253,11 @@ def canonicalize(A, dtype=None, index_dtype=None) -> CanonicalMatrix:
         raise MatrixError(f"expected a SciPy sparse matrix, got {kind}")
     if A.ndim != 2:
         raise MatrixError(f"expected a 2-D sparse matrix, got {A.ndim}-D with shape {A.shape}")
-    vdtype = _value_dtype(A.dtype, dtype)
+    check_structure(A)
+    if np.issubdtype(A.dtype, np.complexfloating):
+        raise MatrixError(f"complex matrices are not supported (got {A.dtype})")
+    if np.issubdtype(A.dtype, np.integer) and A.dtype.itemsize < 8:
+        A = A.astype(np.int64)  # duplicates are summed below (or by tocsr): narrow integers would wrap
     csr = A.tocsr()
     if not csr.has_canonical_format:
         # Copy first: sum_duplicates sorts in place and the caller's matrix must stay as it was.
@@ -162,6 +265,7 @@ def canonicalize(A, dtype=None, index_dtype=None) -> CanonicalMatrix:
         csr.sum_duplicates()
     n_rows, n_cols = (int(s) for s in csr.shape)
     data = np.asarray(csr.data)
+    vdtype = _value_dtype(csr.dtype, data, dtype)
     if data.size and not np.isfinite(data).all():
         bad = "NaN" if np.isnan(data).any() else "infinite"
         raise MatrixError(f"matrix values contain {bad} entries")
