@@ -1,8 +1,11 @@
+import time
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from tuner.generators import kronecker, rmat
+from tuner.generators import kronecker, kronecker_size, rmat, rmat_size
+from tuner.memory import InsufficientMemoryError
 
 
 def assert_canonical_pattern(A, shape):
@@ -232,3 +235,97 @@ def test_kronecker_rectangular_seed():
 def test_kronecker_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         kronecker(G, **{"k": 1, **kwargs})
+
+
+# --- host memory -------------------------------------------------------------------------------------
+
+
+def traced_peak(build):
+    """Peak bytes NumPy allocates (as traced by tracemalloc) while ``build()`` runs."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        build()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_rmat_size_counts_nodes_and_drawn_edges_without_drawing():
+    n, m, peak = rmat_size(25)
+    assert (n, m) == (2**25, 16 * 2**25)
+    assert 20 * m < peak < 30 * m, "about 20 B per drawn edge plus nodes and working space"
+    assert rmat_size(12, 4)[:2] == (4096, 4 * 4096)
+
+
+def test_rmat_size_bounds_the_arrays_a_real_build_allocates():
+    _, m, peak = rmat_size(16, threads=2)
+    traced = traced_peak(lambda: rmat(16, threads=2))
+    assert traced <= peak <= 3 * traced
+
+
+def test_rmat_size_grows_per_edge_with_wider_indices():
+    per_edge = [rmat_size(scale)[2] / rmat_size(scale)[1] for scale in (24, 28, 36)]
+    assert per_edge[0] < per_edge[1] < per_edge[2]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"), [({"scale": 41}, "scale"), ({"scale": 5, "edge_factor": 0}, "edge_factor")]
+)
+def test_rmat_size_rejects_bad_arguments_naming_them(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        rmat_size(**kwargs)
+
+
+def test_rmat_40_is_refused_at_once_with_the_figure():
+    start = time.perf_counter()
+    message = r"rmat\(scale=40, edge_factor=16\) would need about [\d.]+ TB"
+    with pytest.raises(InsufficientMemoryError, match=message) as info:
+        rmat(40)
+    assert time.perf_counter() - start < 1.0
+    assert "17.6T drawn edges" in str(info.value) and "is available" in str(info.value)
+    assert info.value.need_bytes > 4 * 10**14
+
+
+def test_rmat_within_a_small_memory_limit_is_refused(monkeypatch):
+    monkeypatch.setenv("TUNER_HOST_MEMORY_LIMIT", "1M")
+    with pytest.raises(InsufficientMemoryError, match=r"rmat\(scale=12.*1\.0 MB is available"):
+        rmat(12)
+
+
+def test_kronecker_size_matches_the_built_shape_and_nnz():
+    A = rmat(8, 4, seed=2)
+    shape, nnz, _ = kronecker_size(A.shape, A.nnz, 3)
+    K = kronecker(A, None, 3)
+    assert shape == K.shape and nnz == K.nnz == 27 * A.nnz
+    assert kronecker_size(G.shape, np.count_nonzero(G), 2, seed=np.array([[1, 0, 1]]))[:2] == ((4, 36), 4 * 6)
+
+
+def test_kronecker_size_bounds_the_arrays_a_real_build_allocates():
+    A = rmat(12, 8)
+    _, nnz, peak = kronecker_size(A.shape, A.nnz, 3)
+    traced = traced_peak(lambda: kronecker(A, None, 3))
+    assert 45 * nnz < peak < 55 * nnz, "49 B per output edge with int32 indices"
+    assert 0.95 * traced <= peak <= 1.2 * traced
+
+
+def test_kronecker_size_of_an_unknown_shape_counts_the_edges_only():
+    shape, nnz, peak = kronecker_size(None, 1000, 2)
+    assert shape is None and nnz == 9000 and peak > 40 * nnz
+
+
+def test_kronecker_size_with_a_huge_k_is_refused_as_unaddressable_at_once():
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="larger than int64 indices"):
+        kronecker_size((10, 10), 20, 10**9)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_kronecker_that_cannot_fit_is_refused_before_building():
+    start = time.perf_counter()
+    message = r"kronecker\(graph of shape \(4, 4\) and 6 non-zeros, k=30\)"
+    with pytest.raises(InsufficientMemoryError, match=message) as info:
+        kronecker(G, None, 30)
+    assert time.perf_counter() - start < 1.0
+    assert "B per output edge x 1.2P output edges" in str(info.value)

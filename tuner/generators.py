@@ -20,7 +20,9 @@ from numbers import Integral, Real
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["rmat", "kronecker"]
+from .memory import check_fits, human_count
+
+__all__ = ["rmat", "kronecker", "rmat_size", "kronecker_size"]
 
 # Edges per random stream. Fixed (not derived from the thread count) so that a seed always gives the
 # same graph; 2**20 edges is large enough to amortise per-block Python overhead.
@@ -38,6 +40,38 @@ _INT64_MAX = int(np.iinfo(np.int64).max)
 
 # 2x2 initiator with 3 non-zeros: nnz grows 3x per Kronecker step and the degrees stay power-law.
 _DEFAULT_KRON_SEED = np.array([[1, 1], [1, 0]], dtype=np.float32)
+
+# --- peak host memory, per the arrays alive at each algorithm's peak ---------------------------------
+# Checked against tuner.memory before anything large is allocated. The figures were measured as the
+# process's VmHWM growth (/proc/self/status) and with tracemalloc; see rmat_size and kronecker_size.
+
+# R-MAT, per drawn edge: the blocks' uint64 keys (8 B; alive through the dedupe phase, then freed but
+# mostly kept by glibc, whose heaps hold every allocation under its 32 MB mmap threshold, such as the
+# 8 MB key arrays of the blocks), each partition's kept columns (uint32, 8 B above scale 32), and the
+# result's indices (int32, int64 once nnz passes 2**31 - 1) and float32 values.
+_RMAT_KEY_BYTES = 8
+_RMAT_VALUE_BYTES = 4
+# R-MAT, per node: the relabelling permutation (drawn as int64, kept as uint32; 12 B), the partitions'
+# int64 row counts and their concatenation (16 B), then the result's index pointer (4 or 8 B) and, when
+# that is int32, the int64 buffer np.cumsum fills before casting into it (8 B).
+_RMAT_NODE_BYTES = 28
+_CUMSUM_CAST_BYTES = 8
+# R-MAT, per worker thread while drawing: one block's keys, partition ids, stable sort order and sorted
+# copy (26 B per edge of the block), and one step's uniforms and bit arrays (8 B per edge and level).
+_RMAT_BLOCK_WORK = 26
+_RMAT_STEP_WORK = 8
+# R-MAT, per worker thread while deduplicating: a partition's merged keys, keep mask, unique keys,
+# local rows and masked columns (33 B per edge of the partition) and its kept columns.
+_RMAT_PARTITION_WORK = 33
+
+# _pattern_csr, per edge on top of the int64 rows and columns its caller holds: sort keys (8 B), keep
+# mask (1), deduplicated keys (8), their divmod into rows and columns (16, the pre-dedupe keys freed by
+# then), and the result's indices and float32 values. lexsort order and reordered copies instead when
+# rows * columns overflows int64 keys. Per row: int64 row counts, then the index pointer (and the cumsum
+# buffer when that is int32).
+_PATTERN_KEY_BYTES = 8 + 1 + 16 + 4
+_PATTERN_LEXSORT_BYTES = 8 + 16 + 1 + 16 + 8
+_PATTERN_ROW_BYTES = 8
 
 
 def rmat(
@@ -62,7 +96,9 @@ def rmat(
 
     Args:
         scale: log2 of the number of nodes, 1..40 (memory bounds it far lower in practice: building
-            takes about 22 bytes per drawn edge, 3 GB at scale 23).
+            takes about 20-25 bytes per drawn edge, 2.8 GB at scale 23; see :func:`rmat_size`). A scale
+            whose estimated peak exceeds the available host memory raises
+            :class:`~tuner.memory.InsufficientMemoryError` at once, before drawing.
         edge_factor: edges drawn per node, >= 1 (Graph500 uses 16).
         a, b, c: quadrant probabilities, each in (0, 1), with ``a + b + c < 1``.
         seed: non-negative integer seed.
@@ -82,8 +118,8 @@ def rmat(
     """
     _check_rmat_args(scale, edge_factor, a, b, c, seed)
     workers = _thread_count(threads)
-    n = 1 << scale
-    m = edge_factor * n
+    n, m, peak = rmat_size(scale, edge_factor, threads=workers)
+    check_fits(peak, f"rmat(scale={scale}, edge_factor={edge_factor})", per_edge_text(peak, m, "drawn edge"))
     thresholds = _quadrant_thresholds(a, b, c)
 
     n_blocks = -(-m // _BLOCK_EDGES)
@@ -107,6 +143,145 @@ def rmat(
         parts = list(pool.map(partition, range(layout.count)))
         del blocks
         return _assemble(parts, n, pool)
+
+
+def rmat_size(scale: int, edge_factor: int = 16, *, threads: int = 1) -> tuple[int, int, int]:
+    """Size of ``rmat(scale, edge_factor, threads=threads)`` without building it: ``(n, drawn_edges,
+    peak_bytes)``.
+
+    ``drawn_edges = edge_factor * 2**scale`` bounds the non-zeros from above (duplicates are dropped).
+    ``peak_bytes`` is the estimated peak host memory of the build, as the process's high-water mark:
+    20 B per drawn edge up to scale 26 at edge factor 16 (24 B once nnz may pass int32, 28 B above
+    scale 32), 36-40 B per node, and a working set per thread in flight. Measured VmHWM growth
+    (``/proc/self/status``) at edge factor 16 with 2 threads: 415 MB at scale 20 (estimate 457 MB),
+    0.79 GB at 21 (0.83), 1.18 GB at 22 (1.59), 2.83 GB at 23 (3.10): an upper bound within 1.05-1.35x.
+    tracemalloc, which sees only live arrays, measures 13-14 B per drawn edge; the rest is memory glibc
+    keeps after it is freed. Raises ValueError for a bad argument.
+
+    Example:
+        >>> n, m, peak = rmat_size(23)
+        >>> n, m, round(peak / 1e9, 1)
+        (8388608, 134217728, 3.1)
+        >>> rmat_size(40)[2] > 4 * 10**14     # 17.6T drawn edges: 0.5 PB
+        True
+    """
+    _check_int("scale", scale, low=1, high=40)
+    _check_int("edge_factor", edge_factor, low=1)
+    _check_int("threads", threads, low=1)
+    n = 1 << scale
+    m = edge_factor * n
+    return n, m, _rmat_peak_bytes(scale, m, threads)
+
+
+def _rmat_peak_bytes(scale: int, m: int, threads: int) -> int:
+    n = 1 << scale
+    col_bytes = 4 if scale <= 32 else 8
+    idx_bytes = np.dtype(_index_dtype((n, n), m)).itemsize
+    per_edge = _RMAT_KEY_BYTES + col_bytes + idx_bytes + _RMAT_VALUE_BYTES
+    per_node = _RMAT_NODE_BYTES + _index_pointer_bytes(idx_bytes)
+    levels = -(-scale // 8) * 8
+    drawing = _RMAT_BLOCK_WORK * min(m, _BLOCK_EDGES) + _RMAT_STEP_WORK * levels * min(m, _STEP_EDGES)
+    part_edges = m >> _partition_bits(scale, m)
+    deduping = (_RMAT_PARTITION_WORK + col_bytes) * part_edges
+    in_flight = min(threads, -(-m // _BLOCK_EDGES))
+    return per_edge * m + per_node * n + in_flight * max(drawing, deduping)
+
+
+def kronecker_size(g_shape, g_nnz: int, k: int, seed=None) -> tuple[tuple[int, int] | None, int, int]:
+    """Size of ``kronecker(G, seed, k)`` for a G of shape ``g_shape`` and ``g_nnz`` stored non-zeros,
+    without building it: ``(shape, nnz, peak_bytes)``.
+
+    ``nnz = nnz(S)**k * nnz(G)`` (exact when G has no explicit zeros or duplicates). ``peak_bytes`` is
+    the estimated peak host memory of the build (with the default permutation): 49 B per output edge
+    with int32 indices, 53 B with int64 (the int64 rows and columns, 16 B, plus what the CSR build
+    adds, :func:`pattern_csr_bytes_per_edge`), 24-28 B per node and 16 B per edge of G. Measured with
+    tracemalloc and VmHWM: 49.4-49.7 B per output edge for k = 3..5 over R-MAT graphs; the estimate is
+    within 1% of it. ``g_shape`` may be None when unknown (an edge list before it is parsed): the shape
+    is then None and the estimate counts the edges only. Raises ValueError for a bad ``k`` or seed, or
+    when the result could not be addressed by int64 indices.
+
+    Example:
+        >>> kronecker_size((325557, 325557), 3216152, 4)    # cnr-2000 scaled 4 times
+        ((5208912, 5208912), 260508312, 12962215256)
+        >>> kronecker_size((3, 3), 4, 2, seed=[[1, 0, 1]])
+        ((3, 27), 16, 1148)
+    """
+    _check_k(k)
+    _check_int("g_nnz", g_nnz, low=0)
+    if seed is None:
+        s_shape, s_nnz = _DEFAULT_KRON_SEED.shape, int(np.count_nonzero(_DEFAULT_KRON_SEED))
+    else:
+        s_rows, _, s_shape = _pattern_coords(seed, "seed")
+        s_nnz = s_rows.size
+    return _kron_size(g_shape, int(g_nnz), s_shape, s_nnz, int(k))
+
+
+def _kron_size(g_shape, g_nnz: int, s_shape, s_nnz: int, k: int):
+    shape = None if g_shape is None else _kron_shape(g_shape, s_shape, k)
+    nnz = s_nnz**k * g_nnz
+    # The int64 rows and columns (16 B), twice while they are permuted, then what _pattern_csr adds.
+    per_edge = 16 + max(16, pattern_csr_bytes_per_edge(shape, nnz))
+    node_bytes = 0
+    if shape is not None:
+        # The int64 permutations (one when square), then _pattern_csr's row counts and index pointer.
+        permuted = shape[0] + (shape[1] if shape[1] != shape[0] else 0)
+        node_bytes = 8 * permuted + pattern_csr_bytes_per_row(shape, nnz) * shape[0]
+    # G's int64 pattern coordinates stay alive throughout.
+    return shape, nnz, per_edge * nnz + node_bytes + 16 * g_nnz
+
+
+def _kron_shape(g_shape, s_shape, k: int) -> tuple[int, int]:
+    """``(s_rows**k * g_rows, s_cols**k * g_cols)``; ValueError once it passes int64 indices."""
+    shape = (int(g_shape[0]), int(g_shape[1]))
+    too_big = ValueError(f"k={k} makes the result larger than int64 indices can address")
+    for s_dim in s_shape:
+        # Checked by logarithm first so that a huge k costs no huge integer power.
+        if s_dim > 1 and k * np.log2(s_dim) > 64:
+            raise too_big
+    shape = (s_shape[0] ** k * shape[0], s_shape[1] ** k * shape[1])
+    if max(shape) > _INT64_MAX:
+        raise too_big
+    return shape
+
+
+def pattern_csr_bytes_per_edge(shape, nnz: int) -> int:
+    """Bytes per edge the CSR build of a pattern (``_pattern_csr``) allocates on top of the int64 rows
+    and columns it is given; ``shape`` None counts int32 indices and int64 sort keys.
+
+    Example:
+        >>> pattern_csr_bytes_per_edge((1000, 1000), 5000), pattern_csr_bytes_per_edge((2**40, 2**40), 2**32)
+        (33, 53)
+    """
+    if shape is not None and shape[0] * shape[1] > _INT64_MAX:
+        return _PATTERN_LEXSORT_BYTES + 4
+    idx_bytes = np.dtype(_index_dtype(shape or (1, 1), nnz)).itemsize
+    return _PATTERN_KEY_BYTES + idx_bytes
+
+
+def pattern_csr_bytes_per_row(shape, nnz: int) -> int:
+    """Bytes per row the CSR build of a pattern allocates: int64 row counts, the index pointer and,
+    when that is int32, the int64 buffer ``np.cumsum`` fills before casting into it.
+
+    Example:
+        >>> pattern_csr_bytes_per_row((1000, 1000), 5000), pattern_csr_bytes_per_row((2**40, 2**40), 5000)
+        (20, 16)
+    """
+    idx_bytes = np.dtype(_index_dtype(shape or (1, 1), nnz)).itemsize
+    return _PATTERN_ROW_BYTES + _index_pointer_bytes(idx_bytes)
+
+
+def _index_pointer_bytes(idx_bytes: int) -> int:
+    return idx_bytes + (_CUMSUM_CAST_BYTES if idx_bytes < 8 else 0)
+
+
+def per_edge_text(peak_bytes: int, edges: int, unit: str) -> str:
+    """How a peak was estimated, for :class:`~tuner.memory.InsufficientMemoryError` messages.
+
+    Example:
+        >>> per_edge_text(422 * 10**12, 17_592_186_044_416, "drawn edge")
+        '24 B per drawn edge x 17.6T drawn edges'
+    """
+    return f"{peak_bytes / max(edges, 1):.0f} B per {unit} x {human_count(edges)} {unit}s"
 
 
 def kronecker(
@@ -137,6 +312,11 @@ def kronecker(
     Returns:
         Canonical ``scipy.sparse.csr_matrix``, float32 values, int32 indices if they fit else int64.
 
+    Raises:
+        ValueError: a bad argument, or a result int64 indices cannot address.
+        InsufficientMemoryError: the peak of :func:`kronecker_size` exceeds the available host memory;
+            raised before the result's arrays are allocated.
+
     Example:
         >>> import numpy as np
         >>> G = np.array([[0, 1, 1], [0, 0, 1], [1, 0, 0]])
@@ -146,19 +326,22 @@ def kronecker(
         >>> kronecker(G, k=2).nnz             # relabelled, same size
         36
     """
-    if isinstance(k, bool) or not isinstance(k, Integral) or k < 0:
-        raise ValueError(f"k must be an integer >= 0, got {k!r}")
+    _check_k(k)
     _check_int("rng_seed", rng_seed, low=0)
     g_rows, g_cols, g_shape = _pattern_coords(graph, "graph")
     s_rows, s_cols, s_shape = _pattern_coords(_DEFAULT_KRON_SEED if seed is None else seed, "seed")
+    _, nnz, peak = _kron_size(g_shape, g_rows.size, s_shape, s_rows.size, int(k))
+    check_fits(
+        peak,
+        f"kronecker(graph of shape {g_shape} and {human_count(g_rows.size)} non-zeros, k={k})",
+        per_edge_text(peak, nnz, "output edge"),
+    )
 
     rows, cols = g_rows, g_cols
     shape = g_shape
     for _ in range(int(k)):
         # One step left-multiplies by S: block (i, j) of the new matrix is S[i, j] * (previous result).
         grown = (shape[0] * s_shape[0], shape[1] * s_shape[1])
-        if max(grown) > _INT64_MAX:
-            raise ValueError(f"k={k} makes the result larger than int64 indices can address")
         rows = (s_rows[:, None] * shape[0] + rows[None, :]).ravel()
         cols = (s_cols[:, None] * shape[1] + cols[None, :]).ravel()
         shape = grown
@@ -307,6 +490,11 @@ def _check_rmat_args(scale, edge_factor, a, b, c, seed) -> None:
     if a + b + c >= 1.0:
         raise ValueError(f"a + b + c must be < 1 (d = 1 - a - b - c > 0), got {a + b + c!r}")
     _check_int("seed", seed, low=0)
+
+
+def _check_k(k) -> None:
+    if isinstance(k, bool) or not isinstance(k, Integral) or k < 0:
+        raise ValueError(f"k must be an integer >= 0, got {k!r}")
 
 
 def _check_int(name: str, value, *, low: int, high: int | None = None) -> None:
