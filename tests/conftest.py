@@ -1,9 +1,22 @@
+import atexit
+import os
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from tuner import gpu
 from tuner.loaders import default_data_dir, real_matrices
+
+# The doctests of tuner/ run outside the per-test fixture below: the whole session gets a temporary cache and
+# results folder, so that nothing a test run compiles or measures lands in the checkout's cache/ or models/
+# (the shipped profiles are still found there).
+_SESSION_DIR = tempfile.mkdtemp(prefix="tuner-tests-")
+os.environ["TUNER_CACHE_DIR"] = os.path.join(_SESSION_DIR, "cache")
+os.environ["TUNER_MODELS_DIR"] = os.path.join(_SESSION_DIR, "models")
+atexit.register(shutil.rmtree, _SESSION_DIR, ignore_errors=True)
 
 DATA_DIR = default_data_dir()
 REAL = real_matrices()

@@ -26,15 +26,31 @@ def test_every_command_explains_itself(args):
     assert ("rmat:SCALE" in proc.stdout) or args == ["--help"]
 
 
-def test_tune_without_gpu_plans_compiles_and_says_so(no_gpu, capsys, tmp_path):
+def test_tune_without_gpu_ranks_compiles_and_says_so(no_gpu, capsys, tmp_path):
     code = cli.main(["tune", "rmat:9", "--cache-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == cli.NO_GPU_EXIT
     assert out.startswith("NO CUDA GPU PRESENT (test: pretend there is no device)")
-    row = next(line for line in out.splitlines() if line.startswith("rmat:9"))
-    candidates, compiled = int(row.split()[2]), int(row.split()[3])
-    assert candidates == compiled > 10
-    assert list(tmp_path.glob("cubin/*/*.entry"))
+    ranks = [line for line in out.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+    assert len(ranks) > 10 and "tune=model" in out
+    predicted = [float(line.split()[1]) for line in ranks]
+    assert predicted == sorted(predicted) and predicted[0] > 0
+    summary = out.split("the model's choice for ")[1]
+    candidates, kernels = (int(w.strip("(")) for w in summary.split(" ms; ")[1].split()[:3:2])
+    assert candidates == len(ranks) and kernels == len(list(tmp_path.glob("cubin/*/*.entry"))) > 5
+
+
+def test_tune_without_gpu_honours_dtype_profile_and_says_tune_modes_need_one(no_gpu, capsys, tmp_path):
+    from .fake_profile import fake_profile_json
+    (tmp_path / "fake.json").write_text(fake_profile_json())
+    code = cli.main(["tune", "rmat:8", "--dtype", "float64", "--tune", "exhaustive", "--profile",
+                     str(tmp_path / "fake.json"), "--cache-dir", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert code == cli.NO_GPU_EXIT
+    assert "(float64, int32 indices, value-free)" in out
+    assert "--tune exhaustive times candidates on a GPU: without one, this is the model's ranking" in out
+    assert cli.main(["tune", "rmat:8", "--profile", str(tmp_path / "missing.json")]) == 2
+    assert f"no GPU profile at {tmp_path / 'missing.json'}" in capsys.readouterr().err
 
 
 def test_bench_without_gpu_covers_the_whole_suite(no_gpu, capsys, tmp_path):
@@ -50,6 +66,22 @@ def test_bad_matrix_argument_is_a_clear_error(capsys):
     assert cli.main(["tune", "/nonexistent/graph.mtx"]) == 2
     assert "/nonexistent/graph.mtx" in capsys.readouterr().err
     assert cli.main(["tune", "rmat:notanumber"]) == 2
+
+
+def test_report_from_csv_writes_beside_the_csv_without_a_gpu(no_gpu, tmp_path, capsys):
+    from tuner.report import Row, write_csv
+    write_csv([Row("rmat:9", 0, "csr_vector", "csr_vector(x)", 0.02, 0.03, 0.02, params="{}")],
+              tmp_path / "report.csv")
+    assert cli.main(["report", "--from-csv", str(tmp_path / "report.csv")]) == 0
+    assert (tmp_path / "report.html").is_file() and (tmp_path / "report.json").is_file()
+
+
+def test_user_errors_end_in_one_line_naming_the_problem_not_a_traceback(tmp_path, capsys):
+    folder = tmp_path / "adir.npz"
+    folder.mkdir()
+    assert cli.main(["tune", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(folder) in err and "Traceback" not in err and err.count("\n") == 1
 
 
 def test_report_refuses_fewer_than_one_timing_round_or_plan(capsys):
@@ -97,7 +129,7 @@ def test_default_suite_lists_real_matrices_then_generated(tmp_path):
     (tmp_path / "a.npz").write_bytes(b"")
     suite = bench.default_suite(tmp_path)
     assert [s.rsplit("/", 1)[-1] for s in suite] == ["a.npz", "b.npz", "rmat:20", "rmat:23", "rmat:25"]
-    assert bench.large_sources(suite) == ["rmat:25"]
+    assert bench.large_sources(suite) == ["rmat:23", "rmat:25"]  # 134M and 537M edges drawn
 
 
 def test_default_suites_scale_real_graphs_beyond_50m_for_bench_and_report(tmp_path):
@@ -106,8 +138,14 @@ def test_default_suites_scale_real_graphs_beyond_50m_for_bench_and_report(tmp_pa
     kron = [s.rsplit("/", 1)[-1] for s in bench.default_suite(tmp_path) if s.startswith("kron:")]
     assert kron == ["cnr-2000.npz:3", "ego-Twitter-undirected.npz:3", "soc-Slashdot0902.npz:4", "cnr-2000.npz:4"]
     report = [s for s in bench.default_suite(tmp_path, report=True) if s.startswith("kron:")]
-    assert len(report) == 3 and bench.large_sources(report) == []
-    assert bench.large_sources(bench.default_suite(tmp_path))[-1].endswith("cnr-2000.npz:4")
+    assert len(report) == 3
+
+
+def test_large_sources_are_the_generated_graphs_estimated_at_100m_non_zeros_or_more(tmp_path):
+    sp.save_npz(tmp_path / "g.npz", sp.random(100, 100, density=0.1, format="csr", random_state=0))
+    g = str(tmp_path / "g.npz")  # 1,000 non-zeros: 3^10 x 1,000 = 59M, 3^11 x 1,000 = 177M
+    assert bench.large_sources([g, f"kron:{g}:10", f"kron:{g}:11", "rmat:22", "rmat:22:24"]) == \
+        [f"kron:{g}:11", "rmat:22:24"]
 
 
 def test_bench_resume_keeps_rows_of_the_same_setup_and_refuses_another(tmp_path):

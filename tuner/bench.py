@@ -55,21 +55,25 @@ class BenchRow:
     plan_s: float = float("nan")
 
 
-def large_sources(suite: list[str]) -> list[str]:
-    """The suite's generated matrices of 100M+ non-zeros (rmat:25 and the largest Kronecker graph): built
-    in minutes and tens of GB of host memory, worth it only where a GPU will time them.
+LARGE_NNZ = 100_000_000  # generated graphs of this many non-zeros or more are built only where a GPU times them
+
+
+def large_sources(suite: list[str], threshold: int = LARGE_NNZ) -> list[str]:
+    """The suite's generated matrices (specs) of ``threshold`` or more non-zeros by their header-only size
+    estimate (R-MAT: the edges drawn, an upper bound): built in minutes and tens of GB of host memory,
+    worth it only where a GPU will time them. Files are never skipped.
 
     Example:
-        >>> large_sources(["rmat:20", "rmat:25", "kron:/d/cnr-2000.npz:4", "kron:/d/cnr-2000.npz:3"])
-        ['rmat:25', 'kron:/d/cnr-2000.npz:4']
+        >>> large_sources(["rmat:20", "rmat:23", "rmat:25", "rmat:22:32"])
+        ['rmat:23', 'rmat:25', 'rmat:22:32']
     """
-    large = {"rmat:25"} | {f"kron:{n}:{k}" for n, k in KRONECKER_BENCH_ONLY}
-    return [s for s in suite if s in large or any(s.endswith(f"/{n}:{k}") for n, k in KRONECKER_BENCH_ONLY)]
+    return [s for s in suite if loaders.is_spec(s) and loaders.estimate(s).nnz >= threshold]
 
 
 def default_suite(data_dir=None, report: bool = False) -> list[str]:
-    """Real matrices of the data directory (if present; the non-power-law ones stay as controls), rmat:20,
-    rmat:23, rmat:25 and Kronecker-scaled real graphs of 50M+ non-zeros (the benchmark adds a larger one).
+    """Real matrices of the data directory (``data_dir``, else :func:`~tuner.loaders.default_data_dir`, if
+    present; the non-power-law ones stay as controls), rmat:20, rmat:23, rmat:25 and Kronecker-scaled real
+    graphs of 50M+ non-zeros (the benchmark adds a larger one).
 
     Example:
         >>> default_suite("/nonexistent")
@@ -281,5 +285,5 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
 
 
 def default_out() -> Path:
-    """models/<gpu-slug>/bench-spmv.json for the present GPU."""
-    return paths.models_dir() / paths.gpu_slug(gpu.device_info().name) / "bench-spmv.json"
+    """bench-spmv.json in the present GPU's folder of :func:`~tuner.paths.results_dir`."""
+    return paths.gpu_results_dir(gpu.device_info().name) / "bench-spmv.json"

@@ -7,10 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__, codegen, gpu
+from . import __version__, codegen, gpu, loaders
 from .compiler import DEFAULT_ROUNDS, PLAN_REPEATS, ROUNDS_UNDER_MS
 
 NO_GPU_EXIT = 3
+OFFLINE_GPU = "NVIDIA H100 80GB HBM3"  # whose shipped profile `tune` ranks for when no GPU is present
 
 MATRIX_HELP = ("a matrix file (.npz, .mtx[.gz], SNAP edge list [.gz]) or a generator spec: rmat:SCALE[:EDGE_FACTOR"
                "[:SEED]] (R-MAT, Graph500 parameters) or kron:FILE:K (FILE scaled K times by a Kronecker seed)")
@@ -40,11 +41,35 @@ def _dry_run(sources: list[str], arch: str, cache_dir) -> int:
     return NO_GPU_EXIT
 
 
+def _offline_tune(args) -> int:
+    """``tune`` without a GPU: the model's plan for the profile's GPU, every candidate compiled for --arch."""
+    from .cache import Cache
+    from .compiler import plan_offline
+    from .loaders import load
+    from .model import load_profile
+    from .planner import explain
+    print(_no_gpu_banner(), flush=True)
+    prof = load_profile(args.gpu, args.profile)  # --profile, else the GPU's measured or shipped profile
+    if args.tune != "model":
+        print(f"--tune {args.tune} times candidates on a GPU: without one, this is the model's ranking for "
+              f"{prof.gpu.get('name', args.gpu)}; nothing is timed.")
+    t0 = time.perf_counter()
+    plan, binaries = plan_offline(load(args.matrix), prof, dtype=args.dtype, arch=args.arch,
+                                  cache=Cache(args.cache_dir))
+    print(explain(plan))
+    print(f"\nthe model's choice for {prof.gpu.get('name', args.gpu)}: {plan.ranking[0].label()}, predicted "
+          f"{plan.predicted_ms:.4f} ms; {len(binaries)} candidates ({len({b.key for b in binaries})} kernels, "
+          f"{len({b.key for b in binaries if b.cached})} from the cache) compiled for {args.arch} in "
+          f"{time.perf_counter() - t0:.2f} s")
+    print("No CUDA GPU present: run this on a GPU machine to time and use the kernel.")
+    return NO_GPU_EXIT
+
+
 def cmd_tune(args) -> int:
     from .compiler import compile as compile_spmv
     from .loaders import load
     if not gpu.available():
-        return _dry_run([args.matrix], args.arch, args.cache_dir)
+        return _offline_tune(args)
     t0 = time.perf_counter()
     spmv = compile_spmv(load(args.matrix), dtype=args.dtype, tune=args.tune, top_k=args.top_k, trials=args.trials,
                         cache_dir=args.cache_dir, profile=args.profile)
@@ -58,11 +83,12 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
 
     from . import bench
-    suite = args.suite or bench.default_suite(args.data_dir)
+    suite = args.suite or _default_suite(args.data_dir)
     if not gpu.available():
         skipped = [] if args.suite else bench.large_sources(suite)
         if skipped:
-            print(f"no GPU: skipping the generated matrices of 100M+ non-zeros ({', '.join(skipped)})")
+            print(f"no GPU: skipping the generated matrices of {bench.LARGE_NNZ / 1e6:.0f}M+ non-zeros "
+                  f"({', '.join(loaders.display_name(s) for s in skipped)})")
         return _dry_run([s for s in suite if s not in skipped], args.arch, args.cache_dir)
     out = Path(args.out) if args.out else bench.default_out()
     report = bench.run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir, tune=args.tune,
@@ -73,6 +99,17 @@ def cmd_bench(args) -> int:
     print(bench.format_table(rows))
     print(f"\nwrote {out}")
     return 0
+
+
+def _default_suite(data_dir, report: bool = False) -> list[str]:
+    """The default suite, after checking that a data folder given (--data-dir, $TUNER_DATA_DIR) exists; with
+    none at all, says that only generated graphs run."""
+    from . import bench
+    folder = loaders.data_dir_or_error(data_dir)
+    if folder is None or not folder.is_dir():
+        print("no data folder (set --data-dir or TUNER_DATA_DIR to a folder of .npz graphs): the suite is the "
+              "generated graphs only", file=sys.stderr)
+    return bench.default_suite(folder, report=report)
 
 
 def cmd_profile(args) -> int:
@@ -132,14 +169,14 @@ def cmd_report(args) -> int:
         meta["command"] = f"{meta['command']} ; then {command}" if meta.get("command") else command
         if args.repredict:  # default profile: the one beside the CSV, as under models/<gpu-slug>/
             prof = load_profile("", args.profile or Path(args.from_csv).parent / "profile.json")
-            suite = args.suite or bench.default_suite(args.data_dir, report=True)
+            suite = args.suite or _default_suite(args.data_dir, report=True)
             rows, planning = report.repredict(rows, suite, prof, progress=bar, plan_repeats=args.plan_repeats)
             # The planning seconds are now this model's, timed here; the rest of each record stays.
             meta["matrices"] = {name: report.replanned(meta.get("matrices", {}).get(name, {}), planning.get(name, {}))
                                 for name in dict.fromkeys([*meta.get("matrices", {}), *planning])}
             meta.update(profile_digest=prof.digest, planning_host=report.planning_host())
     else:
-        suite = args.suite or bench.default_suite(args.data_dir, report=True)
+        suite = args.suite or _default_suite(args.data_dir, report=True)
         if not gpu.available():
             return _dry_run(suite, args.arch, args.cache_dir)
         prof = load_profile(gpu.device_info().name, args.profile)
@@ -148,7 +185,12 @@ def cmd_report(args) -> int:
                                     progress=bar, command=command, rounds=args.rounds,
                                     plan_repeats=args.plan_repeats)
         meta.update(created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), profile_digest=prof.digest)
-    outdir = Path(args.out) if args.out else report_dir()
+    if args.out:
+        outdir = Path(args.out)
+    elif args.from_csv:  # re-summarised beside the CSV it came from: no GPU to name the folder
+        outdir = Path(args.from_csv).parent
+    else:
+        outdir = report_dir()
     summary = report.write_all(rows, meta, outdir)
     print(f"{'model':<10}{'MdAPE':>8}{'Spearman':>10}{'top-1':>8}{'within 5%':>11}{'regret gm':>11}{'worst':>8}"
           f"{'open':>6}")
@@ -162,7 +204,7 @@ def cmd_report(args) -> int:
 
 def report_dir() -> Path:
     from . import paths
-    return paths.models_dir() / paths.gpu_slug(gpu.device_info().name)
+    return paths.gpu_results_dir(gpu.device_info().name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     tuning(p)
     p.add_argument("--top-k", type=int, default=3, help="candidates timed by --tune measure (default %(default)s)")
     p.add_argument("--trials", type=int, default=24, help="trial budget of --tune optuna (default %(default)s)")
+    p.add_argument("--gpu", default=OFFLINE_GPU,
+                   help="without a GPU: the GPU whose profile (--profile, else the one measured here or shipped "
+                        "under models/) the model predicts for (default %(default)r)")
     common(p)
     p.set_defaults(func=cmd_tune)
 
@@ -256,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "rmat:20, rmat:23, rmat:25 and Kronecker-scaled real graphs of 50M+ "
                                             "non-zeros")
     p.add_argument("--data-dir", default=None, help="folder of real .npz matrices")
-    p.add_argument("--out", default=None, help="output folder (default: models/<gpu-slug>/)")
+    p.add_argument("--out", default=None, help="output folder (default: the GPU's folder of models/, or with "
+                                               "--from-csv the CSV's folder)")
     p.add_argument("--profile", default=None, help="profile file (default: the one of this GPU under models/)")
     p.add_argument("--from-csv", default=None, help="re-summarise and re-plot an existing report.csv (no GPU)")
     p.add_argument("--repredict", action="store_true",
@@ -286,12 +332,45 @@ def tuning(p) -> None:
     p.add_argument("--profile", default=None, help="GPU profile (default: models/<gpu-slug>/profile.json)")
 
 
+def describe(exc: BaseException) -> str:
+    """One line for a user: the error's own message, with the path an OS error names.
+
+    Example:
+        >>> describe(IsADirectoryError(21, "Is a directory", "/tmp/x"))
+        'Is a directory: /tmp/x'
+        >>> describe(MemoryError())
+        'out of host memory'
+    """
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        return f"{exc.strerror}: {exc.filename}"
+    if isinstance(exc, MemoryError) and not str(exc):
+        return "out of host memory"
+    return str(exc) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m tuner`` and the ``sparse-tuner`` script."""
+    """Entry point of ``python -m tuner`` and the ``sparse-tuner`` script.
+
+    Errors the user can act on (bad input, files, the cache, memory, the toolchain, no GPU) end in one line
+    on stderr and exit status 2 (3 for a missing GPU); anything else is a bug and keeps its traceback.
+
+    Example:
+        >>> main(["bench", "--data-dir", "/no/such/folder"])
+        2
+    """
     args = build_parser().parse_args(argv)
     args.command_line = " ".join(["python -m tuner"] + (sys.argv[1:] if argv is None else list(argv)))
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, codegen.CompileError, codegen.ToolchainError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except gpu.NoDeviceError as exc:
+        print(f"error: no CUDA GPU: {describe(exc)}", file=sys.stderr)
+        return NO_GPU_EXIT
+    except MemoryError as exc:
+        print(f"error: {describe(exc)}", file=sys.stderr)
         return 2
+    except (ValueError, OSError, codegen.CompileError, codegen.ToolchainError) as exc:
+        print(f"error: {describe(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

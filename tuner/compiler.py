@@ -63,6 +63,39 @@ def prepare(A, dtype=None, arch: str = codegen.DEFAULT_ARCH, families_: list[str
                     {"canonicalize": t1 - t0, "fingerprint": t2 - t1, "compile": t3 - t2})
 
 
+def plan_offline(A, profile: Profile, *, dtype=None, index_dtype=None, arch: str = codegen.DEFAULT_ARCH,
+                 cache: Cache | None = None) -> tuple[planner.Plan, list]:
+    """The plan model mode would make on the profile's GPU, made here without one: every candidate predicted
+    and ranked, all of them rendered and compiled for ``arch``; nothing is timed, stored or loaded.
+
+    Returns the plan (its ``ranking`` every candidate by prediction, ``tune`` 'model') and the binaries of
+    the ranked candidates, in ranking order.
+
+    Example:
+        >>> import scipy.sparse as sp, tempfile
+        >>> from tuner.model import load_profile
+        >>> A = sp.random(200, 200, density=0.05, format="csr", random_state=0)
+        >>> plan, binaries = plan_offline(A, load_profile("NVIDIA H100 80GB HBM3"), cache=Cache(tempfile.mkdtemp()))
+        >>> plan.value_dtype, len(binaries) == len(plan.ranking) > 1, plan.ranking[0].predicted_ms > 0
+        ('float64', True, True)
+    """
+    cache = cache or Cache()
+    m = canonicalize(A, dtype, index_dtype)
+    digest = structure_digest(m)
+    specs, predicted, seconds = plan_candidates(m, profile)
+    specs, predicted = predictable(specs, predicted, profile.gpu.get("name", "profiled"))
+    best, ranking = planner.select("model", specs, predicted, benchmark=None)
+    by_label = {s.label(): s for s in specs}
+    ranked = [by_label[t.label()] for t in ranking]
+    binaries = codegen.compile_many([families.render(s, m) for s in ranked], arch=arch, cache=cache)
+    plan = planner.Plan(family=best.family, params=families.params_dict(best.params),
+                        predicted_ms=ranking[0].predicted_ms, measured_ms=None, fingerprint=digest,
+                        value_dtype=m.value_dtype.name, index_dtype=m.index_dtype.name, value_free=m.value_free,
+                        arch=arch, binary_key=binaries[0].key, tune="model", ranking=ranking,
+                        features=structure_features(m), seconds=seconds)
+    return plan, binaries
+
+
 PLAN_REPEATS = 3  # the report's plans per matrix: their median is its planning seconds
 
 

@@ -26,13 +26,52 @@ def templates_dir() -> Path:
 
 
 def models_dir() -> Path:
-    """Folder of the per-GPU measurements (``models/<gpu-slug>/``).
+    """Folder of the per-GPU measurements shipped with the package (``models/<gpu-slug>/``).
 
     Example:
         >>> models_dir().name
         'models'
     """
     return _resource("models")
+
+
+def in_checkout() -> bool:
+    """Whether the package runs from a source checkout (its parent holds pyproject.toml and templates/),
+    rather than from an installed wheel.
+
+    Example:
+        >>> isinstance(in_checkout(), bool)
+        True
+    """
+    return (CHECKOUT_DIR / "pyproject.toml").is_file() and (CHECKOUT_DIR / "templates").is_dir()
+
+
+def results_dir() -> Path:
+    """Where ``profile``, ``bench`` and ``report`` write: ``$TUNER_MODELS_DIR``, else ``models/`` of a
+    checkout (whose measurements are committed), else ``$XDG_DATA_HOME/sparse-tuner/models`` (by default
+    ``~/.local/share/sparse-tuner/models``): never inside an installed package.
+
+    Example:
+        >>> results_dir().name
+        'models'
+    """
+    env = os.environ.get("TUNER_MODELS_DIR")
+    if env:
+        return Path(env).expanduser()
+    if in_checkout():
+        return CHECKOUT_DIR / "models"
+    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "sparse-tuner" / "models"
+
+
+def gpu_results_dir(gpu_name: str) -> Path:
+    """The folder of one GPU's measurements under :func:`results_dir`.
+
+    Example:
+        >>> gpu_results_dir("NVIDIA H100 80GB HBM3").name
+        'nvidia-h100-80gb-hbm3'
+    """
+    return results_dir() / gpu_slug(gpu_name)
 
 
 def cache_dir() -> Path:
@@ -45,9 +84,9 @@ def cache_dir() -> Path:
     env = os.environ.get("TUNER_CACHE_DIR")
     if env:
         return Path(env).expanduser()
-    if (CHECKOUT_DIR / "pyproject.toml").is_file() and (CHECKOUT_DIR / "cache").is_dir():
+    if in_checkout() and (CHECKOUT_DIR / "cache").is_dir():
         return CHECKOUT_DIR / "cache"
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "sparse-tuner"
 
 

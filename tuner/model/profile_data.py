@@ -204,8 +204,26 @@ def _curve(key: str, regime: str, points: dict) -> tuple[np.ndarray, np.ndarray]
 
 
 def profile_path(gpu_name: str) -> Path:
-    """Where the profile of a GPU lives: ``models/<gpu-slug>/profile.json``."""
-    return paths.models_dir() / paths.gpu_slug(gpu_name) / "profile.json"
+    """Where ``python -m tuner profile`` writes (and resumes) a GPU's profile: ``profile.json`` in
+    :func:`~tuner.paths.gpu_results_dir`.
+
+    Example:
+        >>> profile_path("NVIDIA H200").parent.name
+        'nvidia-h200'
+    """
+    return paths.gpu_results_dir(gpu_name) / "profile.json"
+
+
+def find_profile(gpu_name: str) -> Path:
+    """The profile the model reads for a GPU: the one measured here (:func:`profile_path`) when present,
+    else the one shipped with the package under ``models/<gpu-slug>/``.
+
+    Example:
+        >>> find_profile("NVIDIA H100 80GB HBM3").name
+        'profile.json'
+    """
+    measured = profile_path(gpu_name)
+    return measured if measured.is_file() else paths.models_dir() / paths.gpu_slug(gpu_name) / "profile.json"
 
 
 def load_profile(gpu_name: str | None = None, path: str | Path | None = None) -> Profile:
@@ -213,7 +231,11 @@ def load_profile(gpu_name: str | None = None, path: str | Path | None = None) ->
 
     Raises FileNotFoundError naming the expected path and the command that makes it.
     """
-    p = Path(path) if path is not None else profile_path(gpu_name)
+    p = Path(path) if path is not None else find_profile(gpu_name)
     if not p.is_file():
         raise FileNotFoundError(f"no GPU profile at {p}: run `python -m tuner profile` on that GPU")
-    return Profile.from_json(p.read_text())
+    try:
+        return Profile.from_json(p.read_text())
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"{p}: not a usable GPU profile ({detail})") from exc
