@@ -13,7 +13,7 @@ import pytest
 import scipy.io
 import scipy.sparse as sp
 
-import tuner.loaders as loaders
+from tuner import paths
 from tuner.generators import kronecker, rmat
 from tuner.loaders import (
     SPEC_FORMS,
@@ -309,7 +309,7 @@ def test_real_wiki_vote_loads_with_its_published_size():
 def test_default_data_dir_is_none_outside_a_checkout(monkeypatch, tmp_path):
     # An installed package: no pyproject.toml next to the package folder.
     monkeypatch.delenv("TUNER_DATA_DIR", raising=False)
-    monkeypatch.setattr(loaders, "__file__", str(tmp_path / "site-packages" / "tuner" / "loaders.py"))
+    monkeypatch.setattr(paths, "CHECKOUT_DIR", tmp_path / "site-packages")
     assert default_data_dir() is None
     assert real_matrices() == []
     assert data_dir_or_error(None) is None

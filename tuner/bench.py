@@ -71,7 +71,7 @@ def large_sources(suite: list[str], threshold: int = LARGE_NNZ) -> list[str]:
 
 
 def default_suite(data_dir=None, report: bool = False) -> list[str]:
-    """Real matrices of the data directory (``data_dir``, else :func:`~tuner.loaders.default_data_dir`, if
+    """Real matrices of the data directory (``data_dir``, else :func:`~tuner.sources.default_data_dir`, if
     present; the non-power-law ones stay as controls), rmat:20, rmat:23, rmat:25 and Kronecker-scaled real
     graphs of 50M+ non-zeros (the benchmark adds a larger one).
 

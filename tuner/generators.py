@@ -515,7 +515,7 @@ def _thread_count(threads: int | None) -> int:
     return int(threads)
 
 
-# --- shared CSR helpers (also used by tuner.loaders) -------------------------------------------------
+# --- shared CSR helpers (also used by tuner.loaders and tuner.sizes) ------------------------------------
 
 
 def _index_dtype(shape: tuple[int, int], nnz: int) -> type[np.signedinteger]:

@@ -69,7 +69,8 @@ _state: dict = {}
 def _probe() -> str | None:
     """None when a device can be used, else why not."""
     if drv is None:
-        return f"PyCUDA is not importable ({_IMPORT_ERROR}); install the 'gpu' extra on a machine with CUDA (README: GPU set-up)"
+        return (f"PyCUDA is not importable ({_IMPORT_ERROR}); install the 'gpu' extra on a machine with CUDA "
+                "(README: GPU set-up)")
     try:
         drv.init()
         if drv.Device.count() == 0:
