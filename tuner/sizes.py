@@ -125,8 +125,8 @@ def estimate(source) -> SourceSize:
 
     Example:
         >>> size = estimate("rmat:25")
-        >>> size.n_rows, size.nnz, round(size.peak_bytes / 1e9)
-        (33554432, 536870912, 12)
+        >>> size.n_rows, size.nnz, 11e9 < size.peak_bytes < 15e9   # the per-thread part varies with CPUs
+        (33554432, 536870912, True)
         >>> estimate("rmat:40").peak_bytes > 10**14
         True
     """
