@@ -8,11 +8,13 @@ Example (on a GPU machine):
 __version__ = "0.1.0"
 
 from . import model  # noqa: E402  (the version is read by the modules below)
-from .compiler import compile, prepare  # noqa: E402
+from .cache import CacheError  # noqa: E402
+from .compiler import compile, plan_offline, prepare  # noqa: E402
 from .gpu import NoDeviceError  # noqa: E402
-from .loaders import load  # noqa: E402
+from .loaders import MatrixFileError, load  # noqa: E402
 from .matrix import MatrixError, canonicalize, fingerprint  # noqa: E402
+from .memory import InsufficientMemoryError  # noqa: E402
 from .planner import Plan  # noqa: E402
 
-__all__ = ["compile", "prepare", "load", "model", "canonicalize", "fingerprint", "Plan", "MatrixError",
-           "NoDeviceError", "__version__"]
+__all__ = ["compile", "prepare", "plan_offline", "load", "model", "canonicalize", "fingerprint", "Plan",
+           "MatrixError", "MatrixFileError", "InsufficientMemoryError", "CacheError", "NoDeviceError", "__version__"]

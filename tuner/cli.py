@@ -22,11 +22,13 @@ def _no_gpu_banner() -> str:
             "Planning, rendering and compiling the candidate kernels only; nothing is timed or run.")
 
 
-def _dry_run(sources: list[str], arch: str, cache_dir) -> int:
+def _dry_run(sources: list[str], arch: str, cache_dir, note: str = "") -> int:
     from .cache import Cache
     from .compiler import prepare
     from .loaders import display_name, load
     print(_no_gpu_banner(), flush=True)
+    if note:
+        print(note, flush=True)
     cache = Cache(cache_dir)
     print(f"{'matrix':<28}{'nnz':>12}{'candidates':>11}{'compiled':>9}{'cached':>7}{'load s':>8}{'compile s':>10}")
     for source in sources:
@@ -86,10 +88,9 @@ def cmd_bench(args) -> int:
     suite = args.suite or _default_suite(args.data_dir)
     if not gpu.available():
         skipped = [] if args.suite else bench.large_sources(suite)
-        if skipped:
-            print(f"no GPU: skipping the generated matrices of {bench.LARGE_NNZ / 1e6:.0f}M+ non-zeros "
-                  f"({', '.join(loaders.display_name(s) for s in skipped)})")
-        return _dry_run([s for s in suite if s not in skipped], args.arch, args.cache_dir)
+        note = (f"Skipping the generated matrices of {bench.LARGE_NNZ / 1e6:.0f}M+ non-zeros, built only where a "
+                f"GPU times them: {', '.join(loaders.display_name(s) for s in skipped)}." if skipped else "")
+        return _dry_run([s for s in suite if s not in skipped], args.arch, args.cache_dir, note)
     out = Path(args.out) if args.out else bench.default_out()
     report = bench.run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir, tune=args.tune,
                        progress=lambda s: tqdm(s, desc="bench", unit="matrix", file=sys.stderr), resume=args.resume)

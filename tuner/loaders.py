@@ -20,6 +20,7 @@ the one place callers take matrix sources from.
 from __future__ import annotations
 
 import gzip
+import inspect
 import os
 import warnings
 from pathlib import Path
@@ -147,9 +148,14 @@ def _read_npz(path: Path):
         return sp.load_npz(path)
 
 
+# SciPy releases that announce a new default return type take the type as a keyword; the result is
+# converted to CSR either way, so asking keeps their deprecation warning away from users.
+_MMREAD_KEYWORDS = {"spmatrix": True} if "spmatrix" in inspect.signature(scipy.io.mmread).parameters else {}
+
+
 def _read_mtx(path: Path):
     with _reading(path, "not a readable Matrix Market file"):
-        return scipy.io.mmread(path)
+        return scipy.io.mmread(path, **_MMREAD_KEYWORDS)
 
 
 def _canonical(matrix, path: Path) -> sp.csr_matrix:
