@@ -165,9 +165,9 @@ def predictable(specs: list[Specialization], predicted: list, gpu_name: str) -> 
 
 
 # Kernels shorter than this get the extra rounds of :func:`measure_each`: on launches of a few microseconds
-# where the buffers land moves a candidate by 1-7 % (session 24, models/README), as much as the 5 % that
-# judges a choice; a kernel of 50 us or more streams megabytes over many pages, and re-uploading a large
-# graph's layouts each round would cost seconds.
+# where the buffers land moves a candidate by 1-7 %, as much as the 5 % that judges a choice; a kernel of
+# 50 us or more streams megabytes over many pages, and re-uploading a large graph's layouts each round
+# would cost seconds.
 ROUNDS_UNDER_MS = 0.05
 DEFAULT_ROUNDS = 5  # the report's rounds of a short candidate: enough for a median and a range
 

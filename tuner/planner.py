@@ -43,7 +43,7 @@ class Plan:
     Attributes:
         family: chosen kernel family.
         params: its parameters.
-        predicted_ms: the model's prediction (None until the model arrives: v0 measures).
+        predicted_ms: the model's prediction (None when no profile predicted it).
         measured_ms: median time of the chosen kernel when it was timed.
         fingerprint: sha256 of the matrix structure.
         value_dtype, index_dtype: the kernel's types; value_free: pattern-matrix kernel.

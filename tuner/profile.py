@@ -341,7 +341,7 @@ OCCUPANCY_COLUMNS = 8192  # x in L1: the floor is the warps' latency, not the ga
 # Lane lengths a chained shape's floor is measured at beside its narrowest (the hybrid's seg lanes hold up
 # to 31 slots). Only for chains: other shapes' floors at longer rows of uniformly random columns are set by
 # those gathers and overshoot real matrices (H100, 32 lanes per row of 64 entries: 1.8 us at 32 warps per
-# SM, where bcsstk16's rows of 59 took 1.1 us at 40).
+# SM, where bcsstk16's rows of 59 take 1.1 us at 40).
 CHAIN_WIDTHS = (8, 16, 32, 64)
 
 
@@ -375,8 +375,8 @@ def measure_occupancy(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache,
     here, so that the busy times are this run's. ``have``: a profile's ``occupancy`` whose curves are kept
     (what :func:`occupancy_missing` does not list).
 
-    The tables' full GPU hides each warp's latency; with 8 warps per SM the H100 ran 2 lanes per row over
-    rows of 8 entries 3 times slower than their table rate (session 19, models/README.md).
+    The tables' full GPU hides each warp's latency; a few warps per SM do not (with 8 warps per SM the
+    H100 runs 2 lanes per row over rows of 8 entries 3 times slower than their table rate).
     """
     launch = measure_launch_overhead(arch, cache)
     shapes = {k: dict(v) for k, v in (have or {}).get("shapes", {}).items()}
@@ -472,7 +472,7 @@ def measure_chains(info: gpu.DeviceInfo, grid: Grid, arch: str, cache: Cache, pr
     tables or constants follows them); ``save(chains)`` is called after each launch timed (resumable).
 
     The tables' launches have rows of one length; these have thousands of rows of mixed lengths, whose
-    longest lanes' chains, not their work, set the time of a small launch (models/README.md, session 27).
+    longest lanes' chains, not their work, set the time of a small launch.
     """
     done = {c["launch"]: c for c in (have or {}).get("launches", [])}
     for kind, a, b in grid.chain_launches:
@@ -661,7 +661,7 @@ def _start(out: Path, info: gpu.DeviceInfo, grid: Grid, cache: Cache, remeasure:
                 prof["alone"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"])
                 prof["alone_warp"] = measure_alone(info, grid, info.arch, cache, c["launch_overhead_ms"],
                                                    full_warp=True)
-            else:  # kernel shapes (and the full-warp lone times, the gathers' launch) added since it was made
+            else:  # kernel shapes (and the full-warp lone times, the gathers' launch) the file lacks
                 launch_ms = prof["constants"]["launch_overhead_ms"]
                 if "gather_launch_ms" not in prof["constants"]:
                     warm_up()

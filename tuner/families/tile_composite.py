@@ -10,17 +10,34 @@ alone (the largest multiple of the tile's longest row that still fills the GPU o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ..formats.tile_composite import (Shapes, TileComposite, build_tile_composite, evaluate_tile_composite, pack_runs,
                                       tile_ranks)
+from ..formats.tiles import RankedRuns
 from ..matrix import CanonicalMatrix
 from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_launch, ordered_matrix, shared_layout
 from .tiles import TILE_ORDER, count_tile_runs, ranked_tile_runs, tiling, widths
 
 BLOCK_SIZE = 256
 NOMINAL_ACTIVE_WARPS = 132 * 64  # an H100's resident warps: Algorithm 2's bound when there is no profile
+
+# Algorithm 2 over the lookup model: (plan matrix, tile width, its tiles' RankedRuns, profile) -> every
+# tile's workload size, or None where the profile lacks this family's tables. The model predicts from the
+# layouts built here and so imports this module; it hands its Algorithm 2 over (:func:`set_partition`)
+# rather than this module importing the model.
+Partition = Callable[[CanonicalMatrix, int, RankedRuns, object], "tuple | None"]
+_partition: Partition | None = None
+
+
+def set_partition(partition: Partition) -> None:
+    """Choose each tile's workload size by ``partition`` wherever :func:`space` is given a profile: the
+    model sets :func:`tuner.model.tile_composite.partition_tiles` here as :mod:`tuner.model` is imported,
+    which every profile is read through."""
+    global _partition
+    _partition = partition
 
 
 @dataclass(frozen=True)
@@ -88,15 +105,17 @@ def tile_extent(lengths: np.ndarray, counts: np.ndarray) -> tuple[int, int]:
 
 def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
     """Per tile width from the L1: the workload sizes of Algorithm 2 (over the lookup model when the profile
-    has this family's tables). The camping pad is not offered: on the H100 it changed nothing measurable
-    (models/README.md); ``camping_pad=True`` remains for measuring it."""
-    from ..model.tile_composite import partition_tiles  # here: the model imports the families
+    has this family's tables: :func:`set_partition`). The camping pad is not offered: on the H100 it changes
+    no time measurably, and offering it would double the candidates; ``camping_pad=True`` remains for
+    measuring it."""
+    if profile is not None and _partition is None:
+        raise RuntimeError("tile_composite was given a profile but no model to read it: import tuner.model")
     plan = ordered_matrix(m, TILE_ORDER)
 
     out = []
     ws = widths(m, profile)
     for width, runs in zip(ws, count_tile_runs(plan, ws)):  # every width counted in one pass
-        wl = partition_tiles(plan, width, runs, profile)
+        wl = _partition(plan, width, runs, profile) if profile is not None else None
         if wl is None:
             wl = tuple(fill_workload(*tile_extent(*runs.tile(t)), NOMINAL_ACTIVE_WARPS) for t in range(runs.n_tiles))
         out.append(TileCompositeParams(width, wl, False, BLOCK_SIZE, TILE_ORDER))

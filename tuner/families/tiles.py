@@ -10,25 +10,28 @@ from ..matrix import CanonicalMatrix
 from .base import known_layout, shared_layout
 
 NOMINAL_L1_BYTES = 256 * 1024  # sm_90's L1/texture per SM, for planning without a profile
+# Of that L1, what gathers of x get, in 32-byte sectors: half, the share the model leaves to x in a cache
+# whose capacity was not measured (:func:`tuner.model.locality.cache_sectors`).
+NOMINAL_L1_SECTORS = NOMINAL_L1_BYTES * 0.5 / 32
 TILE_ORDER = "degree"  # tiling presumes columns numbered by decreasing length (paper 003, Solution 2)
 # The rows the model counts of a plan matrix of 32M entries or more: the long rows and a quarter of the
-# chunks of the others. On rmat:23's 131M entries every tile's entries came within 3.5 % (median 0.4 %),
-# counted in 0.26-0.27 s against 0.83-0.95 s on 2 threads and 0.23-0.25 s against 0.30 s on the H100
-# host's 8, whose cores then serve the other families' histograms (models/README, session 30); with the
-# chunks joined four at a time, 0.16 s there (session 31).
+# chunks of the others. Every tile's count of entries stays within a few percent of the full count (on
+# rmat:23's 131M entries within 3.5 %, median 0.4 %), while the counting takes a third of the time on 2
+# cores (0.27 s against 0.9 s there) and, on a host of 8, leaves cores to the other families' histograms,
+# which are built meanwhile.
 RUN_SAMPLE = RowSample()
 
 
 def l1_sectors(profile=None) -> float:
-    """The L1 capacity for gathers, in 32-byte sectors: the profile's measurement, else half of 256 KB.
+    """The L1 capacity for gathers, in 32-byte sectors: the profile's
+    (:meth:`~tuner.model.profile_data.Profile.cache_sectors`: its measurement, else half its L1), else
+    half of 256 KB.
 
     Example:
         >>> l1_sectors()
         4096.0
     """
-    from ..model.locality import cache_sectors  # here, not at the top: the model imports the families
-    # Without a measurement cache_sectors takes the model's usual share of the nominal size.
-    return cache_sectors(profile.constants if profile is not None else {"l1_bytes": NOMINAL_L1_BYTES}, "l1")
+    return profile.cache_sectors("l1") if profile is not None else NOMINAL_L1_SECTORS
 
 
 def widths(m: CanonicalMatrix, profile=None) -> list[int]:

@@ -10,6 +10,7 @@ runtime-cost equations.
 from .baseline import predict_baseline
 from .lookup import predict_lookup, predict_many, predicted_candidates
 from .profile_data import Profile, load_profile
+from . import tile_composite  # noqa: F401  (hands Algorithm 2 to the tile_composite family's space)
 
 MODELS = {"lookup": predict_lookup, "baseline": predict_baseline}
 

@@ -4,9 +4,8 @@ Where every lane walks whole rows (csr_vector; binned's classes, a block per row
 lane with the most entries issues its loads ``UNROLL`` at a time, each round after the last. A full GPU
 hides that chain behind other warps; a launch of a few thousand rows of mixed lengths does not. Its time
 beyond the launch is then about a base (the first rows' dependent loads, the dispatch of its blocks) plus a
-time per round of its longest lane: on the H100, wiki-Vote's is about 1.8 us + 0.15 us a round
-(models/README.md, session 25). The tables and floors the other terms read are measured on rows of one
-length, so no other term sees this.
+time per round of its longest lane: on the H100, wiki-Vote's is about 1.8 us + 0.15 us a round. The
+tables and floors the other terms read are measured on rows of one length, so no other term sees this.
 
 The profile times every candidate of these families on synthetic launches of mixed rows
 (:func:`tuner.profile.measure_chains`: R-MAT graphs and banded matrices), and :func:`fit_chain_floor`

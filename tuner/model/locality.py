@@ -369,6 +369,11 @@ def cache_sectors(constants: dict, level: str) -> float:
         4096.0
         >>> cache_sectors({"l1_bytes": 262144, "l1_sectors": 1000.0}, "l1")
         1000.0
+
+    The families' tiles take the same share of the L1 they assume without a profile:
+        >>> from tuner.families.tiles import NOMINAL_L1_BYTES, NOMINAL_L1_SECTORS
+        >>> cache_sectors({"l1_bytes": NOMINAL_L1_BYTES}, "l1") == NOMINAL_L1_SECTORS
+        True
     """
     measured = constants.get(f"{level}_sectors")
     if measured:

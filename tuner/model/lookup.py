@@ -77,7 +77,7 @@ def occupancy_floor(s: SegmentSums, profile: Profile) -> float:
     A segment whose lanes walk their slots one after another (a shape the profile measured at several
     lane lengths: ALIGNED_COO's seg part) also lasts at least its own floor, at its lanes' length and
     its own warps per SM, whatever runs beside it: other warps do not shorten a lane's chain of
-    dependent steps (H100, cit-HepPh: the hybrid, whose 40 blocks of seg lanes hold 31 slots each, took
+    dependent steps (H100, cit-HepPh: the hybrid, whose 40 blocks of seg lanes hold 31 slots each, takes
     7.6 us beyond the launch; the all-flat layout 4.5 us).
 
     Example:
@@ -156,7 +156,7 @@ def sm_spread(blocks: int, sm_count: int) -> float:
     ``blocks`` equal blocks is dealt out to ``sm_count`` SMs: it gets ceil(blocks / sm_count) of them.
 
     The tables measure a full GPU; a launch of fewer blocks than SMs runs on as many SMs as it has blocks,
-    each at one SM's share of the table (H100: 4 blocks of 8 one-lane warps over rows of 32 entries took
+    each at one SM's share of the table (H100: 4 blocks of 8 one-lane warps over rows of 32 entries take
     9.6 us beyond the launch; one SM's share of the table gives 9.9 us for its 8,192 entries, the whole
     GPU's 0.3 us).
 
@@ -256,8 +256,8 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
     tile's rows and run Algorithm 2) build their candidates and are predicted, the other families'
     candidates are predicted on other threads, one per view (ordering) of the matrix, each building its
     view's warp histograms first (passes over the rows of each class, on threads of their own): none
-    waits for another (models/README, session 30: on rmat:23 a tenth faster than predicting them after
-    the tiled candidates).
+    waits for another, so the other families' histograms are built while the tiled ones count their
+    tiles (on rmat:23 the planning takes a tenth less time than predicting them after the tiled ones).
 
     Example: see tests/test_model.py (needs a profile).
     """

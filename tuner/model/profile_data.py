@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import paths
+from .locality import cache_sectors
 
 FORMAT = 2  # 2: GPU-side (queued) timings, measured cache capacities
 REGIMES = ("l1", "l2", "dram")  # where the gathered x mostly hits: L1/tex, L2, or device memory
@@ -110,6 +111,18 @@ class Profile:
                    caches=raw.get("caches", {}), regime_columns=raw.get("grid", {}).get("regime_columns", {}),
                    tail=raw.get("tail", {}), alone_warp=raw.get("alone_warp", {}),
                    occupancy=raw.get("occupancy", {}), chains=raw.get("chains", {}))
+
+    def cache_sectors(self, level: str) -> float:
+        """Effective capacity of cache ``level`` ('l1' or 'l2') for gathers, in sectors: the measured one,
+        else half the nominal size (:func:`~tuner.model.locality.cache_sectors`). The tiled families size
+        their tiles by the L1's: they read it here, from the profile they are given, as they do not import
+        the model.
+
+        Example:
+            >>> Profile({}, {"l1_bytes": 262144, "l1_sectors": 1000.0}, {}, "").cache_sectors("l1")
+            1000.0
+        """
+        return cache_sectors(self.constants, level)
 
     def max_active_warps(self, key: str) -> int:
         """Warps resident on the whole GPU at once for that kernel (eq. 1's MAX_ACT_WARP/SM x NUM_SM)."""

@@ -109,8 +109,8 @@ def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_
     their number over the SMs, whose first touch of each sector misses
     (:func:`~tuner.model.locality.che_hit_rates`); the profile's tables were measured on streams long
     enough for that not to count. A whole-matrix launch is not charged so: its L1 starts cold too, but on
-    the suite's small matrices the term made the predictions worse (median error 13.0 -> 15.7 %,
-    models/README.md), and why was not found.
+    the suite's small matrices the term makes the predictions worse (median error 15.7 % with it, 13.0 %
+    without), for a reason not understood.
 
     Example: see tests/test_tiles.py (needs a profile).
     """
@@ -148,7 +148,7 @@ def blended(profile: Profile, key: str, w: np.ndarray, fractions) -> np.ndarray:
 
 def row_heights(profile: Profile, value_free: bool, block: int) -> tuple:
     """((rows, table), ...): the row-major TILE-Composite tables of workloads of 1, 2, 4, ... rows that
-    ``profile`` measured (one row's always; a profile made before the others were measured has only it)."""
+    ``profile`` measured (one row's always; the others where the profile has them)."""
     out = []
     for h in ROW_HEIGHTS:
         key = table_for(profile, kernel_key("tile_composite", row_group(h), block, value_free))[0]

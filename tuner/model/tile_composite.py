@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..families.tile_composite import BLOCK_SIZE, packed
+from ..families.tile_composite import BLOCK_SIZE, packed, set_partition
 from ..formats.tile_composite import Packings, col_shape_height, pack_many, pack_tiles
 from ..matrix import CanonicalMatrix
 from .tables import blended, blended_alone, height_curve, height_table, row_heights, table_for
@@ -99,10 +99,10 @@ def candidates(longest: int, entries: int, active_warps: int, limit: int = MAX_C
     ``entries`` over the resident warps (at least the one), thinned geometrically to ``limit`` - plus the
     warp-multiple powers of two below the longest row.
 
-    The paper's lower bound keeps the first workload an exact rectangle; on today's graphs a tile's longest
-    row can hold 10^4 entries, and a workload that large makes the column-major warps of its one-entry
-    rows 10^4 rows deep, walked serially. Below it, a long row is simply a row-major workload by itself
-    (h = max(WL // w, 1)), and the model decides.
+    The paper's lower bound keeps the first workload an exact rectangle; on power-law graphs a tile's
+    longest row can hold 10^4 entries, and a workload that large makes the column-major warps of its
+    one-entry rows 10^4 rows deep, walked serially. Below it, a long row is simply a row-major workload by
+    itself (h = max(WL // w, 1)), and the model decides.
 
     Example:
         >>> candidates(4, 400, active_warps=10)
@@ -174,3 +174,7 @@ def partition_tiles(plan: CanonicalMatrix, width: int, runs, profile: Profile | 
     for t in np.flatnonzero(best >= 0).tolist():
         packed(plan, width, t, int(wls[t]), packings.shapes(int(best[t])))
     return tuple(int(w) for w in wls)
+
+
+# The family's space reads a profile through this Algorithm 2: the family does not import the model.
+set_partition(partition_tiles)
