@@ -9,11 +9,12 @@ __version__ = "0.1.0"
 
 from . import model  # noqa: E402  (the version is read by the modules below)
 from .cache import CacheError  # noqa: E402
-from .compiler import compile, plan_offline, prepare  # noqa: E402
+from .compiler import plan_offline, prepare  # noqa: E402
 from .gpu import NoDeviceError  # noqa: E402
 from .loaders import MatrixFileError, load  # noqa: E402
 from .matrix import MatrixError, canonicalize, fingerprint  # noqa: E402
 from .memory import InsufficientMemoryError  # noqa: E402
+from .operations import compile  # noqa: E402
 from .planner import Plan  # noqa: E402
 
 __all__ = ["compile", "prepare", "plan_offline", "load", "model", "canonicalize", "fingerprint", "Plan",

@@ -24,6 +24,10 @@ from .cache import Cache, make_key
 
 DEFAULT_ARCH = "sm_90"
 NVCC_OPTIONS = ("-O3", "-lineinfo")
+LIBRARY_OPTIONS = ("-O3", "-Xcompiler", "-fPIC")
+# nvcc's flags of each kind of output: a cubin the driver loads, or a shared library Python loads (its
+# CUDA runtime linked statically, so that nothing beyond the driver is needed where it runs).
+OUTPUTS = {"cubin": ("-cubin",), "library": ("-shared", "-cudart=static")}
 
 
 class CompileError(RuntimeError):
@@ -128,13 +132,13 @@ def binary_key(source: str, arch: str, options: tuple[str, ...] = NVCC_OPTIONS) 
 
 
 def compile_source(source: str, arch: str = DEFAULT_ARCH, options: tuple[str, ...] = NVCC_OPTIONS,
-                   cache: Cache | None = None) -> Binary:
+                   cache: Cache | None = None, kind: str = "cubin") -> Binary:
     """Compile CUDA ``source`` to a cubin for ``arch``, through the binary cache.
 
     nvcc runs under the cache's lock of the binary key, so concurrent compiles of one source, in other
     processes or threads, run it once. The source is kept as ``<cache>/src/<key>.cu`` for nvcc's messages.
     Raises ``CompileError`` when nvcc fails, ``ToolchainError`` when it is missing, ``CacheError`` when the
-    cache cannot be written.
+    cache cannot be written. ``kind`` 'library' builds a shared library instead (see :func:`compile_library`).
 
     Example:
         >>> import tempfile
@@ -146,25 +150,46 @@ def compile_source(source: str, arch: str = DEFAULT_ARCH, options: tuple[str, ..
         True
     """
     cache = cache or Cache()
+    if kind not in OUTPUTS:
+        raise ValueError(f"kind must be one of {sorted(OUTPUTS)}, got {kind!r}")
     key = binary_key(source, arch, options)
-    body = cache.get("cubin", key)
+    body = cache.get(kind, key)
     if body is not None:
         return Binary(key=key, cubin=body, arch=arch, cached=True)
-    with cache.lock("cubin", key):
-        body = cache.get("cubin", key)  # put by whoever held the lock before us
+    with cache.lock(kind, key):
+        body = cache.get(kind, key)  # put by whoever held the lock before us
         if body is not None:
             return Binary(key=key, cubin=body, arch=arch, cached=True)
         src_path = cache.write(cache.root / "src" / f"{key}.cu", source.encode())
         with tempfile.TemporaryDirectory(prefix="tuner-nvcc-") as tmp:
-            out = Path(tmp) / "kernel.cubin"
-            cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *options, "-o", str(out), str(src_path)]
+            out = Path(tmp) / f"kernel.{kind}"
+            cmd = [nvcc_path(), *OUTPUTS[kind], f"-arch={arch}", *options, "-o", str(out), str(src_path)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise CompileError(f"nvcc failed (exit {proc.returncode}) on {src_path}\n"
                                    f"command: {' '.join(cmd)}\n{proc.stderr}{proc.stdout}")
             cubin = out.read_bytes()
-        cache.put("cubin", key, cubin, meta={"arch": arch, "nvcc": nvcc_version(), "options": list(options)})
+        cache.put(kind, key, cubin, meta={"arch": arch, "nvcc": nvcc_version(), "options": list(options)})
     return Binary(key=key, cubin=cubin, arch=arch, cached=False)
+
+
+def compile_library(source: str, arch: str = DEFAULT_ARCH, cache: Cache | None = None) -> Path:
+    """Compile CUDA ``source`` with host code (e.g. CUB's device-wide algorithms, which are launched from the
+    host) into a shared library through the binary cache; returns the path of a loadable copy,
+    ``<cache>/lib/<key>.so`` (the cache entry itself carries a header, so the loader needs this copy).
+
+    Example:
+        >>> import tempfile
+        >>> path = compile_library('extern "C" int answer() { return 42; }', cache=Cache(tempfile.mkdtemp()))
+        >>> import ctypes; ctypes.CDLL(str(path)).answer()
+        42
+    """
+    cache = cache or Cache()
+    binary = compile_source(source, arch, LIBRARY_OPTIONS, cache, kind="library")
+    path = cache.root / "lib" / f"{binary.key}.so"
+    if not path.is_file() or path.stat().st_size != len(binary.cubin):
+        cache.write(path, binary.cubin)
+    return path
 
 
 def load_binary(key: str, arch: str, cache: Cache | None = None) -> Binary | None:

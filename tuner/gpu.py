@@ -198,6 +198,35 @@ def copy_device(dst: int, src: int, nbytes: int) -> None:
         drv.memcpy_dtod(dst, src, nbytes)
 
 
+def free_memory() -> int:
+    """Bytes of device memory free now (what a result must fit in).
+
+    Example (on a GPU machine):
+        >>> free_memory() > 0  # doctest: +SKIP
+        True
+    """
+    _context()
+    return int(drv.mem_get_info()[0])
+
+
+class Library:
+    """A shared library of host functions that launch device work (e.g. CUB's device-wide algorithms),
+    called through ctypes in the primary context, on the legacy default stream like every kernel here.
+    Each function returns a cudaError_t; a non-zero one raises :class:`GpuError`."""
+
+    def __init__(self, path):
+        _context()  # the library's CUDA runtime then attaches to the same primary context
+        self.path = str(path)
+        self._lib = ctypes.CDLL(self.path)
+
+    def call(self, name: str, *args) -> None:
+        fn = getattr(self._lib, name)
+        fn.restype = ctypes.c_int
+        status = fn(*args)
+        if status != 0:
+            raise GpuError(f"{name} in {self.path} failed with CUDA error {status}")
+
+
 def memset_bytes(ptr: int, byte: int, nbytes: int) -> None:
     if nbytes:
         drv.memset_d8(ptr, byte, nbytes)
