@@ -170,3 +170,16 @@ def test_new_values_on_the_same_structures_are_multiplied():
     assert abs(spgemm() - expected).max() <= 1e-5 * abs(expected).max()  # the new values stay
     with pytest.raises(MatrixError, match="another structure"):
         spgemm(power_law(1500, seed=15), None)
+
+
+@pytest.mark.gpu
+def test_device_output_is_taken_by_cupy_without_a_copy():
+    cupy = pytest.importorskip("cupy")
+    import cupyx.scipy.sparse as csp
+    A = power_law(1200, seed=16)
+    c = tuner.compile(A, A)(out="device")
+    data = cupy.asarray(c.data)
+    assert data.data.ptr == int(c.data.gpudata)  # the same memory
+    C = csp.csr_matrix((data, cupy.asarray(c.indices), cupy.asarray(c.indptr)), shape=c.shape).get()
+    expected = A.astype(np.float64) @ A.astype(np.float64)
+    assert c.nnz == reached(A, A).nnz and abs(C - expected).max() <= 1e-5 * abs(expected).max()

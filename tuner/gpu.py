@@ -114,6 +114,9 @@ def _context():
 
 
 def _release() -> None:
+    pool = _state.pop("pool", None)
+    if pool is not None:
+        pool.stop_holding()  # its free blocks go back while the context still exists
     if getattr(_local, "pushed", False):
         try:
             drv.Context.pop()
@@ -198,15 +201,44 @@ def copy_device(dst: int, src: int, nbytes: int) -> None:
         drv.memcpy_dtod(dst, src, nbytes)
 
 
-def free_memory() -> int:
-    """Bytes of device memory free now (what a result must fit in).
+def free_memory(release_pool: bool = False) -> int:
+    """Bytes of device memory free now (what a result must fit in); with ``release_pool``, after returning
+    the blocks the pool of :func:`alloc_pooled` holds unused.
 
     Example (on a GPU machine):
         >>> free_memory() > 0  # doctest: +SKIP
         True
     """
     _context()
+    if release_pool and "pool" in _state:
+        _state["pool"].free_held()
     return int(drv.mem_get_info()[0])
+
+
+def alloc_pooled(nbytes: int):
+    """Device memory of at least one byte from a pool that keeps freed blocks for the next request of their
+    size: work buffers of repeated calls (SpGEMM's expansion) then skip cudaMalloc, which takes
+    milliseconds for blocks of gigabytes. Freed when the returned object is."""
+    from pycuda.tools import DeviceMemoryPool
+    _context()
+    with _lock:
+        if "pool" not in _state:
+            _state["pool"] = DeviceMemoryPool()
+    return _state["pool"].allocate(max(int(nbytes), 1))
+
+
+def device_vector(n: int, dtype, data=None):
+    """A PyCUDA GPUArray of ``n`` entries (``__cuda_array_interface__``: CuPy and PyTorch take it without a
+    copy), in new memory or in the allocation ``data``, which it then keeps alive.
+
+    Example (on a GPU machine):
+        >>> device_vector(4, np.float32).shape  # doctest: +SKIP
+        (4,)
+    """
+    import pycuda.gpuarray as gpuarray
+    _context()
+    data = data if data is not None else alloc_pooled(int(n) * np.dtype(dtype).itemsize)
+    return gpuarray.GPUArray((int(n),), np.dtype(dtype), gpudata=data)
 
 
 class Library:

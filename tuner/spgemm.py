@@ -146,7 +146,8 @@ class SpGEMM:
         self._library = gpu.Library(codegen.compile_library(merge, info.arch, cache=cache))
         v = "f" if self.dtype == np.float32 else "d"
         self._expand = gpu.Kernel(binary.cubin, name, "PPPPPPPPPPPq" + v)
-        self._indptr = self._expand.sibling(f"{name}_indptr", "Pqqq" + "P")
+        self._indptr = {32: self._expand.sibling(f"{name}_indptr32", "PqqqP"),
+                        64: self._expand.sibling(f"{name}_indptr64", "PqqqP")}
         self._columns = {32: self._expand.sibling(f"{name}_columns32", "PqqP"),
                          64: self._expand.sibling(f"{name}_columns64", "PqqP")}
         t = self.table
@@ -160,10 +161,15 @@ class SpGEMM:
         for key, values in (("a_vals", a_values), ("b_vals", b_values)):
             self._dev[key] = None if values is None else gpu.upload(np.ascontiguousarray(values, self.dtype))
 
-    def __call__(self, A=None, B=None) -> sp.csr_matrix:
+    def __call__(self, A=None, B=None, out: str = "scipy"):
+        """C = A B: a SciPy CSR matrix (``out='scipy'``) or a :class:`DeviceCSR` left on the GPU
+        (``out='device'``). ``A``/``B``: new values on the structures compiled for."""
+        if out not in ("scipy", "device"):
+            raise ValueError(f"out must be 'scipy' or 'device', got {out!r}")
         if A is not None or B is not None:
             self._new_values(A, B)
-        return self._multiply()
+        c = self._multiply()
+        return c if out == "device" else c.to_scipy(self)
 
     def _new_values(self, A, B) -> None:
         if self.value_free:
@@ -185,15 +191,16 @@ class SpGEMM:
         self.seconds[name] = now - self._t
         self._t = now
 
-    def _multiply(self) -> sp.csr_matrix:
+    def _multiply(self) -> "DeviceCSR":
         self.seconds: dict[str, float] = {}
         self._t = time.perf_counter()
         p, t, n_rows, n_cols = self.params, self.table, *self.shape
         vs = self.dtype.itemsize
-        out_index = np.int32 if n_cols <= INT32_MAX else np.int64
         if t.products == 0:
-            return sp.csr_matrix((np.zeros(0, self.dtype), np.zeros(0, out_index),
-                                  np.zeros(n_rows + 1, out_index)), shape=self.shape)
+            index = np.int32 if n_cols <= INT32_MAX else np.int64
+            indptr = gpu.device_vector(n_rows + 1, index)
+            gpu.memset_bytes(int(indptr.gpudata), 0, indptr.nbytes)
+            return DeviceCSR(indptr, gpu.device_vector(0, index), gpu.device_vector(0, self.dtype), self.shape)
         n = ctypes.c_longlong(t.products)
         bits = key_bits(self.shape)
         sort_bytes, reduce_bytes = ctypes.c_size_t(0), ctypes.c_size_t(0)
@@ -205,13 +212,14 @@ class SpGEMM:
         temp_bytes = max(sort_bytes.value, reduce_bytes.value)
         need = device_bytes(t, self.ops, self.dtype, temp_bytes)
         free = gpu.free_memory()
+        if need > free:  # the pool's unused blocks may make the difference
+            free = gpu.free_memory(release_pool=True)
         if need > free:
             raise DeviceMemoryError(f"A B expands to {t.products:,} products: it needs {need:,} bytes of device "
                                     f"memory, {free:,} are free")
-        keys_in, keys_out = gpu.alloc(8 * t.products), gpu.alloc(8 * t.products)
-        vals_in, vals_out = gpu.alloc(vs * t.products), gpu.alloc(vs * t.products)
-        temp, runs = gpu.alloc(temp_bytes), gpu.alloc(8)
-        indptr = gpu.alloc(8 * (n_rows + 1))
+        keys_in, keys_out = gpu.alloc_pooled(8 * t.products), gpu.alloc_pooled(8 * t.products)
+        vals_in, vals_out = gpu.alloc_pooled(vs * t.products), gpu.alloc_pooled(vs * t.products)
+        temp, runs = gpu.alloc_pooled(temp_bytes), gpu.alloc_pooled(8)
         self._phase("allocate")
         d = self._dev
         pattern = self.ops.pattern_value if self.value_free else 1.0
@@ -230,20 +238,48 @@ class SpGEMM:
         gpu.copy_to_host(nnz_host, int(runs))
         nnz = int(nnz_host[0])
         self._phase("reduce")
-        self._indptr.launch(-(-(n_rows + 1) // 256), 256, keys_in, np.int64(nnz), np.int64(n_rows), np.int64(n_cols),
-                            indptr)
-        index = np.int32 if max(n_cols, nnz) <= INT32_MAX else np.int64
-        self._columns[8 * np.dtype(index).itemsize].launch(-(-nnz // 256), 256, keys_in, np.int64(nnz),
-                                                            np.int64(n_cols), keys_out)
+        # CSR in arrays of its own size (the expansion's buffers hold every product), int32 where it fits,
+        # allocated once the sort's second buffers are freed: the peak stays that of the sort.
+        del keys_out, vals_out, temp
+        index = np.dtype(np.int32 if max(n_cols, nnz) <= INT32_MAX else np.int64)
+        bits_out = 8 * index.itemsize
+        indptr, cols, vals = (gpu.device_vector(n_rows + 1, index), gpu.device_vector(nnz, index),
+                              gpu.device_vector(nnz, self.dtype))
+        self._indptr[bits_out].launch(-(-(n_rows + 1) // 256), 256, keys_in, np.int64(nnz), np.int64(n_rows),
+                                      np.int64(n_cols), indptr.gpudata)
+        self._columns[bits_out].launch(-(-nnz // 256), 256, keys_in, np.int64(nnz), np.int64(n_cols), cols.gpudata)
+        gpu.copy_device(int(vals.gpudata), int(vals_in), nnz * vs)
         self._phase("csr")
-        host_indptr = np.empty(n_rows + 1, np.int64)
-        gpu.copy_to_host(host_indptr, int(indptr))
-        cols = np.empty(nnz, index)
-        gpu.copy_to_host(cols, int(keys_out))
-        vals = np.empty(nnz, self.dtype)
-        gpu.copy_to_host(vals, int(vals_in))
-        self._phase("download")
-        return sp.csr_matrix((vals, cols, host_indptr.astype(index, copy=False)), shape=self.shape)
+        return DeviceCSR(indptr, cols, vals, self.shape)
+
+
+@dataclass(frozen=True)
+class DeviceCSR:
+    """C on the GPU as three PyCUDA GPUArrays, which CuPy and PyTorch take without a copy through
+    ``__cuda_array_interface__`` (indices int32 when the columns and nnz fit, else int64).
+
+    Example (on a GPU machine):
+        >>> import cupy, cupyx.scipy.sparse as csp                                   # doctest: +SKIP
+        >>> c = tuner.compile(A, A.T)(out="device")                                  # doctest: +SKIP
+        >>> C = csp.csr_matrix((cupy.asarray(c.data), cupy.asarray(c.indices), cupy.asarray(c.indptr)),
+        ...                    shape=c.shape)                                         # doctest: +SKIP
+    """
+
+    indptr: object
+    indices: object
+    data: object
+    shape: tuple[int, int]
+
+    @property
+    def nnz(self) -> int:
+        return int(self.data.shape[0])
+
+    def to_scipy(self, timer=None) -> sp.csr_matrix:
+        """The same matrix in host memory (``timer``: a :class:`SpGEMM` whose ``seconds`` gets 'download')."""
+        c = sp.csr_matrix((self.data.get(), self.indices.get(), self.indptr.get()), shape=self.shape)
+        if timer is not None:
+            timer._phase("download")
+        return c
 
 
 def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params: OuterProductParams | None = None,
