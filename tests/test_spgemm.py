@@ -112,6 +112,24 @@ def test_cub_merge_library_compiles_and_exports_its_functions(val, tmp_path):
     assert all(hasattr(lib, f"m_{name}") for name in ("sort", "reduce", "synchronize"))
 
 
+def test_a_result_too_large_for_host_memory_is_refused_before_the_copy(monkeypatch):
+    from tuner.memory import InsufficientMemoryError
+    from tuner.spgemm import DeviceCSR
+
+    class Untouchable:  # a device array that must not be copied
+        def __init__(self, n, dtype):
+            self.shape, self.dtype = (n,), np.dtype(dtype)
+
+        def get(self):
+            raise AssertionError("copied to the host")
+
+    monkeypatch.setenv("TUNER_HOST_MEMORY_LIMIT", "1G")
+    c = DeviceCSR(Untouchable(10**6 + 1, np.int64), Untouchable(10**9, np.int64), Untouchable(10**9, np.float32),
+                  (10**6, 10**6))
+    with pytest.raises(InsufficientMemoryError, match="1,000,000,000 entries.*keep it on the GPU with out='device'"):
+        c.to_scipy()
+
+
 # --- on the GPU ---------------------------------------------------------------------------------------
 
 

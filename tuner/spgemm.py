@@ -22,6 +22,7 @@ from .cache import Cache
 from .families.base import CTYPES
 from .formats.wlt import WorkloadTable, workload_table
 from .matrix import INT32_MAX, CanonicalMatrix, MatrixError, canonicalize, structure_digest
+from .memory import check_fits
 
 
 class DeviceMemoryError(MatrixError):
@@ -278,7 +279,15 @@ class DeviceCSR:
         return int(self.data.shape[0])
 
     def to_scipy(self, timer=None) -> sp.csr_matrix:
-        """The same matrix in host memory (``timer``: a :class:`SpGEMM` whose ``seconds`` gets 'download')."""
+        """The same matrix in host memory (``timer``: a :class:`SpGEMM` whose ``seconds`` gets 'download').
+
+        Raises :class:`~tuner.memory.InsufficientMemoryError` before copying when host memory cannot hold it
+        (the copies NumPy and SciPy hold at once: the arrays, and SciPy's checked copy of the indices).
+        """
+        arrays = (self.indptr, self.indices, self.data)
+        need = sum(int(a.shape[0]) * np.dtype(a.dtype).itemsize for a in arrays) + self.indices.shape[0] * 8
+        check_fits(need, f"C = A B ({self.shape[0]:,} x {self.shape[1]:,}, {self.nnz:,} entries) in host memory",
+                   "its CSR arrays", hint="keep it on the GPU with out='device'")
         c = sp.csr_matrix((self.data.get(), self.indices.get(), self.indptr.get()), shape=self.shape)
         if timer is not None:
             timer._phase("download")
