@@ -243,7 +243,7 @@ class SpGEMM:
         nnz = int(nnz_host[0])
         self._phase("reduce")
         # CSR in arrays of its own size (the expansion's buffers hold every product), int32 where it fits,
-        # allocated once the sort's second buffers are freed: the peak stays that of the sort.
+        # allocated after the sort's second buffers went back to the pool, whose blocks they can reuse.
         del keys_out, vals_out, temp
         index = np.dtype(np.int32 if max(n_cols, nnz) <= INT32_MAX else np.int64)
         bits_out = 8 * index.itemsize
