@@ -25,8 +25,8 @@ def installed(tmp_path_factory):
     """The wheel of this checkout installed into a folder of its own, and a home folder to run it in."""
     pytest.importorskip("wheel", reason="the 'test' extra (setuptools, wheel) builds the wheel offline")
     tmp = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                    "-w", str(tmp / "dist")], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "--no-index",
+                    "-q", "-w", str(tmp / "dist")], check=True, capture_output=True)
     wheel = next((tmp / "dist").glob("sparse_tuner-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
                     str(tmp / "site"), str(wheel)], check=True, capture_output=True)

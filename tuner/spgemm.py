@@ -247,6 +247,8 @@ class SpGEMM:
         del keys_out, vals_out, temp
         index = np.dtype(np.int32 if max(n_cols, nnz) <= INT32_MAX else np.int64)
         bits_out = 8 * index.itemsize
+        if gpu.free_memory() < (n_rows + 1 + nnz) * index.itemsize + nnz * vs:
+            gpu.free_memory(release_pool=True)  # the pool's blocks back to the driver: the output fits where they were
         indptr, cols, vals = (gpu.device_vector(n_rows + 1, index), gpu.device_vector(nnz, index),
                               gpu.device_vector(nnz, self.dtype))
         self._indptr[bits_out].launch(-(-(n_rows + 1) // 256), 256, keys_in, np.int64(nnz), np.int64(n_rows),
