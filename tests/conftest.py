@@ -33,8 +33,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
-    """Every test gets its own cache directory, so no test sees another's plans or binaries."""
+    """Every test gets its own cache directory, so no test sees another's plans or binaries, and the host's
+    memory budget unchanged by a TUNER_HOST_MEMORY_LIMIT of the caller's environment."""
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("TUNER_HOST_MEMORY_LIMIT", raising=False)
     return tmp_path / "cache"
 
 

@@ -32,11 +32,6 @@ from tuner.matrix import MatrixError
 from tuner.memory import InsufficientMemoryError
 
 
-@pytest.fixture(autouse=True)
-def no_memory_limit(monkeypatch):
-    monkeypatch.delenv("TUNER_HOST_MEMORY_LIMIT", raising=False)
-
-
 def assert_canonical(A):
     assert isinstance(A, sp.csr_matrix)
     assert A.has_sorted_indices

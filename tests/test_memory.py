@@ -13,11 +13,6 @@ from tuner.memory import (
 )
 
 
-@pytest.fixture(autouse=True)
-def no_limit(monkeypatch):
-    monkeypatch.delenv("TUNER_HOST_MEMORY_LIMIT", raising=False)
-
-
 # --- figures -----------------------------------------------------------------------------------------
 
 
