@@ -130,6 +130,7 @@ class SpGEMM:
     def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams, cache: Cache):
         self.a, self.b, self.params = a, b, params
         self._digests: dict[str, str] = {}
+        self._temp: int | None = None
         self.dtype = a.value_dtype
         self.ops = operands(a, b)
         self.shape = self.ops.shape
@@ -195,6 +196,19 @@ class SpGEMM:
         self.seconds[name] = now - self._t
         self._t = now
 
+    def _temp_bytes(self, n: ctypes.c_longlong, bits: int) -> int:
+        """CUB's temporary storage for the sort and the reduction of this product's expansion (asked once: the
+        count of products is fixed by the structures)."""
+        if self._temp is None:
+            sort_bytes, reduce_bytes = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            null = ctypes.c_void_p(0)
+            self._library.call(f"{self._merge_name}_sort", null, ctypes.byref(sort_bytes), null, null, null, null, n,
+                               ctypes.c_int(bits))
+            self._library.call(f"{self._merge_name}_reduce", null, ctypes.byref(reduce_bytes), null, null, null,
+                               null, null, n)
+            self._temp = max(sort_bytes.value, reduce_bytes.value)
+        return self._temp
+
     def _multiply(self) -> "DeviceCSR":
         self.seconds: dict[str, float] = {}
         self._t = time.perf_counter()
@@ -207,13 +221,7 @@ class SpGEMM:
             return DeviceCSR(indptr, gpu.device_vector(0, index), gpu.device_vector(0, self.dtype), self.shape)
         n = ctypes.c_longlong(t.products)
         bits = key_bits(self.shape)
-        sort_bytes, reduce_bytes = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        null = ctypes.c_void_p(0)
-        self._library.call(f"{self._merge_name}_sort", null, ctypes.byref(sort_bytes), null, null, null, null, n,
-                           ctypes.c_int(bits))
-        self._library.call(f"{self._merge_name}_reduce", null, ctypes.byref(reduce_bytes), null, null, null, null,
-                           null, n)
-        temp_bytes = max(sort_bytes.value, reduce_bytes.value)
+        temp_bytes = self._temp_bytes(n, bits)
         need = device_bytes(t, self.ops, self.dtype, temp_bytes)
         free = gpu.free_memory()
         if need > free:  # the pool's unused blocks may make the difference
