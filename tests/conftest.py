@@ -31,11 +31,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_BINARY_KINDS = ("cubin", "library", "lib", "src", "lock")
+
+
 @pytest.fixture(autouse=True)
-def isolated_cache(tmp_path, monkeypatch):
-    """Every test gets its own cache directory, so no test sees another's plans or binaries, and the host's
-    memory budget unchanged by a TUNER_HOST_MEMORY_LIMIT of the caller's environment."""
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+def isolated_cache(tmp_path, monkeypatch, request):
+    """Every test gets its own cache directory, so no test sees another's plans (CPU tests: nor binaries), and
+    the host's memory budget unchanged by a TUNER_HOST_MEMORY_LIMIT of the caller's environment. GPU tests
+    share the session's compiled binaries (entries named by their source's hash, so sharing cannot change a
+    result): otherwise nvcc would run again for every test."""
+    root = tmp_path / "cache"
+    if "gpu" in request.keywords:
+        root.mkdir()
+        for kind in _BINARY_KINDS:
+            shared = os.path.join(_SESSION_DIR, "binaries", kind)
+            os.makedirs(shared, exist_ok=True)
+            os.symlink(shared, root / kind)
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(root))
     monkeypatch.delenv("TUNER_HOST_MEMORY_LIMIT", raising=False)
     return tmp_path / "cache"
 

@@ -202,3 +202,236 @@ def test_device_output_is_taken_by_cupy_without_a_copy():
     C = csp.csr_matrix((data, cupy.asarray(c.indices), cupy.asarray(c.indptr)), shape=c.shape).get()
     expected = A.astype(np.float64) @ A.astype(np.float64)
     assert c.nnz == reached(A, A).nnz and abs(C - expected).max() <= 1e-5 * abs(expected).max()
+
+
+# --- row_hash -------------------------------------------------------------------------------------------
+
+from tuner.formats.row_bins import bin_rows, product_by_bins, row_products, table_size  # noqa: E402
+from tuner.model import spgemm as spgemm_model  # noqa: E402
+from tuner.spgemm import FAMILIES, RowHashParams, plan_stats  # noqa: E402
+from tuner.spgemm.row_hash import geometry  # noqa: E402
+
+
+def test_row_products_count_every_scalar_product_of_each_row():
+    A = FIXTURES["power_law"]
+    for B in (A, A.T.tocsr()):
+        expected = np.asarray(reached(A, B).sum(axis=1)).ravel()  # paths of length 2 leaving each row
+        assert np.array_equal(row_products(A.indptr, A.indices, B.indptr), expected)
+
+
+@pytest.mark.parametrize("name", ["power_law", "one_dense_row", "empty_rows", "long_rows", "tiny"])
+def test_bins_hold_every_row_with_products_once_in_a_table_large_enough(name):
+    A = FIXTURES[name]
+    counts = row_products(A.indptr, A.indices, A.T.tocsr().indptr)
+    tables = (32, 64, 256)
+    bins = bin_rows(counts, tables, 0.5, A.shape[0])
+    assert np.array_equal(np.sort(bins.rows), np.flatnonzero(counts))
+    for b, t in enumerate(tables):
+        rows = bins.bin(b)
+        assert np.all(counts[rows] <= t * 0.5) and np.all(np.diff(rows) > 0)
+        if b:
+            assert np.all(counts[rows] > tables[b - 1] * 0.5)  # the smallest table that holds them
+    big = bins.bin(len(tables))
+    assert np.all(counts[big] > 128)
+    assert np.all(bins.global_tables >= np.minimum(counts[big] / 0.5, A.shape[0]))
+    assert np.array_equal(np.diff(bins.global_offsets), bins.global_tables)
+
+
+def test_global_tables_stop_at_the_columns_power_of_two():
+    assert table_size(np.array([10**9]), 0.5, 3000).tolist() == [4096]  # the hash is then the identity
+
+
+@pytest.mark.parametrize("name", ["power_law", "rectangular_wide", "one_dense_row", "empty_rows", "float64"])
+def test_product_bin_by_bin_equals_scipy(name):
+    A = FIXTURES[name]
+    B = A.T.tocsr()
+    a, b = canonicalize(A, np.float64), canonicalize(B, np.float64)
+    bins = bin_rows(row_products(a.indptr, a.indices, b.indptr), (32, 128), 1.0, b.n_cols)
+    indptr, indices, data = product_by_bins(bins, a.indptr, a.indices, a.data, b.indptr, b.indices, b.data,
+                                            (a.n_rows, b.n_cols))
+    paths = reached(A, B)
+    assert np.array_equal(indptr, paths.indptr) and np.array_equal(indices, paths.indices)
+    expected = (A.astype(np.float64) @ B.astype(np.float64)).toarray()
+    assert np.allclose(sp.csr_matrix((data, indices, indptr), shape=paths.shape).toarray(), expected, rtol=1e-12)
+
+
+def test_bins_that_exceed_shared_memory_are_dropped():
+    g = geometry(RowHashParams(tables=(32, 1024, 16384)), 12, 100 * 1024)
+    assert [(x.table, x.group, x.rows_per_block) for x in g] == [(32, 8, 32), (1024, 256, 1)]
+
+
+@pytest.mark.parametrize("val", ["float", "double"])
+@pytest.mark.parametrize("key", ["int", "long long"])
+@pytest.mark.parametrize("value_free", [False, True])
+def test_every_row_hash_specialisation_compiles(val, key, value_free, tmp_path):
+    p = RowHashParams()
+    bins = geometry(p, 4, 232448)  # every table: the compile does not depend on the slot size
+    source = codegen.render("row_hash.cu.j2", dict(VAL=val, KEY=key, value_free=value_free, kernel_name="k",
+                                                    lanes=8, symbolic_bins=bins, numeric_bins=bins,
+                                                    global_block=1024, sort_max=2048))
+    cubin = codegen.compile_source(source, cache=Cache(tmp_path)).cubin
+    for t in (32, 16384):
+        assert f"k_numeric{t}".encode() in cubin and f"k_symbolic{t}".encode() in cubin
+
+
+@pytest.mark.parametrize("val, key", [("float", "int"), ("double", "long long")])
+def test_cub_rows_library_compiles_and_exports_its_functions(val, key, tmp_path):
+    import ctypes
+    path = codegen.compile_library(codegen.render("cub_rows.cu.j2", dict(VAL=val, KEY=key, kernel_name="r")),
+                                   cache=Cache(tmp_path))
+    lib = ctypes.CDLL(str(path))
+    assert hasattr(lib, "r_scan") and hasattr(lib, "r_sort_rows")
+
+
+def test_sampled_estimate_of_nnz_c_is_close_on_a_power_law_product():
+    A = power_law(6000, seed=21)
+    a = canonicalize(A)
+    products = row_products(a.indptr, a.indices, a.indptr)
+    estimate, _, exact = spgemm_model.estimate_nnz(a, a, products, sample=400)
+    truth = reached(A, A).nnz
+    assert not exact and abs(estimate - truth) <= 0.15 * truth
+
+
+def test_model_charges_each_family_for_the_work_that_bounds_it_and_fits_rates_from_runs():
+    import dataclasses
+    s = spgemm_model.ProductStats(10**5, 10**5, 10**8, 1e6, 0, 0, 8, 4, 32, 20)
+    r = spgemm_model.rates_from(None)
+    more_bits = dataclasses.replace(s, key_bits=33)  # one more 8-bit radix pass for the outer product's sort
+    sort_pass = 10**8 * 16 * r.per_unit["outer.sort"]
+    assert spgemm_model.predict("outer_product", more_bits, r) == pytest.approx(
+        spgemm_model.predict("outer_product", s, r) + sort_pass)
+    assert spgemm_model.predict("row_hash", more_bits, r) == spgemm_model.predict("row_hash", s, r)
+    wider = dataclasses.replace(s, nnz_c=2e6)  # row_hash writes and sorts C's entries
+    assert spgemm_model.predict("row_hash", wider, r) == pytest.approx(
+        spgemm_model.predict("row_hash", s, r) + 1e6 * 12 * r.per_unit["hash.sort"])
+    assert spgemm_model.working_bytes("outer_product", s) == 2 * 10**8 * 16  # the sort's two buffers
+    runs = [{"work": spgemm_model.work("row_hash", s), "ms": {"hash.sort": 2.0}}]
+    assert spgemm_model.fit_rates(runs)["hash.sort"] == pytest.approx(2.0 / (1e6 * 12))
+
+
+def test_plan_stats_count_products_beyond_shared_tables():
+    A = FIXTURES["long_rows"]
+    a = canonicalize(A)
+    s = plan_stats(a, canonicalize(A.T.tocsr()), RowHashParams(tables=(32, 64)), 232448)
+    products = row_products(a.indptr, a.indices, canonicalize(A.T.tocsr()).indptr)
+    assert s.products == products.sum() and s.symbolic_global == products[products > 64].sum()
+
+
+# --- row_hash on the GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["power_law", "one_dense_row", "empty_rows", "all_empty", "tiny", "float64",
+                                  "long_rows", "pattern"])
+def test_row_hash_matches_scipy_with_tiny_tables_and_global_rows(name):
+    A = FIXTURES[name]
+    small = RowHashParams(tables=(32, 64, 128), lanes=4)  # most rows in global tables
+    for params in (small, RowHashParams()):
+        check(A, A.T.tocsr(), params=params)
+        if A.shape[0] == A.shape[1]:
+            check(A, A, params=params)
+
+
+@pytest.mark.gpu
+def test_row_hash_rectangular_int64_and_new_values():
+    A = power_law(700, 400, seed=11)
+    check(A, power_law(400, 900, seed=12), params=RowHashParams(lanes=32))
+    B = power_law(1500, seed=13)
+    wide = sp.csr_matrix((B.data, B.indices.astype(np.int64), B.indptr.astype(np.int64)), shape=B.shape)
+    check(wide, B, params=RowHashParams(lanes=16))
+    f = tuner.compile(B, B.T.tocsr(), params=RowHashParams())
+    f()  # the first call sizes C (the symbolic phase); later ones run the numeric phase only
+    B2 = B.copy()
+    B2.data = np.random.default_rng(1).uniform(-2, 2, B.nnz).astype(B.dtype)
+    expected = B2.astype(np.float64) @ B2.T.astype(np.float64)
+    assert abs(f(B2, B2.T.tocsr()) - expected).max() <= 1e-5 * abs(expected).max()
+    assert set(f.seconds) >= {"numeric_shared", "numeric_global", "sort"} and "symbolic_shared" not in f.seconds
+
+
+@pytest.mark.gpu
+def test_device_bins_equal_the_numpy_bins_of_the_exact_row_sizes():
+    A = power_law(3000, seed=17)
+    f = tuner.compile(A, A, params=RowHashParams(tables=(32, 64, 256)))
+    f.symbolic()
+    s = f._structure
+    sizes = np.diff(reached(A, A).indptr)
+    expected = bin_rows(sizes, (32, 64, 256), f.params.numeric_load, A.shape[1])
+    got = np.zeros(int(s["starts"][-1]), np.int64)
+    from tuner import gpu
+    gpu.copy_to_host(got, int(s["rows"]))
+    assert np.array_equal(s["starts"], expected.starts)
+    for b in range(len(expected.starts) - 1):
+        assert np.array_equal(np.sort(got[s["starts"][b]:s["starts"][b + 1]]), expected.bin(b))
+
+
+@pytest.mark.gpu
+def test_measured_tuning_keeps_the_fastest_candidate_and_the_model_plans():
+    A = power_law(4000, seed=18)
+    f = tuner.compile(A, A, tune="measure", repeats=2)
+    assert f.plan.measured_ms and f.plan.reason.startswith("fastest measured")
+    fastest = min(f.plan.measured_ms, key=f.plan.measured_ms.get)
+    assert fastest == f"{f.family} {f.params}"
+    g = tuner.compile(A, A)
+    assert g.plan.family in FAMILIES and set(g.plan.predicted_ms) == set(FAMILIES)
+    expected = A.astype(np.float64) @ A.astype(np.float64)
+    assert abs(f() - expected).max() <= 1e-5 * abs(expected).max()
+
+
+def test_heavy_global_rows_are_cut_into_items_that_partition_their_entries():
+    from tuner.formats.row_bins import split_rows
+    A = FIXTURES["long_rows"]
+    products = row_products(A.indptr, A.indices, A.T.tocsr().indptr)
+    rows = np.flatnonzero(products > 1000)
+    slot, begin, end = split_rows(rows, A.indptr, products, 5000)
+    for s, r in enumerate(rows):
+        mine = slot == s
+        assert begin[mine][0] == A.indptr[r] and end[mine][-1] == A.indptr[r + 1]
+        assert np.array_equal(begin[mine][1:], end[mine][:-1]) and np.all(end[mine] > begin[mine])
+        assert mine.sum() == min(-(-products[r] // 5000), A.indptr[r + 1] - A.indptr[r])
+
+
+# --- the SpGEMM bench's checks and the shipped rates -----------------------------------------------------
+
+def test_bench_check_accepts_structural_zeros_and_catches_wrong_products(monkeypatch):
+    from tuner import bench_spgemm
+    A = power_law(800, seed=31).astype(np.float64)
+    r = int(np.argmax(np.diff(A.indptr)))
+    A.data[A.indptr[r]:A.indptr[r + 1]] = 0.0  # a row of explicit zeros: C stores what it reaches, as cuSPARSE does
+    S = bench_spgemm._structure(A)
+    C = (S @ S).tocsr()  # every structural entry, with the product's values
+    C.sort_indices()
+    C.data = (A @ A).toarray()[np.repeat(np.arange(800), np.diff(C.indptr)), C.indices]
+    assert C[r].nnz > 0 and abs(C[r]).sum() == 0  # the zero row reaches entries, all of them zero
+    assert bench_spgemm.check_product(C, A, A, 10) == (True, "scipy")
+    monkeypatch.setattr(bench_spgemm, "SCIPY_PRODUCTS", 0)  # the checksum path of products too big for SciPy
+    assert bench_spgemm.check_product(C, A, A, 10)[0]
+    wrong = C.copy()
+    wrong.data[wrong.nnz // 2] += 1.0
+    assert not bench_spgemm.check_product(wrong, A, A, 10)[0]
+    lost = C.copy()
+    heavy = int(np.argmax(np.diff(C.indptr)))
+    lost.data[lost.indptr[heavy]] = 0.0
+    lost.eliminate_zeros()  # a reached entry missing from the heaviest row
+    assert not bench_spgemm.check_product(lost, A, A, 10)[0]
+
+
+def test_bench_summary_counts_only_power_law_products_where_cusparse_is_right():
+    from tuner.bench_spgemm import SpgemmRow, summary
+    row = lambda name, speedup, status, power_law=True: SpgemmRow(  # noqa: E731
+        name, "AA", 1, 1, 1, 1.0, 1.0, 1.0, speedup, status, True, "scipy", 1.0, "", {}, {}, True, 1, power_law)
+    s = summary([row("a", 2.0, "ok"), row("b", 0.5, "ok"), row("c", None, "wrong: 0 entries"),
+                 row("mdual", 0.4, "ok", power_law=False)])
+    assert s["geomean_speedup"] == pytest.approx(1.0) and s["min_speedup"] == 0.5
+    assert s["cusparse_failed_or_wrong"] == 1 and s["correct"] == 4
+
+
+def test_shipped_spgemm_rates_are_the_model_fitted_to_the_shipped_timings():
+    import json
+    from tuner import paths
+    from tuner.spgemm.measure import refit
+    prof = json.loads((paths.models_dir() / "nvidia-h100-80gb-hbm3" / "profile.json").read_text())
+    again = refit(prof["spgemm"])
+    assert set(again["rates"]) == set(prof["spgemm"]["rates"])
+    for k, v in prof["spgemm"]["rates"].items():
+        assert again["rates"][k] == pytest.approx(v, rel=1e-9)
+        assert spgemm_model.REFERENCE_RATES[k] == pytest.approx(v, rel=5e-3)

@@ -85,20 +85,37 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
 
     from . import bench
+    if not gpu.available() and args.op == "spgemm":
+        print(_no_gpu_banner().splitlines()[0] + "\nThe SpGEMM suite times products on the GPU: there is nothing to "
+              "do without one.")
+        return NO_GPU_EXIT
     suite = args.suite or _default_suite(args.data_dir)
     if not gpu.available():
         skipped = [] if args.suite else bench.large_sources(suite)
         note = (f"Skipping the generated matrices of {bench.LARGE_NNZ / 1e6:.0f}M+ non-zeros, built only where a "
                 f"GPU times them: {', '.join(loaders.display_name(s) for s in skipped)}." if skipped else "")
         return _dry_run([s for s in suite if s not in skipped], args.arch, args.cache_dir, note)
-    out = Path(args.out) if args.out else bench.default_out()
-    report = bench.run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir, tune=args.tune,
-                       progress=lambda s: tqdm(s, desc="bench", unit="matrix", file=sys.stderr), resume=args.resume)
-    rows = [bench.BenchRow(**r) for r in report["rows"]]
-    print(f"\n{report['gpu']['name']}: copy bandwidth {report['copy_bandwidth_gbs']:.0f} GB/s; "
-          f"cuSPARSE via {report['cusparse']}")
-    print(bench.format_table(rows))
-    print(f"\nwrote {out}")
+    if args.op in ("spmv", "all"):
+        out = Path(args.out) if args.out else bench.default_out()
+        report = bench.run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir, tune=args.tune,
+                           progress=lambda s: tqdm(s, desc="bench", unit="matrix", file=sys.stderr),
+                           resume=args.resume)
+        rows = [bench.BenchRow(**r) for r in report["rows"]]
+        print(f"\n{report['gpu']['name']}: copy bandwidth {report['copy_bandwidth_gbs']:.0f} GB/s; "
+              f"cuSPARSE via {report['cusparse']}")
+        print(bench.format_table(rows))
+        print(f"\nwrote {out}")
+    if args.op in ("spgemm", "all"):
+        from . import bench_spgemm
+        pairs = ([(s, op) for s in args.suite for op in ("AA", "AAT")] if args.suite
+                 else bench_spgemm.default_suite(loaders.data_dir_or_error(args.data_dir)))
+        out = Path(args.spgemm_out) if args.spgemm_out else bench.default_out().with_name("bench-spgemm.json")
+        report = bench_spgemm.run(pairs, out, repeats=args.spgemm_repeats, cache_dir=args.cache_dir,
+                                  progress=lambda s: tqdm(s, desc="bench spgemm", unit="product", file=sys.stderr))
+        print("\nSpGEMM, C on the device (ours: symbolic and numeric phases; cuSPARSE through CuPy)")
+        print(bench_spgemm.format_table([bench_spgemm.SpgemmRow(**r) for r in report["rows"]]))
+        print(json.dumps(report["summary"]))
+        print(f"\nwrote {out}")
     return 0
 
 
@@ -135,11 +152,18 @@ def cmd_profile(args) -> int:
     if not gpu.available():
         print(_no_gpu_banner().splitlines()[0] + "\nProfiling measures this GPU: there is nothing to do without one.")
         return NO_GPU_EXIT
+    if args.remeasure_spgemm:
+        from .model.profile_data import find_profile
+        path = Path(args.out) if args.out else find_profile(gpu.device_info().name)
+        if path.is_file():
+            rates = profile.remeasure_spgemm(path, args.cache_dir, args.command_line)["spgemm"]["rates"]
+            print(f"{path}: SpGEMM rates " + ", ".join(f"{k} {v:.3g} ms" for k, v in sorted(rates.items())))
+            return 0
     grid = profile.REDUCED if args.reduced else profile.Grid()
     prof = profile.run(Path(args.out) if args.out else None, grid, cache_dir=args.cache_dir,
                        remeasure_constants=args.remeasure_constants, remeasure_caches=args.remeasure_caches,
                        remeasure_tail=args.remeasure_tail, remeasure_occupancy=args.remeasure_occupancy,
-                       remeasure_chains=args.remeasure_chains,
+                       remeasure_chains=args.remeasure_chains, remeasure_spgemm=args.remeasure_spgemm,
                        command=args.command_line,
                        progress=lambda total: tqdm(total=total, desc="profile", unit="shape", file=sys.stderr))
     c = prof["constants"]
@@ -244,7 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "cupyx.cusparse.spmv) on real and generated matrices. Per matrix: nnz, "
                                    "chosen plan, our median ms, cuSPARSE median ms, speedup, achieved GB/s, "
                                    "its fraction of the copy bandwidth measured in the same run, and the "
-                                   "host time to build the chosen layout.")
+                                   "host time to build the chosen layout. Then SpGEMM (C = A·A and A·Aᵀ) against "
+                                   "cuSPARSE through CuPy: per product the model's family and predictions, each "
+                                   "family's time, cuSPARSE's time and status, and a correctness check of ours "
+                                   "(bench-spgemm.json).")
     p.add_argument("suite", nargs="*", help=f"matrices ({MATRIX_HELP}); default: every .npz of the data "
                                             "directory, rmat:20, rmat:23, rmat:25 and Kronecker-scaled real "
                                             "graphs of 72M-260M non-zeros (without a GPU the generated ones of "
@@ -256,6 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="keep the rows an interrupted run wrote to --out (same GPU, tune mode and repeats) and "
                         "measure only the matrices it did not reach")
+    p.add_argument("--op", choices=("spmv", "spgemm", "all"), default="all",
+                   help="which suites: SpMV (y = A x), SpGEMM (C = A·A and A·Aᵀ of each graph, with rmat:16/18/20 "
+                        "and Kronecker-scaled graphs by default) or both (default %(default)s)")
+    p.add_argument("--spgemm-out", default=None,
+                   help="SpGEMM's JSON report (default: models/<gpu-slug>/bench-spgemm.json)")
+    p.add_argument("--spgemm-repeats", type=int, default=5,
+                   help="timed runs per SpGEMM measurement (default %(default)s)")
     tuning(p)
     common(p)
     p.set_defaults(func=cmd_bench)
@@ -286,6 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure only the chain floor again (every csr_vector and binned candidate timed on "
                         "synthetic launches of mixed rows, and the base and time per round of the longest lane "
                         "fitted to them), keeping everything else; a profile without it gets it on any run")
+    p.add_argument("--remeasure-spgemm", action="store_true",
+                   help="measure only the SpGEMM families' phase rates again (both families on six R-MAT "
+                        "products, the model's ms per product, per byte and per row fitted to them), keeping "
+                        "everything else; a profile without them gets them on any run")
     p.add_argument("--refit-chains", action="store_true",
                    help="only fit the chain floor again to the timings the profile already holds, each predicted "
                         "afresh by the current model (after a change to the model); measures nothing and needs no "

@@ -43,6 +43,7 @@ class DeviceInfo:
         memory_bytes: global memory size.
         driver_version: CUDA driver API version as an int, e.g. 13000.
         threads_per_sm, registers_per_sm, shared_bytes_per_sm, blocks_per_sm: residency limits of one SM.
+        shared_bytes_per_block: the most shared memory one block may ask for (opting in past the 48 KiB default).
     """
 
     name: str
@@ -55,6 +56,7 @@ class DeviceInfo:
     registers_per_sm: int = 65536
     shared_bytes_per_sm: int = 0
     blocks_per_sm: int = 32
+    shared_bytes_per_block: int = 49152
 
     @property
     def arch(self) -> str:
@@ -148,7 +150,9 @@ def device_info() -> DeviceInfo:
                       threads_per_sm=dev.get_attribute(a.MAX_THREADS_PER_MULTIPROCESSOR),
                       registers_per_sm=dev.get_attribute(a.MAX_REGISTERS_PER_MULTIPROCESSOR),
                       shared_bytes_per_sm=dev.get_attribute(a.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
-                      blocks_per_sm=dev.get_attribute(a.MAX_BLOCKS_PER_MULTIPROCESSOR))
+                      blocks_per_sm=dev.get_attribute(a.MAX_BLOCKS_PER_MULTIPROCESSOR),
+                      shared_bytes_per_block=dev.get_attribute(
+                          getattr(a, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", a.MAX_SHARED_MEMORY_PER_BLOCK)))
 
 
 class Kernel:
@@ -167,9 +171,15 @@ class Kernel:
         """Another kernel of the same module (the module is loaded once)."""
         return Kernel(b"", name, signature, module=self.module)
 
-    def launch(self, grid: int, block: int, *args) -> None:
-        if grid:
-            self.function.prepared_call((grid, 1, 1), (block, 1, 1), *args)
+    def launch(self, grid: int, block: int, *args, shared: int = 0) -> None:
+        """Launch on ``grid`` blocks of ``block`` threads with ``shared`` bytes of dynamic shared memory (past
+        48 KiB with the kernel's static shared memory, the kernel is opted in to it once)."""
+        if not grid:
+            return
+        if shared + self.shared_bytes > 49152 and shared > getattr(self, "_opted_in", 0):
+            self.function.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
+            self._opted_in = int(shared)
+        self.function.prepared_call((grid, 1, 1), (block, 1, 1), *args, shared_size=int(shared))
 
 
 def alloc(nbytes: int):
@@ -181,6 +191,14 @@ def alloc(nbytes: int):
 def upload(array: np.ndarray):
     """Copy a host array to new device memory."""
     buf = alloc(array.nbytes)
+    if array.nbytes:
+        drv.memcpy_htod(buf, np.ascontiguousarray(array))
+    return buf
+
+
+def upload_pooled(array: np.ndarray):
+    """Copy a host array to device memory from the pool of :func:`alloc_pooled` (no cudaMalloc on repeats)."""
+    buf = alloc_pooled(array.nbytes)
     if array.nbytes:
         drv.memcpy_htod(buf, np.ascontiguousarray(array))
     return buf

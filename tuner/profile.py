@@ -562,7 +562,8 @@ def _versions() -> dict:
 
 def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=None,
         remeasure_constants: bool = False, remeasure_caches: bool = False, remeasure_tail: bool = False,
-        remeasure_occupancy: bool = False, remeasure_chains: bool = False, command: str | None = None) -> dict:
+        remeasure_occupancy: bool = False, remeasure_chains: bool = False, remeasure_spgemm: bool = False,
+        command: str | None = None) -> dict:
     """Measure this GPU and write the profile to ``out`` (default ``models/<gpu-slug>/profile.json``).
 
     Resumable: points already in ``out`` (same GPU, same format) are kept and not measured again;
@@ -570,7 +571,8 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
     ``remeasure_caches``, ``remeasure_tail`` and ``remeasure_occupancy`` measure only the cache sweeps (and
     their capacities), the tail factor or the small launches' floors (:func:`measure_occupancy`, measured
     after the tables, which it reads) again; ``remeasure_chains`` the chain floor (:func:`measure_chains`,
-    measured last: it reads the rest). ``command`` (default: this process's) is recorded in the file,
+    measured last: it reads the rest); ``remeasure_spgemm`` the SpGEMM families' phase rates
+    (:func:`tuner.spgemm.measure.measure`, measured when absent). ``command`` (default: this process's) is recorded in the file,
     after those of the runs that made it.
     """
     info = gpu.device_info()
@@ -640,6 +642,25 @@ def run(out: Path | None = None, grid: Grid = Grid(), cache_dir=None, progress=N
             atomic_write(out, json.dumps({**prof, "chains": partial}, indent=1, sort_keys=True).encode())
         prof["chains"] = measure_chains(info, grid, info.arch, cache, prof, have, save)
         atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())
+    if remeasure_spgemm or not prof.get("spgemm"):
+        from .spgemm.measure import measure as measure_spgemm
+        prof["spgemm"] = measure_spgemm(cache)
+        atomic_write(out, json.dumps(prof, indent=1, sort_keys=True).encode())
+    return prof
+
+
+def remeasure_spgemm(path: Path, cache_dir=None, command: str | None = None) -> dict:
+    """Measure only the SpGEMM families' rates again into the profile at ``path`` (this GPU's), keeping
+    everything else; returns the profile."""
+    from .spgemm.measure import measure as measure_spgemm
+    info = gpu.device_info()
+    prof = json.loads(Path(path).read_text())
+    if prof.get("gpu", {}).get("name") != info.name:
+        raise ValueError(f"{path} is the profile of {prof.get('gpu', {}).get('name')}, not of this {info.name}")
+    prof["spgemm"] = measure_spgemm(Cache(cache_dir))
+    this = command or " ".join(["python -m tuner"] + sys.argv[1:])
+    prof["command"] = f"{prof.get('command', '')} ; then {this}".lstrip(" ;")
+    atomic_write(Path(path), json.dumps(prof, indent=1, sort_keys=True).encode())
     return prof
 
 

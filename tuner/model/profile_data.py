@@ -86,6 +86,8 @@ class Profile:
         chains: the chain floor's fit ({"base_ms", "round_ms", "unroll", ...}, read by
             :class:`~tuner.model.chains.ChainFit`) and the synthetic launches of mixed rows it was fitted to
             (:func:`tuner.profile.measure_chains`), where measured.
+        spgemm: the SpGEMM families' phase rates ({"rates": {phase: ms per unit}, "runs": [...]}, read by
+            :func:`tuner.model.spgemm.rates_from`), where measured.
     """
 
     gpu: dict
@@ -99,6 +101,7 @@ class Profile:
     alone_warp: dict = None
     occupancy: dict = None
     chains: dict = None
+    spgemm: dict = None
 
     @classmethod
     def from_json(cls, text: str) -> "Profile":
@@ -110,7 +113,8 @@ class Profile:
                    digest=hashlib.sha256(text.encode()).hexdigest(), alone=raw.get("alone", {}),
                    caches=raw.get("caches", {}), regime_columns=raw.get("grid", {}).get("regime_columns", {}),
                    tail=raw.get("tail", {}), alone_warp=raw.get("alone_warp", {}),
-                   occupancy=raw.get("occupancy", {}), chains=raw.get("chains", {}))
+                   occupancy=raw.get("occupancy", {}), chains=raw.get("chains", {}),
+                   spgemm=raw.get("spgemm", {}))
 
     def cache_sectors(self, level: str) -> float:
         """Effective capacity of cache ``level`` ('l1' or 'l2') for gathers, in sectors: the measured one,

@@ -1,0 +1,169 @@
+"""SpGEMM, C = A B: the operation's families (one registry row each), its plan and its compile.
+
+``tuner.compile(A, B)`` lands in :func:`compile_spgemm`: the model (:mod:`tuner.model.spgemm`) predicts each
+family's time from exact product counts and an estimate of C's size, or ``tune='measure'`` times every
+candidate on the product itself; the chosen family's callable is returned with its plan.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .. import gpu
+from ..cache import Cache
+from ..matrix import canonicalize
+from ..model import spgemm as model
+from .base import DeviceCSR, DeviceMemoryError, Product
+from .outer_product import OuterProduct, OuterProductParams, device_bytes, key_bits, operands
+from .row_hash import RowHash, RowHashParams, geometry, shared_limit
+
+__all__ = ["FAMILIES", "DeviceCSR", "DeviceMemoryError", "OuterProductParams", "RowHashParams", "SpgemmPlan",
+           "compile_spgemm", "device_bytes", "key_bits", "operands", "plan_stats"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """One SpGEMM family.
+
+    Attributes:
+        name: as plans and reports name it.
+        params: its parameter dataclass (defaults: the model's choice).
+        build: (A, B, params, cache) -> its :class:`~tuner.spgemm.base.Product`.
+        candidates: parameter sets ``tune='measure'`` times.
+    """
+
+    name: str
+    params: type
+    build: Callable
+    candidates: tuple
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("outer_product", OuterProductParams, OuterProduct,
+           (OuterProductParams(), OuterProductParams(block_size=128, tile=512))),
+    Family("row_hash", RowHashParams, RowHash,
+           tuple(RowHashParams(lanes=n) for n in (16, 32, 64, 128))),
+)}
+FAMILY_OF = {f.params: f for f in FAMILIES.values()}
+
+
+@dataclass(frozen=True)
+class SpgemmPlan:
+    """How a product was chosen.
+
+    Attributes:
+        family: the family that runs.
+        params: its parameters.
+        predicted_ms: family -> the model's prediction of a whole product (symbolic and numeric phases).
+        measured_ms: candidate (family and parameters) -> median measured ms, with ``tune='measure'``.
+        stats: what the model knew (products, estimated nnz(C), ...).
+        rates: where the model's rates came from.
+        reason: one line on why this family.
+    """
+
+    family: str
+    params: object
+    predicted_ms: dict
+    measured_ms: dict = field(default_factory=dict)
+    stats: model.ProductStats | None = None
+    rates: str = ""
+    reason: str = ""
+
+
+def plan_stats(a, b, params: RowHashParams, shared_limit: int) -> model.ProductStats:
+    """The model's view of C = A B for row_hash's bins at ``params`` (and outer_product's keys).
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> a = canonicalize(sp.identity(3, format="csr"))
+        >>> plan_stats(a, a, RowHashParams(), 232448).products
+        3
+    """
+    vs = a.value_dtype.itemsize
+    ks = 4 if b.n_cols <= np.iinfo(np.int32).max else 8
+    sym = tuple(g.table for g in geometry(params, ks, shared_limit))
+    num = tuple(g.table for g in geometry(params, ks + vs, shared_limit))
+    return model.product_stats(a, b, sym, num, params.symbolic_load, params.numeric_load, vs)
+
+
+def _time_whole(product: Product, repeats: int) -> float:
+    """Median ms of a whole product (the symbolic phase rerun first where the family has one), C on the device."""
+    times = []
+    for _ in range(repeats):
+        gpu.synchronize()
+        t = time.perf_counter()
+        if hasattr(product, "symbolic"):
+            product.symbolic()
+        product(out="device")
+        gpu.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))
+
+
+def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profile=None, cache_dir=None,
+                   repeats: int = 5) -> Product:
+    """A callable computing C = A B on this GPU (B may be A, A.T or any matrix with A's column count as rows).
+
+    Values are float32 or float64 (the wider of the operands', or ``dtype``); a pattern A times a pattern B
+    runs value-free kernels whose entries count paths (times the product of the common values). With
+    ``tune='model'`` the model picks the family (``plan.predicted_ms`` holds its predictions); with
+    ``tune='measure'`` every candidate of every family runs ``repeats`` times and the fastest is kept;
+    ``params`` (an :class:`OuterProductParams` or :class:`RowHashParams`) forces a family and geometry.
+    ``profile``: a :class:`~tuner.model.profile_data.Profile` (default: this GPU's).
+
+    Example (on a GPU machine):
+        >>> import scipy.sparse as sp, tuner                            # doctest: +SKIP
+        >>> A = sp.random(300, 300, density=0.02, format="csr")         # doctest: +SKIP
+        >>> f = tuner.compile(A, A.T)                                   # doctest: +SKIP
+        >>> abs(f() - A @ A.T).max() < 1e-12, f.plan.family             # doctest: +SKIP
+        (True, 'row_hash')
+    """
+    if tune not in ("model", "measure"):
+        raise ValueError(f"tune must be 'model' or 'measure', got {tune!r}")
+    if params is not None and type(params) not in FAMILY_OF:
+        raise ValueError(f"params must be one of {[p.__name__ for p in FAMILY_OF]}, got {type(params).__name__}")
+    a = canonicalize(A, dtype)
+    b = canonicalize(B, dtype)
+    wide = np.result_type(a.value_dtype, b.value_dtype) if dtype is None else np.dtype(dtype)
+    index = np.result_type(a.index_dtype, b.index_dtype)
+    a, b = canonicalize(a, wide, index), canonicalize(b, wide, index)
+    info = gpu.device_info()  # raises NoDeviceError before any work that needs the GPU
+    cache = Cache(cache_dir)
+    if params is not None:
+        product = FAMILY_OF[type(params)].build(a, b, params, cache)
+        product.plan = SpgemmPlan(FAMILY_OF[type(params)].name, params, {}, reason="parameters given")
+        return product
+    if profile is None:
+        from ..model.profile_data import load_profile
+        try:
+            profile = load_profile(info.name)
+        except (FileNotFoundError, ValueError):
+            profile = None
+    stats = plan_stats(a, b, RowHashParams(), shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm))
+    rates = model.rates_from(profile)
+    predicted = {name: model.predict(name, stats, rates) for name in FAMILIES}
+    if tune == "model":
+        free = gpu.free_memory()
+        fits = [f for f in predicted if model.working_bytes(f, stats) <= free] or [
+            min(predicted, key=lambda f: model.working_bytes(f, stats))]  # none fits: the smallest says why
+        best = min(fits, key=predicted.get)
+        chosen = RowHashParams(lanes=model.lanes_for(stats)) if best == "row_hash" else FAMILIES[best].params()
+        product = FAMILIES[best].build(a, b, chosen, cache)
+        product.plan = SpgemmPlan(best, product.params, predicted, stats=stats, rates=rates.source,
+                                  reason=f"lowest predicted time ({predicted[best]:.3f} ms) of the families whose "
+                                         f"working memory fits")
+        return product
+    measured, best_product, best_ms = {}, None, float("inf")
+    for family in FAMILIES.values():
+        for p in family.candidates:
+            candidate = family.build(a, b, p, cache)
+            ms = _time_whole(candidate, repeats)
+            measured[f"{family.name} {p}"] = ms
+            if ms < best_ms:
+                best_product, best_ms = candidate, ms
+    best_product.plan = SpgemmPlan(best_product.family, best_product.params, predicted, measured, stats,
+                                   rates.source, f"fastest measured ({best_ms:.3f} ms)")
+    return best_product

@@ -1,0 +1,104 @@
+"""SpGEMM's part of ``python -m tuner profile``: every family's phases timed on generated R-MAT products
+(A·A and A·Aᵀ of power-law graphs of several sizes and densities), and the model's rates fitted to them
+(:func:`tuner.model.spgemm.fit_rates`)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import gpu
+from ..cache import Cache
+from ..generators import rmat
+from ..matrix import canonicalize
+from ..model import spgemm as model
+from . import FAMILIES, plan_stats
+from .row_hash import RowHashParams, shared_limit
+
+# (scale, edge factor, operation): graphs whose products run from about 1M to 100M scalar products.
+PRODUCTS = ((12, 8, "AA"), (13, 16, "AAT"), (14, 8, "AA"), (14, 16, "AAT"), (15, 8, "AA"), (15, 16, "AA"))
+
+# Each family's timed phases (the names in a product's ``seconds``) -> the model's phase they measure.
+PHASES = {
+    "outer_product": {"expand": "outer.expand", "sort": "outer.sort", "reduce": "outer.reduce",
+                      "csr": "outer.csr"},
+    "row_hash": {"symbolic_shared": "hash.symbolic_shared", "symbolic_global": "hash.symbolic_global",
+                 "numeric_shared": "hash.numeric_shared", "numeric_global": "hash.numeric_global",
+                 "sort": "hash.sort", "symbolic_rest": "hash.rows", "csr": "hash.rows"},
+}
+
+
+def phase_ms(product, repeats: int) -> dict[str, float]:
+    """Median ms of each model phase over ``repeats`` whole products (symbolic phase included)."""
+    runs = []
+    for _ in range(repeats):
+        if hasattr(product, "symbolic"):
+            product.symbolic()
+            first = dict(product.seconds)
+            product(out="device")
+            product.seconds.update({k: v + product.seconds.get(k, 0.0) for k, v in first.items()})
+        else:
+            product(out="device")
+        ms: dict[str, float] = {}
+        for name, phase in PHASES[product.family].items():
+            if name in product.seconds:
+                ms[phase] = ms.get(phase, 0.0) + product.seconds[name] * 1e3
+        runs.append(ms)
+    return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+
+
+def operands_of(name: str):
+    """The canonical operands of a measured product named like 'rmat:14:8 AA' (regenerated: same seed)."""
+    spec, op = name.split()
+    _, scale, factor = spec.split(":")
+    A = rmat(int(scale), int(factor), seed=int(scale) * 100 + int(factor))
+    a = canonicalize(A)
+    return a, (a if op == "AA" else canonicalize(A.T.tocsr()))
+
+
+def refit(section: dict, shared_limit: int = 116736) -> dict:
+    """The SpGEMM section with every run's work recomputed by the current model (operands regenerated, nnz(C)
+    as recorded) and the rates fitted again to the recorded times: no GPU needed. ``shared_limit``: the
+    measuring GPU's :func:`~tuner.spgemm.row_hash.shared_limit` (the H100's by default).
+
+    Example (slow: regenerates the R-MAT graphs):
+        >>> refit({"runs": [], "rates": {}})
+        {'runs': [], 'rates': {}}
+    """
+    runs = []
+    for run in section["runs"]:
+        a, b = operands_of(run["name"])
+        stats = plan_stats(a, b, RowHashParams(), shared_limit)
+        nnz_c = run.get("nnz_c")
+        if nnz_c is None:  # runs recorded before nnz(C) was: recovered from the sort's bytes
+            entry = stats.col_bytes + stats.value_bytes
+            nnz_c = (run["work"].get("hash.sort", 0.0) / entry if run["family"] == "row_hash"
+                     else run["work"]["outer.csr"] / (model.KEY_BYTES + stats.value_bytes))
+        exact = dataclasses.replace(stats, nnz_c=float(round(nnz_c)), exact=True)
+        runs.append({**run, "nnz_c": int(round(nnz_c)), "work": model.work(run["family"], exact)})
+    return {"runs": runs, "rates": model.fit_rates(runs)}
+
+
+def measure(cache: Cache, repeats: int = 5, progress=None) -> dict:
+    """Time every family on :data:`PRODUCTS`; returns {"runs": [...], "rates": {phase: ms per unit}}.
+
+    Example (on a GPU machine):
+        >>> sorted(measure(Cache())["rates"])[:2]  # doctest: +SKIP
+        ['hash.numeric_global', 'hash.numeric_shared']
+    """
+    info = gpu.device_info()
+    runs = []
+    for scale, factor, op in PRODUCTS:
+        a, b = operands_of(f"rmat:{scale}:{factor} {op}")
+        stats = plan_stats(a, b, RowHashParams(), shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm))
+        for family in FAMILIES.values():
+            product = family.build(a, b, family.params(), cache)
+            ms = phase_ms(product, repeats)
+            nnz_c = int(product(out="device").nnz)
+            exact = dataclasses.replace(stats, nnz_c=float(nnz_c), exact=True)
+            runs.append({"name": f"rmat:{scale}:{factor} {op}", "family": family.name, "nnz_c": nnz_c,
+                         "work": model.work(family.name, exact), "ms": ms})
+            del product
+        if progress:
+            progress(1)
+    return {"runs": runs, "rates": model.fit_rates(runs)}

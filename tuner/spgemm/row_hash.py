@@ -1,0 +1,315 @@
+"""The row_hash SpGEMM family: Gustavson's algorithm with hash accumulators, rows binned by table size.
+
+The symbolic phase (once per pair of structures: the first call runs it) counts each row's distinct columns
+in tables sized by its products, binned on the host (:mod:`tuner.formats.row_bins`); a CUB scan makes C's
+row pointer and the rows are binned again on the device by those exact counts. Every call then runs the
+numeric phase into tables sized by the counts and sorts each row's columns with CUB's segmented sort
+(``templates/row_hash.cu.j2``, ``templates/cub_rows.cu.j2``). Rows too large for the biggest shared-memory
+table use tables of their own in global memory.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import codegen, gpu
+from ..cache import Cache
+from ..families.base import CTYPES
+from ..formats.row_bins import RowBins, bin_rows, caps, row_products, split_rows, table_size
+from ..matrix import INT32_MAX, CanonicalMatrix
+from .base import DeviceCSR, Product, empty_product
+
+
+@dataclass(frozen=True)
+class RowHashParams:
+    """Geometry of the row_hash kernels.
+
+    Attributes:
+        lanes: threads that walk one row of B together (an entry of A's row each group of them).
+        tables: shared-memory table sizes (slots, powers of two) the bins may use; those that do not fit the
+            device's shared memory per block are dropped per phase.
+        slots_per_thread: a row with a table of T slots gets T / slots_per_thread threads (8 to 1024).
+        block: threads of a block of small rows (several rows to a block).
+        symbolic_load: most products per slot in the symbolic phase (products bound the distinct columns).
+        numeric_load: most entries per slot in the numeric phase (sized by the exact count).
+        global_block: threads of a block building part of a row in a global-memory table.
+        global_item: products a block of a global-memory row takes in the symbolic phase (heavy rows are
+            split among blocks). The numeric phase keeps a block per row: its every insert adds to a value,
+            and blocks of one row would contend for the same hot entries in L2.
+        sort_max: rows of numeric tables up to this many slots are sorted in shared memory; larger ones (and
+            global rows) by CUB's segmented sort.
+    """
+
+    lanes: int = 32
+    tables: tuple[int, ...] = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+    slots_per_thread: int = 4
+    block: int = 256
+    symbolic_load: float = 1.0
+    numeric_load: float = 0.5
+    global_block: int = 1024
+    global_item: int = 65536
+    sort_max: int = 2048
+
+
+@dataclass(frozen=True)
+class BinGeometry:
+    """One shared bin's launch: ``table`` slots per row, ``group`` threads per row, ``rows_per_block``."""
+
+    table: int
+    group: int
+    rows_per_block: int
+
+    @property
+    def threads(self) -> int:
+        return self.group * self.rows_per_block
+
+
+def geometry(params: RowHashParams, slot_bytes: int, shared_limit: int) -> tuple[BinGeometry, ...]:
+    """The shared bins of one phase: each table of ``params.tables`` whose rows fit ``shared_limit`` bytes.
+
+    Example:
+        >>> [(g.table, g.group, g.rows_per_block) for g in geometry(RowHashParams(tables=(32, 4096, 65536)), 4,
+        ...                                                           49152)]
+        [(32, 8, 32), (4096, 1024, 1)]
+    """
+    out = []
+    for t in params.tables:
+        group = int(min(1024, max(8, t // params.slots_per_thread)))
+        rows = max(1, params.block // group)
+        if rows * t * slot_bytes <= shared_limit:
+            out.append(BinGeometry(int(t), group, rows))
+    return tuple(out)
+
+
+NO_SPLIT = 1 << 62  # products per item that keep a row in one block
+
+
+def shared_limit(shared_bytes_per_block: int, shared_bytes_per_sm: int) -> int:
+    """Most shared memory a bin's block takes: what a block may ask for, and at most half an SM's, so that two
+    blocks share an SM and one's inserts overlap the other's barrier-bound clearing and writing out.
+
+    Example:
+        >>> shared_limit(232448, 233472)
+        116736
+    """
+    return min(int(shared_bytes_per_block), int(shared_bytes_per_sm) // 2 or int(shared_bytes_per_block))
+
+
+class RowHash(Product):
+    """C = A B by hashed rows (a :class:`~tuner.spgemm.base.Product`); a call's ``seconds`` has the phases
+    symbolic_shared, symbolic_global, symbolic_rest (first call only), allocate, numeric_shared,
+    numeric_global, sort, csr (and download)."""
+
+    family = "row_hash"
+
+    def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, params: RowHashParams, cache: Cache):
+        super().__init__(a, b, params)
+        n_cols = self.shape[1]
+        self.col_dtype = np.dtype(np.int32 if n_cols <= INT32_MAX else np.int64)
+        info = gpu.device_info()
+        ks, vs = self.col_dtype.itemsize, self.dtype.itemsize
+        limit = shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm)
+        self.symbolic_bins = geometry(params, ks, limit)
+        self.numeric_bins = geometry(params, ks + vs, limit)
+        self.products = row_products(a.indptr, a.indices, b.indptr)
+        self.symbolic_layout: RowBins = bin_rows(self.products, tuple(g.table for g in self.symbolic_bins),
+                                                 params.symbolic_load, n_cols)
+        name = f"row_hash_{self.dtype.name}_{self.col_dtype.name}{'_pattern' if self.value_free else ''}"
+        source = codegen.render("row_hash.cu.j2", dict(
+            VAL=CTYPES[self.dtype], KEY=CTYPES[self.col_dtype], value_free=self.value_free, kernel_name=name,
+            lanes=params.lanes, symbolic_bins=self.symbolic_bins, numeric_bins=self.numeric_bins,
+            global_block=params.global_block, sort_max=params.sort_max))
+        helpers = codegen.render("cub_rows.cu.j2", dict(VAL=CTYPES[self.dtype], KEY=CTYPES[self.col_dtype],
+                                                        kernel_name=name))
+        binary = codegen.compile_source(source, info.arch, cache=cache)
+        self._library = gpu.Library(codegen.compile_library(helpers, info.arch, cache=cache))
+        self._name = name
+        v = "f" if self.dtype == np.float32 else "d"
+        first = gpu.Kernel(binary.cubin, f"{name}_bin", "PqPiPPPPi")
+        self._bin = first
+        self._shared = {(phase, g.table): first.sibling(f"{name}_{phase}{g.table}", "PqPPPPPP" + v + "PPPP")
+                        for phase, bins in (("symbolic", self.symbolic_bins), ("numeric", self.numeric_bins))
+                        for g in bins}
+        self._global = {phase: first.sibling(f"{name}_{phase}_global", "PqPPPPPP" + v + "PPPPPPP")
+                        for phase in ("symbolic", "numeric")}
+        self._segments = first.sibling(f"{name}_segments", "PqPPP")
+        self._flush = first.sibling(f"{name}_flush_global", "PPPPPPP")
+        self._narrow = first.sibling(f"{name}_narrow", "PqP")
+        self._widen = first.sibling(f"{name}_widen", "PqP")
+        col = self.col_dtype
+        self._dev = {k: gpu.upload(np.ascontiguousarray(x)) for k, x in (
+            ("a_ptr", a.indptr.astype(np.int64)), ("a_cols", a.indices.astype(col, copy=False)),
+            ("b_ptr", b.indptr.astype(np.int64)), ("b_cols", b.indices.astype(col, copy=False)),
+            ("sym_rows", self.symbolic_layout.rows), ("sym_offsets", self.symbolic_layout.global_offsets))}
+        lay = self.symbolic_layout
+        self._sym_items = self._upload_items(lay.rows[lay.starts[-2]:lay.starts[-1]], params.global_item)
+        self._set_values(a, b)
+        self._structure = None
+        entry = ks + (0 if self.value_free else vs)
+        self.operand_bytes = int(8 * (a.n_rows + b.n_rows + 2) + (a.nnz + b.nnz) * entry
+                                 + 8 * (lay.rows.size + lay.global_offsets.size)
+                                 + 24 * (a.n_rows + 1))  # with C's row pointer and the numeric bins
+
+    def _set_values(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
+        for key, m in (("a_vals", a), ("b_vals", b)):
+            self._dev[key] = None if self.value_free else gpu.upload(np.ascontiguousarray(m.data, self.dtype))
+
+    def _upload_items(self, rows: np.ndarray, per_item: int) -> dict:
+        """The global-memory rows ``rows`` cut into blocks' items (:func:`~tuner.formats.row_bins.split_rows`)."""
+        slot, begin, end = split_rows(rows, self.a.indptr, self.products, per_item)
+        up = gpu.upload_pooled
+        return dict(n=int(slot.size), slot=up(slot), begin=up(begin), end=up(end))
+
+    def _global_launch(self, phase: str, rows: int, items: dict, offsets, pool_keys, pool_vals, row_nnz) -> None:
+        self._global[phase].launch(items["n"], self.params.global_block, np.uint64(rows), np.int64(0),
+                                   *self._operands(), items["slot"], items["begin"], items["end"], offsets,
+                                   pool_keys, pool_vals, row_nnz)
+
+    def _operands(self):
+        d = self._dev
+        return (d["a_ptr"], d["a_cols"], d["a_vals"] or 0, d["b_ptr"], d["b_cols"], d["b_vals"] or 0,
+                self.dtype.type(self.pattern_value))
+
+    def _helper_bytes(self, name: str, *args) -> int:
+        size = ctypes.c_size_t(0)
+        self._library.call(f"{self._name}_{name}", ctypes.c_void_p(0), ctypes.byref(size), *args)
+        return size.value
+
+    def symbolic(self) -> None:
+        """Size C: count every row's entries, build the row pointer and the numeric phase's bins. The first call
+        runs it; call it again to time a whole product (symbolic and numeric) as a fresh pair would take.
+        Its phases (symbolic_shared, symbolic_global, symbolic_rest) go into ``seconds``."""
+        gpu.synchronize()
+        self._t = time.perf_counter()
+        n_rows, n_cols = self.shape
+        lay, ks = self.symbolic_layout, self.col_dtype.itemsize
+        pool_slots = int(lay.global_offsets[-1])
+        null = ctypes.c_void_p(0)
+        scan_bytes = self._helper_bytes("scan", null, null, ctypes.c_longlong(n_rows + 1))
+        self._ensure_free(16 * (n_rows + 1) + pool_slots * ks + scan_bytes + 16 * n_rows,
+                          f"sizing C = A B ({n_rows:,} rows, {int(self.products.sum()):,} products)")
+        row_nnz, indptr = gpu.alloc_pooled(8 * (n_rows + 1)), gpu.alloc_pooled(8 * (n_rows + 1))
+        gpu.zero_async(int(row_nnz), 8 * (n_rows + 1))
+        pool = gpu.alloc_pooled(pool_slots * ks)
+        ops = self._operands()
+        for b, g in enumerate(self.symbolic_bins):
+            n = int(lay.starts[b + 1] - lay.starts[b])
+            rows = int(self._dev["sym_rows"]) + 8 * int(lay.starts[b])
+            self._shared["symbolic", g.table].launch(-(-n // g.rows_per_block), g.threads, np.uint64(rows),
+                                                     np.int64(n), *ops, row_nnz, 0, 0, 0,
+                                                     shared=g.rows_per_block * g.table * ks)
+        self._phase("symbolic_shared")
+        gpu.memset_bytes(int(pool), 0xFF, pool_slots * ks)  # EMPTY (-1) in every slot
+        self._global_launch("symbolic", int(self._dev["sym_rows"]) + 8 * int(lay.starts[-2]), self._sym_items,
+                            self._dev["sym_offsets"], pool, 0, row_nnz)
+        self._phase("symbolic_global")
+        temp = gpu.alloc_pooled(scan_bytes)
+        self._library.call(f"{self._name}_scan", ctypes.c_void_p(int(temp)), ctypes.byref(ctypes.c_size_t(scan_bytes)),
+                           ctypes.c_void_p(int(row_nnz)), ctypes.c_void_p(int(indptr)), ctypes.c_longlong(n_rows + 1))
+        total = np.zeros(1, np.int64)
+        gpu.copy_to_host(total, int(indptr) + 8 * n_rows)
+        del pool, temp
+        self._c_ptr = indptr
+        self._structure = dict(nnz=int(total[0]), indptr=indptr, **self._numeric_bins(row_nnz))
+        self._phase("symbolic_rest")
+
+    def _numeric_bins(self, row_nnz) -> dict:
+        """The numeric phase's bins, made on the device from the exact row sizes (the kernel ``bin``: a count
+        pass, then a placing pass); the few global-bin rows get their tables' offsets from the host."""
+        n_rows, n_cols = self.shape
+        tables = tuple(g.table for g in self.numeric_bins)
+        limits = caps(tables, self.params.numeric_load)
+        n_bins = len(tables) + 1
+        caps_dev = gpu.upload_pooled(limits)
+        cursor = gpu.alloc_pooled(8 * n_bins)
+        rows, counts = gpu.alloc_pooled(8 * n_rows), gpu.alloc_pooled(8 * n_rows)
+        grid = -(-n_rows // 256)
+        gpu.zero_async(int(cursor), 8 * n_bins)
+        self._bin.launch(grid, 256, row_nnz, np.int64(n_rows), caps_dev, np.int32(len(tables)), cursor, 0, 0, 0,
+                         np.int32(1))
+        sizes = np.zeros(n_bins, np.int64)
+        gpu.copy_to_host(sizes, int(cursor))
+        starts = np.zeros(n_bins + 1, np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        starts_dev = gpu.upload_pooled(starts)
+        gpu.zero_async(int(cursor), 8 * n_bins)
+        self._bin.launch(grid, 256, row_nnz, np.int64(n_rows), caps_dev, np.int32(len(tables)), cursor, starts_dev,
+                         rows, counts, np.int32(0))
+        glob_counts, glob_rows = np.zeros(int(sizes[-1]), np.int64), np.zeros(int(sizes[-1]), np.int64)
+        gpu.copy_to_host(glob_counts, int(counts) + 8 * int(starts[-2]))
+        gpu.copy_to_host(glob_rows, int(rows) + 8 * int(starts[-2]))
+        slots = table_size(glob_counts, self.params.numeric_load, n_cols)
+        offsets = np.zeros(slots.size + 1, np.int64)
+        np.cumsum(slots, out=offsets[1:])
+        # Rows CUB sorts: those of the bins past sort_max and the global bin, contiguous at the end of `rows`.
+        first = sum(t <= self.params.sort_max for t in tables)
+        n_sorted = int(starts[-1] - starts[first])
+        begin, end = gpu.alloc_pooled(8 * n_sorted), gpu.alloc_pooled(8 * n_sorted)
+        self._segments.launch(-(-n_sorted // 256), 256, int(rows) + 8 * int(starts[first]), np.int64(n_sorted),
+                              self._c_ptr, begin, end)
+        return dict(rows=rows, starts=starts, global_offsets=gpu.upload_pooled(offsets), pool_slots=int(offsets[-1]),
+                    n_sorted=n_sorted, begin=begin, end=end, items=self._upload_items(glob_rows, NO_SPLIT),
+                    n_global=int(glob_rows.size))
+
+    def _multiply(self) -> DeviceCSR:
+        if self._structure is None:
+            self.symbolic()
+        s, (n_rows, n_cols) = self._structure, self.shape
+        nnz = s["nnz"]
+        if nnz == 0:
+            return empty_product(self.shape, self.dtype)
+        ks, vs = self.col_dtype.itemsize, self.dtype.itemsize
+        null, n_sorted = ctypes.c_void_p(0), s["n_sorted"]
+        sort_bytes = self._helper_bytes("sort_rows", null, null, null, null, ctypes.c_longlong(nnz),
+                                        ctypes.c_longlong(n_sorted), null, null) if n_sorted else 0
+        index = np.dtype(np.int32 if max(n_cols, nnz) <= INT32_MAX else np.int64)
+        out_bytes = nnz * (ks + vs) + (n_rows + 1) * index.itemsize + (nnz * 8 if index != self.col_dtype else 0)
+        tmp_bytes = nnz * (ks + vs) if n_sorted else 0
+        self._ensure_free(tmp_bytes + s["pool_slots"] * (ks + vs) + sort_bytes + out_bytes,
+                          f"C = A B ({nnz:,} entries)")
+        cols, vals = gpu.device_vector(nnz, self.col_dtype), gpu.device_vector(nnz, self.dtype)
+        # Rows sorted by CUB are written to these first (at their places in C) and sorted into C.
+        tmp_cols, tmp_vals = (gpu.alloc_pooled(nnz * ks), gpu.alloc_pooled(nnz * vs)) if n_sorted else (0, 0)
+        pool_keys, pool_vals = gpu.alloc_pooled(s["pool_slots"] * ks), gpu.alloc_pooled(s["pool_slots"] * vs)
+        self._phase("allocate")
+        ops = self._operands()
+        for b, g in enumerate(self.numeric_bins):
+            n = int(s["starts"][b + 1] - s["starts"][b])
+            rows = int(s["rows"]) + 8 * int(s["starts"][b])
+            out = (cols.gpudata, vals.gpudata) if g.table <= self.params.sort_max else (tmp_cols, tmp_vals)
+            self._shared["numeric", g.table].launch(-(-n // g.rows_per_block), g.threads, np.uint64(rows),
+                                                    np.int64(n), *ops, 0, s["indptr"], *out,
+                                                    shared=g.rows_per_block * g.table * (ks + vs))
+        self._phase("numeric_shared")
+        if s["n_global"]:
+            gpu.memset_bytes(int(pool_keys), 0xFF, s["pool_slots"] * ks)  # EMPTY (-1) in every slot
+            gpu.memset_bytes(int(pool_vals), 0, s["pool_slots"] * vs)
+            glob = int(s["rows"]) + 8 * int(s["starts"][-2])
+            self._global_launch("numeric", glob, s["items"], s["global_offsets"], pool_keys, pool_vals, 0)
+            self._flush.launch(s["n_global"], 256, np.uint64(glob), s["global_offsets"], pool_keys, pool_vals,
+                               s["indptr"], tmp_cols, tmp_vals)
+        self._phase("numeric_global")
+        del pool_keys, pool_vals
+        if n_sorted:
+            temp = gpu.alloc_pooled(sort_bytes)
+            p = lambda buf: ctypes.c_void_p(int(buf))  # noqa: E731
+            self._library.call(f"{self._name}_sort_rows", p(temp), ctypes.byref(ctypes.c_size_t(sort_bytes)),
+                               p(tmp_cols), p(cols.gpudata), p(tmp_vals), p(vals.gpudata), ctypes.c_longlong(nnz),
+                               ctypes.c_longlong(n_sorted), p(s["begin"]), p(s["end"]))
+            del temp, tmp_cols, tmp_vals
+        self._phase("sort")
+        grid = lambda n: -(-n // 256)  # noqa: E731
+        indptr = gpu.device_vector(n_rows + 1, index)
+        if index == np.int32:
+            self._narrow.launch(grid(n_rows + 1), 256, s["indptr"], np.int64(n_rows + 1), indptr.gpudata)
+        else:
+            gpu.copy_device(int(indptr.gpudata), int(s["indptr"]), 8 * (n_rows + 1))
+        if index != self.col_dtype:  # entries past 2^31 in columns that fit 32 bits
+            wide = gpu.device_vector(nnz, index)
+            self._widen.launch(grid(nnz), 256, cols.gpudata, np.int64(nnz), wide.gpudata)
+            cols = wide
+        self._phase("csr")
+        return DeviceCSR(indptr, cols, vals, self.shape)
