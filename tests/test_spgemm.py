@@ -435,3 +435,23 @@ def test_shipped_spgemm_rates_are_the_model_fitted_to_the_shipped_timings():
     for k, v in prof["spgemm"]["rates"].items():
         assert again["rates"][k] == pytest.approx(v, rel=1e-9)
         assert spgemm_model.REFERENCE_RATES[k] == pytest.approx(v, rel=5e-3)
+
+
+def test_report_sets_each_family_prediction_beside_its_measurement(tmp_path):
+    import json
+    import subprocess
+    import sys
+    bench = {"gpu": {"name": "test"}, "rows": [
+        {"name": "g", "op": "AA", "plan": "outer_product P()", "predicted_ms": {"outer_product": 1.0, "row_hash": 4.0},
+         "family_ms": {"outer_product": 2.0, "row_hash": 1.0}},
+        {"name": "h", "op": "AAT", "plan": "row_hash R()", "predicted_ms": {"outer_product": 9.0, "row_hash": 3.0},
+         "family_ms": {"outer_product": None, "row_hash": 3.0}}]}
+    path = tmp_path / "bench-spgemm.json"
+    path.write_text(json.dumps(bench))
+    done = subprocess.run([sys.executable, "-m", "tuner", "report", "--spgemm", str(path)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert "pick the fastest on 1 of 2 products" in done.stdout and "worst 2.00x" in done.stdout
+    rows = (tmp_path / "report-spgemm.csv").read_text().splitlines()
+    assert rows[1:] == ["g AA,outer_product,1.0,2.0,0.5,True,False", "g AA,row_hash,4.0,1.0,4.0,False,True",
+                        "h AAT,row_hash,3.0,3.0,1.0,True,True"]

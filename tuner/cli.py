@@ -185,6 +185,14 @@ def cmd_report(args) -> int:
     if args.plan_repeats < 1:
         raise ValueError(f"--plan-repeats must be at least 1, got {args.plan_repeats}")
     bar = lambda s: tqdm(s, desc="report", unit="matrix", file=sys.stderr)  # noqa: E731
+    if args.spgemm:
+        from . import report_spgemm
+        path, summary = report_spgemm.run(Path(args.spgemm), Path(args.out) if args.out else None)
+        mdape = ", ".join(f"{f} {100 * e:.0f} %" for f, e in summary["mdape"].items() if e is not None)
+        print(f"SpGEMM model: MdAPE {mdape}; its pick the fastest on {summary['fastest']} of {summary['picks']} "
+              f"products, within 10 % on {summary['within_10pct']}; regret median {summary['regret_median']:.2f}x, "
+              f"worst {summary['regret_worst']:.2f}x\nwrote {path}")
+        return 0
     if args.from_csv:
         rows = report.read_csv(Path(args.from_csv))
         # The measured report's record (GPU, matrices, when, how) stays, with this command after its own.
@@ -344,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                "--from-csv the CSV's folder)")
     p.add_argument("--profile", default=None, help="profile file (default: the one of this GPU under models/)")
     p.add_argument("--from-csv", default=None, help="re-summarise and re-plot an existing report.csv (no GPU)")
+    p.add_argument("--spgemm", default=None, metavar="BENCH_JSON",
+                   help="the SpGEMM model instead: each family's prediction against its measured time in a "
+                        "bench-spgemm.json (written by `bench`); writes report-spgemm.csv and .json beside it or in "
+                        "--out (no GPU)")
     p.add_argument("--repredict", action="store_true",
                    help="with --from-csv: predict every candidate again with the current model and --profile "
                         "(default: profile.json beside the CSV) and time each matrix's planning again, here; no "
