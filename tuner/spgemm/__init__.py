@@ -41,11 +41,16 @@ class Family:
     candidates: tuple
 
 
+# tune='measure' times each of these: block size and B-row tile, and split (how long an A column one block
+# takes) for the outer product; lanes, the largest shared table and the in-shared-memory sort limit for
+# row_hash.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("outer_product", OuterProductParams, OuterProduct,
-           (OuterProductParams(), OuterProductParams(block_size=128, tile=512))),
+           (OuterProductParams(), OuterProductParams(block_size=128, tile=512),
+            OuterProductParams(split=65536))),
     Family("row_hash", RowHashParams, RowHash,
-           tuple(RowHashParams(lanes=n) for n in (16, 32, 64, 128))),
+           tuple(RowHashParams(lanes=n) for n in (16, 32, 64, 128))
+           + (RowHashParams(lanes=64, tables=RowHashParams().tables[:8]), RowHashParams(lanes=64, sort_max=1024))),
 )}
 FAMILY_OF = {f.params: f for f in FAMILIES.values()}
 
