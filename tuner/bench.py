@@ -287,3 +287,15 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
 def default_out() -> Path:
     """bench-spmv.json in the present GPU's folder of :func:`~tuner.paths.results_dir`."""
     return paths.gpu_results_dir(gpu.device_info().name) / "bench-spmv.json"
+
+
+def cli_run(args, suite: list[str], progress) -> None:
+    """``python -m tuner bench``'s SpMV suite on this GPU: run, print the table, write bench-spmv.json."""
+    out = Path(args.out) if args.out else default_out()
+    report = run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir, tune=args.tune,
+                 progress=lambda s: progress(s, "bench", "matrix"), resume=args.resume)
+    rows = [BenchRow(**r) for r in report["rows"]]
+    print(f"\n{report['gpu']['name']}: copy bandwidth {report['copy_bandwidth_gbs']:.0f} GB/s; "
+          f"cuSPARSE via {report['cusparse']}")
+    print(format_table(rows))
+    print(f"\nwrote {out}")

@@ -268,3 +268,18 @@ def format_table(rows: list[SpgemmRow]) -> str:
                      f"{'ok' if r.ours_correct else ('REFUSED' if r.ours_correct is None else 'WRONG')}"
                      f"{'' if r.cusparse_status.startswith('ok') else '; cuSPARSE ' + r.cusparse_status[:40]}")
     return "\n".join(lines)
+
+
+def cli_run(args, suite: list[str], progress) -> None:
+    """``python -m tuner bench``'s SpGEMM suite on this GPU (A·A and A·Aᵀ of the matrices named, else
+    :func:`default_suite`): run, print the table and summary, write bench-spgemm.json."""
+    from .bench import default_out
+    pairs = ([(s, op) for s in args.suite for op in ("AA", "AAT")] if args.suite
+             else default_suite(loaders.data_dir_or_error(args.data_dir)))
+    out = Path(args.spgemm_out) if args.spgemm_out else default_out().with_name("bench-spgemm.json")
+    report = run(pairs, out, repeats=args.spgemm_repeats, cache_dir=args.cache_dir,
+                 progress=lambda s: progress(s, "bench spgemm", "product"))
+    print("\nSpGEMM, C on the device (ours: symbolic and numeric phases; cuSPARSE through CuPy)")
+    print(format_table([SpgemmRow(**r) for r in report["rows"]]))
+    print(json.dumps(report["summary"]))
+    print(f"\nwrote {out}")

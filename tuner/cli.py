@@ -85,37 +85,26 @@ def cmd_bench(args) -> int:
     from tqdm import tqdm
 
     from . import bench
-    if not gpu.available() and args.op == "spgemm":
-        print(_no_gpu_banner().splitlines()[0] + "\nThe SpGEMM suite times products on the GPU: there is nothing to "
-              "do without one.")
-        return NO_GPU_EXIT
-    suite = args.suite or _default_suite(args.data_dir)
+    from .operations import REGISTRY
+    ops = [REGISTRY[name] for name in (REGISTRY if args.op == "all" else [args.op])]
     if not gpu.available():
+        offline = [op for op in ops if op.bench_without_gpu]
+        later = ", ".join(op.name for op in ops if not op.bench_without_gpu)
+        if not offline:
+            print(_no_gpu_banner().splitlines()[0] + f"\nThe {later} suite times products on the GPU: there is "
+                  "nothing to do without one.")
+            return NO_GPU_EXIT
+        suite = args.suite or _default_suite(args.data_dir)
         skipped = [] if args.suite else bench.large_sources(suite)
         note = (f"Skipping the generated matrices of {bench.LARGE_NNZ / 1e6:.0f}M+ non-zeros, built only where a "
                 f"GPU times them: {', '.join(loaders.display_name(s) for s in skipped)}." if skipped else "")
+        if later:
+            note = (note + "\n" if note else "") + f"The {later} suite needs a GPU: not run."
         return _dry_run([s for s in suite if s not in skipped], args.arch, args.cache_dir, note)
-    if args.op in ("spmv", "all"):
-        out = Path(args.out) if args.out else bench.default_out()
-        report = bench.run(suite, out, repeats=args.repeats, cache_dir=args.cache_dir, tune=args.tune,
-                           progress=lambda s: tqdm(s, desc="bench", unit="matrix", file=sys.stderr),
-                           resume=args.resume)
-        rows = [bench.BenchRow(**r) for r in report["rows"]]
-        print(f"\n{report['gpu']['name']}: copy bandwidth {report['copy_bandwidth_gbs']:.0f} GB/s; "
-              f"cuSPARSE via {report['cusparse']}")
-        print(bench.format_table(rows))
-        print(f"\nwrote {out}")
-    if args.op in ("spgemm", "all"):
-        from . import bench_spgemm
-        pairs = ([(s, op) for s in args.suite for op in ("AA", "AAT")] if args.suite
-                 else bench_spgemm.default_suite(loaders.data_dir_or_error(args.data_dir)))
-        out = Path(args.spgemm_out) if args.spgemm_out else bench.default_out().with_name("bench-spgemm.json")
-        report = bench_spgemm.run(pairs, out, repeats=args.spgemm_repeats, cache_dir=args.cache_dir,
-                                  progress=lambda s: tqdm(s, desc="bench spgemm", unit="product", file=sys.stderr))
-        print("\nSpGEMM, C on the device (ours: symbolic and numeric phases; cuSPARSE through CuPy)")
-        print(bench_spgemm.format_table([bench_spgemm.SpgemmRow(**r) for r in report["rows"]]))
-        print(json.dumps(report["summary"]))
-        print(f"\nwrote {out}")
+    progress = lambda items, desc, unit: tqdm(items, desc=desc, unit=unit, file=sys.stderr)  # noqa: E731
+    suite = args.suite or (_default_suite(args.data_dir) if any(op.name == "spmv" for op in ops) else [])
+    for op in ops:
+        op.bench(args, suite, progress)
     return 0
 
 
@@ -291,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="keep the rows an interrupted run wrote to --out (same GPU, tune mode and repeats) and "
                         "measure only the matrices it did not reach")
-    p.add_argument("--op", choices=("spmv", "spgemm", "all"), default="all",
+    from .operations import REGISTRY
+    p.add_argument("--op", choices=(*REGISTRY, "all"), default="all",
                    help="which suites: SpMV (y = A x), SpGEMM (C = A·A and A·Aᵀ of each graph, with rmat:16/18/20 "
                         "and Kronecker-scaled graphs by default) or both (default %(default)s)")
     p.add_argument("--spgemm-out", default=None,

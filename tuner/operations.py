@@ -1,16 +1,17 @@
 """The operations the tuner compiles, one registry row each, chosen by the number of operands.
 
 ``tuner.compile(A)`` is SpMV (y = A x) and ``tuner.compile(A, B)`` SpGEMM (C = A B): each row names its
-compile function and its float64 SciPy oracle, which the tests and benchmarks check results against.
+kernel families, its compile function (whose model picks among them), its float64 SciPy oracle, which the
+tests and benchmarks check results against, the cuSPARSE call it is measured against and its benchmark.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
-from . import compiler, spgemm
+from . import bench, bench_spgemm, compiler, families, spgemm
 
 
 @dataclass(frozen=True)
@@ -20,19 +21,31 @@ class Operation:
     Attributes:
         name: e.g. 'spmv'.
         operands: how many sparse matrices it takes.
+        families: its kernel families by name (each lists its candidates).
         compile: (*operands, **options) -> the callable that computes it on the GPU.
         oracle: (*operands, dense or sparse input) -> the float64 SciPy result it must equal.
+        baseline: the cuSPARSE call its benchmark times against.
+        bench: (parsed ``bench`` arguments, suite, progress) -> runs its suite on the GPU, prints, writes JSON.
+        bench_without_gpu: whether ``bench`` has something to do without a GPU (compiling every candidate).
     """
 
     name: str
     operands: int
+    families: Mapping
     compile: Callable
     oracle: Callable
+    baseline: str
+    bench: Callable
+    bench_without_gpu: bool
 
 
 REGISTRY: dict[str, Operation] = {op.name: op for op in (
-    Operation("spmv", 1, compiler.compile, lambda A, x: A.astype(np.float64) @ np.asarray(x, np.float64)),
-    Operation("spgemm", 2, spgemm.compile_spgemm, lambda A, B: (A.astype(np.float64) @ B.astype(np.float64)).tocsr()),
+    Operation("spmv", 1, families.REGISTRY, compiler.compile,
+              lambda A, x: A.astype(np.float64) @ np.asarray(x, np.float64),
+              "cupyx.cusparse.spmv, the faster of CSR and COO", bench.cli_run, True),
+    Operation("spgemm", 2, spgemm.FAMILIES, spgemm.compile_spgemm,
+              lambda A, B: (A.astype(np.float64) @ B.astype(np.float64)).tocsr(),
+              "cupyx.scipy.sparse csr @ csr (cuSPARSE SpGEMM)", bench_spgemm.cli_run, False),
 )}
 BY_OPERANDS = {op.operands: op for op in REGISTRY.values()}
 
