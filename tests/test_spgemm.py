@@ -1,5 +1,7 @@
 """SpGEMM, C = A B: the workload table and its expansion checked against SciPy in NumPy (CPU), every
 template specialisation compiled by nvcc, and the GPU's products against SciPy in float64."""
+import json
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -455,3 +457,30 @@ def test_report_sets_each_family_prediction_beside_its_measurement(tmp_path):
     rows = (tmp_path / "report-spgemm.csv").read_text().splitlines()
     assert rows[1:] == ["g AA,outer_product,1.0,2.0,0.5,True,False", "g AA,row_hash,4.0,1.0,4.0,False,True",
                         "h AAT,row_hash,3.0,3.0,1.0,True,True"]
+
+
+def test_a_measured_choice_is_keyed_by_both_structures_and_the_gpu_and_round_trips():
+    from tuner.spgemm import measured_plan_key, params_from_json
+    import dataclasses
+    a = canonicalize(power_law(300, seed=41))
+    b = canonicalize(power_law(300, seed=42))
+    keys = {measured_plan_key(a, b, "H100", (9, 0)), measured_plan_key(b, a, "H100", (9, 0)),
+            measured_plan_key(a, a, "H100", (9, 0)), measured_plan_key(a, b, "H200", (9, 0)),
+            measured_plan_key(canonicalize(power_law(300, seed=41), np.float64), b, "H100", (9, 0))}
+    assert len(keys) == 5
+    assert measured_plan_key(canonicalize(power_law(300, seed=41) * 2.0), b, "H100", (9, 0)) in keys  # values aside
+    for family in FAMILIES.values():
+        for p in family.candidates:
+            assert params_from_json(family.name, json.loads(json.dumps(dataclasses.asdict(p)))) == p
+
+
+@pytest.mark.gpu
+def test_a_second_measured_compile_of_the_same_pair_reuses_the_choice():
+    A = power_law(2500, seed=43)
+    first = tuner.compile(A, A, tune="measure", repeats=2)
+    again = tuner.compile(A, A, tune="measure", repeats=2)
+    assert again.plan.reason == "fastest measured earlier (plan cache)"
+    assert (again.family, again.params) == (first.family, first.params)
+    assert again.plan.measured_ms == first.plan.measured_ms
+    expected = A.astype(np.float64) @ A.astype(np.float64)
+    assert abs(again() - expected).max() <= 1e-5 * abs(expected).max()

@@ -6,6 +6,7 @@ candidate on the product itself; the chosen family's callable is returned with i
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -13,8 +14,8 @@ from typing import Callable
 import numpy as np
 
 from .. import gpu
-from ..cache import Cache
-from ..matrix import canonicalize
+from ..cache import Cache, make_key
+from ..matrix import CanonicalMatrix, canonicalize, structure_digest
 from ..model import spgemm as model
 from .base import DeviceCSR, DeviceMemoryError, Product
 from .outer_product import OuterProduct, OuterProductParams, device_bytes, key_bits, operands
@@ -94,6 +95,30 @@ def plan_stats(a, b, params: RowHashParams, shared_limit: int) -> model.ProductS
     return model.product_stats(a, b, sym, num, params.symbolic_load, params.numeric_load, vs)
 
 
+def measured_plan_key(a: CanonicalMatrix, b: CanonicalMatrix, device: str, capability: tuple[int, int]) -> str:
+    """Cache key of a ``tune='measure'`` choice: both structures, the value and index types, the GPU.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> a = canonicalize(sp.identity(3, format="csr"))
+        >>> measured_plan_key(a, a, "H100", (9, 0)) != measured_plan_key(a, a, "H200", (9, 0))
+        True
+    """
+    return make_key("spgemm-plan", structure_digest(a), structure_digest(b), a.value_dtype.name,
+                    a.index_dtype.name, device, f"{capability[0]}.{capability[1]}")
+
+
+def params_from_json(family: str, fields: dict):
+    """A family's parameters from their JSON form (lists back to tuples).
+
+    Example:
+        >>> params_from_json("row_hash", {"lanes": 16, "tables": [32, 64]}).tables
+        (32, 64)
+    """
+    cls = FAMILIES[family].params
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+
+
 def _time_whole(product: Product, repeats: int) -> float:
     """Median ms of a whole product (the symbolic phase rerun first where the family has one), C on the device."""
     times = []
@@ -115,7 +140,8 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
     Values are float32 or float64 (the wider of the operands', or ``dtype``); a pattern A times a pattern B
     runs value-free kernels whose entries count paths (times the product of the common values). With
     ``tune='model'`` the model picks the family (``plan.predicted_ms`` holds its predictions); with
-    ``tune='measure'`` every candidate of every family runs ``repeats`` times and the fastest is kept;
+    ``tune='measure'`` every candidate of every family runs ``repeats`` times and the fastest is kept (and
+    cached under both structures and this GPU: the next compile of the same pair reuses it);
     ``params`` (an :class:`OuterProductParams` or :class:`RowHashParams`) forces a family and geometry.
     ``profile``: a :class:`~tuner.model.profile_data.Profile` (default: this GPU's).
 
@@ -161,6 +187,13 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
                                   reason=f"lowest predicted time ({predicted[best]:.3f} ms) of the families whose "
                                          f"working memory fits")
         return product
+    key = measured_plan_key(a, b, info.name, info.capability)
+    cached = cache.get_json("plan", key)
+    if cached is not None and cached.get("family") in FAMILIES:
+        product = FAMILIES[cached["family"]].build(a, b, params_from_json(cached["family"], cached["params"]), cache)
+        product.plan = SpgemmPlan(product.family, product.params, predicted, cached.get("measured_ms", {}), stats,
+                                  rates.source, "fastest measured earlier (plan cache)")
+        return product
     measured, best_product, best_ms = {}, None, float("inf")
     for family in FAMILIES.values():
         for p in family.candidates:
@@ -171,4 +204,6 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
                 best_product, best_ms = candidate, ms
     best_product.plan = SpgemmPlan(best_product.family, best_product.params, predicted, measured, stats,
                                    rates.source, f"fastest measured ({best_ms:.3f} ms)")
+    cache.put_json("plan", key, {"family": best_product.family, "params": dataclasses.asdict(best_product.params),
+                                 "measured_ms": measured})
     return best_product
