@@ -213,7 +213,7 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
     return SpgemmRow(**base, nnz_c=int(C.nnz), ours_ms=ours, ours_numeric_ms=numeric, cusparse_ms=ms,
                      speedup=None if ms is None or not status.startswith("ok") else ms / ours,
                      cusparse_status=status, ours_correct=correct, check=how, gflops=2 * products / ours / 1e6,
-                     plan=f.explain(), predicted_ms={k: round(v, 4) for k, v in f.plan.predicted_ms.items()},
+                     plan=f"{f.family} {f.params}", predicted_ms={k: round(v, 4) for k, v in f.plan.predicted_ms.items()},
                      family_ms=family_ms, pick_within_10pct=ours <= 1.1 * min(measured),
                      peak_device_bytes=f.peak_bytes)
 

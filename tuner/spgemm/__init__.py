@@ -79,6 +79,29 @@ class SpgemmPlan:
     reason: str = ""
 
 
+def describe(plan: SpgemmPlan) -> str:
+    """Why this family: the choice and its reason, what the model knew, each family's prediction and, after
+    ``tune='measure'``, the fastest measured candidates.
+
+    Example:
+        >>> print(describe(SpgemmPlan("row_hash", RowHashParams(lanes=64), {"outer_product": 2.0, "row_hash": 1.5},
+        ...                           rates="measured", reason="lowest predicted time")).splitlines()[2])
+          row_hash            1.500 ms predicted
+    """
+    lines = [f"{plan.family} {plan.params}: {plan.reason}"]
+    s = plan.stats
+    if s is not None:
+        lines.append(f"C = A B: {s.n_rows:,} x {s.n_cols:,}, {s.products:,} products, nnz(C) "
+                     f"{'' if s.exact else 'about '}{s.nnz_c:,.0f}; rates {plan.rates}")
+    else:
+        lines.append(f"rates {plan.rates}" if plan.rates else "no model statistics (parameters given)")
+    for family, ms in sorted(plan.predicted_ms.items(), key=lambda kv: kv[1]):
+        lines.append(f"  {family:<16} {ms:8.3f} ms predicted")
+    for candidate, ms in sorted(plan.measured_ms.items(), key=lambda kv: kv[1])[:5]:
+        lines.append(f"  {ms:8.3f} ms measured  {candidate}")
+    return "\n".join(lines)
+
+
 def plan_stats(a, b, params: RowHashParams, shared_limit: int) -> model.ProductStats:
     """The model's view of C = A B for row_hash's bins at ``params`` (and outer_product's keys).
 

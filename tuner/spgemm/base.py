@@ -101,8 +101,11 @@ class Product:
         return c if out == "device" else c.to_scipy(self)
 
     def explain(self) -> str:
-        """One line: the family and its parameters."""
-        return f"{self.family} {self.params}"
+        """Why this family (see :func:`tuner.spgemm.describe`): the choice, the model's view, each family's
+        prediction and any measurements."""
+        from . import describe
+        plan = getattr(self, "plan", None)
+        return describe(plan) if plan is not None else f"{self.family} {self.params}"
 
     def _new_values(self, A, B) -> None:
         if self.value_free:
