@@ -375,6 +375,7 @@ def test_measured_tuning_keeps_the_fastest_candidate_and_the_model_plans():
     assert fastest == f"{f.family} {f.params}"
     g = tuner.compile(A, A)
     assert g.plan.family in FAMILIES and set(g.plan.predicted_ms) == set(FAMILIES)
+    assert g.explain().count("ms predicted") == len(FAMILIES) and "ms measured" in f.explain()
     expected = A.astype(np.float64) @ A.astype(np.float64)
     assert abs(f() - expected).max() <= 1e-5 * abs(expected).max()
 
@@ -484,3 +485,36 @@ def test_a_second_measured_compile_of_the_same_pair_reuses_the_choice():
     assert again.plan.measured_ms == first.plan.measured_ms
     expected = A.astype(np.float64) @ A.astype(np.float64)
     assert abs(again() - expected).max() <= 1e-5 * abs(expected).max()
+
+
+def test_phase_times_are_each_repeat_s_own_not_running_sums():
+    from tuner.spgemm import measure
+
+    class Fake:  # a call starts its own `seconds`; this symbolic() adds to them, as RowHash's once did
+        family = "row_hash"
+
+        def __init__(self):
+            self.seconds = {}
+
+        def symbolic(self):
+            self.seconds["symbolic_shared"] = self.seconds.get("symbolic_shared", 0.0) + 0.001
+
+        def __call__(self, out):
+            self.seconds = {"numeric_shared": 0.002, "csr": 0.0005}
+
+    ms = measure.phase_ms(Fake(), 5)
+    assert ms == {"hash.symbolic_shared": pytest.approx(1.0), "hash.numeric_shared": pytest.approx(2.0),
+                  "hash.rows": pytest.approx(0.5)}
+
+
+def test_report_predicts_again_with_the_current_model_on_the_cpu(tmp_path):
+    from tuner import report_spgemm
+    bench = {"gpu": {"name": "NVIDIA H100 80GB HBM3"}, "rows": [
+        {"name": "rmat:8", "op": "AA", "plan": "outer_product P()", "predicted_ms": {"outer_product": 99.0},
+         "family_ms": {"outer_product": 0.2, "row_hash": 0.3}},
+        {"name": "rmat:9", "op": "AA", "plan": "", "predicted_ms": {}, "family_ms": {}}]}
+    again = report_spgemm.repredict(bench, tmp_path, None)
+    first = again["rows"][0]
+    assert set(first["predicted_ms"]) == set(FAMILIES) and first["predicted_ms"]["outer_product"] != 99.0
+    assert first["plan"] == f"{min(first['predicted_ms'], key=first['predicted_ms'].get)} (repredicted)"
+    assert again["rows"][1] == bench["rows"][1] and again["repredicted_with"].startswith("reference rates")

@@ -47,6 +47,7 @@ class SpgemmRow:
             chosen family is within 10 % of the fastest measured.
         peak_device_bytes: the most device memory our call needed (operands, tables, output, CUB's storage).
         power_law: False for the finite-element and circuit controls.
+        source: the matrix source (file or generator spec) A came from.
     """
 
     name: str
@@ -69,6 +70,7 @@ class SpgemmRow:
     peak_device_bytes: int | None
     power_law: bool
     error: str | None = None
+    source: str = ""
 
 
 def default_suite(data_dir=None) -> list[tuple[str, str]]:
@@ -182,7 +184,7 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
     B = A if op == "AA" else A.T.tocsr()
     products = int(row_products(A.indptr, A.indices, B.indptr).sum())
     name = loaders.display_name(source)
-    base = dict(name=name, op=op, nnz=int(A.nnz), products=products,
+    base = dict(name=name, op=op, nnz=int(A.nnz), products=products, source=str(source),
                 power_law=not any(name.startswith(n) for n in NOT_POWER_LAW))
     try:
         f = compile_spgemm(A, B, cache_dir=cache_dir)

@@ -176,7 +176,12 @@ def cmd_report(args) -> int:
     bar = lambda s: tqdm(s, desc="report", unit="matrix", file=sys.stderr)  # noqa: E731
     if args.spgemm:
         from . import report_spgemm
-        path, summary = report_spgemm.run(Path(args.spgemm), Path(args.out) if args.out else None)
+        prof = None
+        if args.repredict:
+            bench_gpu = json.loads(Path(args.spgemm).read_text()).get("gpu", {}).get("name", "")
+            prof = load_profile(bench_gpu, args.profile or Path(args.spgemm).parent / "profile.json")
+        path, summary = report_spgemm.run(Path(args.spgemm), Path(args.out) if args.out else None,
+                                          loaders.data_dir_or_error(args.data_dir), prof, args.repredict)
         mdape = ", ".join(f"{f} {100 * e:.0f} %" for f, e in summary["mdape"].items() if e is not None)
         print(f"SpGEMM model: MdAPE {mdape}; its pick the fastest on {summary['fastest']} of {summary['picks']} "
               f"products, within 10 % on {summary['within_10pct']}; regret median {summary['regret_median']:.2f}x, "
@@ -345,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spgemm", default=None, metavar="BENCH_JSON",
                    help="the SpGEMM model instead: each family's prediction against its measured time in a "
                         "bench-spgemm.json (written by `bench`); writes report-spgemm.csv and .json beside it or in "
-                        "--out (no GPU)")
+                        "--out (no GPU). With --repredict, the current model predicts again (the graphs loaded "
+                        "from --data-dir, --profile or the profile.json beside the file)")
     p.add_argument("--repredict", action="store_true",
                    help="with --from-csv: predict every candidate again with the current model and --profile "
                         "(default: profile.json beside the CSV) and time each matrix's planning again, here; no "

@@ -34,9 +34,9 @@ KEY_BYTES = 8  # outer_product's (row * n_cols + column) keys
 # device memory or L2.
 REFERENCE_BANDWIDTH_GBS = 3006.0
 REFERENCE_RATES = {
-    "outer.csr": 1.19e-09, "outer.expand": 3.01e-09, "outer.reduce": 6.78e-10, "outer.sort": 9.14e-10,
-    "hash.rows": 0.000127, "hash.symbolic_global": 6.13e-08, "hash.symbolic_shared": 1.75e-07,
-    "hash.numeric_global": 1.66e-07, "hash.numeric_shared": 1.92e-07, "hash.sort": 1.76e-08,
+    "outer.csr": 1.192e-09, "outer.expand": 3.008e-09, "outer.reduce": 6.776e-10, "outer.sort": 9.142e-10,
+    "hash.rows": 4.224e-05, "hash.symbolic_global": 2.042e-08, "hash.symbolic_shared": 5.844e-08,
+    "hash.numeric_global": 5.539e-08, "hash.numeric_shared": 6.396e-08, "hash.sort": 5.874e-09,
 }
 
 

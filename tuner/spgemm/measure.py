@@ -32,17 +32,17 @@ def phase_ms(product, repeats: int) -> dict[str, float]:
     """Median ms of each model phase over ``repeats`` whole products (symbolic phase included)."""
     runs = []
     for _ in range(repeats):
+        seconds = {}
         if hasattr(product, "symbolic"):
             product.symbolic()
-            first = dict(product.seconds)
-            product(out="device")
-            product.seconds.update({k: v + product.seconds.get(k, 0.0) for k, v in first.items()})
-        else:
-            product(out="device")
+            seconds.update({k: v for k, v in product.seconds.items() if k.startswith("symbolic")})
+        product(out="device")  # a call starts its own ``seconds``
+        for name, s in product.seconds.items():
+            seconds[name] = seconds.get(name, 0.0) + s
         ms: dict[str, float] = {}
         for name, phase in PHASES[product.family].items():
-            if name in product.seconds:
-                ms[phase] = ms.get(phase, 0.0) + product.seconds[name] * 1e3
+            if name in seconds:
+                ms[phase] = ms.get(phase, 0.0) + seconds[name] * 1e3
         runs.append(ms)
     return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
 

@@ -181,8 +181,9 @@ class RowHash(Product):
     def symbolic(self) -> None:
         """Size C: count every row's entries, build the row pointer and the numeric phase's bins. The first call
         runs it; call it again to time a whole product (symbolic and numeric) as a fresh pair would take.
-        Its phases (symbolic_shared, symbolic_global, symbolic_rest) go into ``seconds``."""
+        Its phases (symbolic_shared, symbolic_global, symbolic_rest) start ``seconds`` afresh."""
         gpu.synchronize()
+        self.seconds = {}
         self._t = time.perf_counter()
         n_rows, n_cols = self.shape
         lay, ks = self.symbolic_layout, self.col_dtype.itemsize
