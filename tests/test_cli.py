@@ -18,7 +18,7 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(gpu, "unavailable_reason", lambda: "test: pretend there is no device")
 
 
-@pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"], ["spgemm", "--help"]])
 def test_every_command_explains_itself(args):
     proc = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
     assert proc.returncode == 0
@@ -187,3 +187,12 @@ def test_report_repredict_rewrites_predictions_from_a_csv_without_gpu(tmp_path, 
     assert meta["matrices"]["rmat:9"]["planning_seconds"] > 0 and meta["planning_host"]["cpus"] >= 1
     assert meta["command"].startswith("python -m tuner report rmat:9 ; then python -m tuner report rmat:9 --from-csv")
     assert meta["profile_digest"] not in ("old", None) and meta["overall"]["lookup"]["mdape"] > 0
+
+
+def test_spgemm_without_gpu_gives_the_model_choice_and_refuses_mismatched_shapes(no_gpu, capsys):
+    assert cli.main(["spgemm", "rmat:9", "--transpose"]) == cli.NO_GPU_EXIT
+    out = capsys.readouterr().out
+    assert "the model's choice for NVIDIA H100 80GB HBM3" in out and "products, nnz(C)" in out
+    assert out.count("ms predicted") == 2 and "No CUDA GPU present" in out
+    assert cli.main(["spgemm", "rmat:10", "rmat:9"]) == 2
+    assert "A has 1024 columns but B has 512 rows" in capsys.readouterr().err

@@ -81,6 +81,45 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_spgemm(args) -> int:
+    from scipy import sparse
+
+    from . import spgemm
+    from .loaders import load
+    from .matrix import canonicalize
+    A = load(args.a)
+    B = load(args.b) if args.b else A
+    B = B.T.tocsr() if args.transpose else B
+    if not gpu.available():
+        from .model import load_profile
+        from .spgemm.row_hash import shared_limit
+        print(_no_gpu_banner().splitlines()[0], flush=True)
+        prof = load_profile(args.gpu, args.profile)
+        a, b = canonicalize(A, args.dtype), canonicalize(B, args.dtype)
+        if a.n_cols != b.n_rows:
+            raise ValueError(f"A has {a.n_cols} columns but B has {b.n_rows} rows: A B needs them equal")
+        c = prof.constants
+        plan = spgemm.model_plan(a, b, prof, shared_limit(c.get("shared_bytes_per_block", 232448),
+                                                          c.get("shared_bytes_per_sm", 233472)))
+        print(f"the model's choice for {prof.gpu.get('name', args.gpu)} (memory not checked):")
+        print(spgemm.describe(plan))
+        print("No CUDA GPU present: run this on a GPU machine to multiply.")
+        return NO_GPU_EXIT
+    from .model import load_profile
+    prof = load_profile(path=args.profile) if args.profile else None
+    t0 = time.perf_counter()
+    product = spgemm.compile_spgemm(A, B, dtype=args.dtype, tune=args.tune, profile=prof, cache_dir=args.cache_dir)
+    compiled = time.perf_counter() - t0
+    C = product()
+    print(product.explain())
+    print(f"\nC: {C.shape[0]:,} x {C.shape[1]:,}, {C.nnz:,} entries; compile {compiled:.2f} s; first call "
+          + ", ".join(f"{k} {1e3 * v:.2f} ms" for k, v in product.seconds.items()))
+    if args.out:
+        sparse.save_npz(args.out, C)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from tqdm import tqdm
 
@@ -264,6 +303,29 @@ def build_parser() -> argparse.ArgumentParser:
                         "under models/) the model predicts for (default %(default)r)")
     common(p)
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("spgemm", help="C = A B on this GPU: the family the model picks, the product, C to .npz",
+                       description="Multiply two sparse matrices on this GPU (B defaults to A; --transpose "
+                                   "multiplies by B's transpose: A·Aᵀ with one matrix). Prints why the family "
+                                   "was chosen (each family's predicted time, and the measured ones with --tune "
+                                   "measure), C's size and the first call's phases, and writes C with --out. "
+                                   "Without a GPU: the model's choice for --gpu's profile.")
+    p.add_argument("a", help=MATRIX_HELP)
+    p.add_argument("b", nargs="?", default=None, help="the right operand (default: A)")
+    p.add_argument("--transpose", action="store_true", help="multiply by the right operand's transpose")
+    p.add_argument("--dtype", choices=["float32", "float64"], default=None,
+                   help="value type (default: the wider of the operands'; integers become float32)")
+    p.add_argument("--tune", choices=["model", "measure"], default="model",
+                   help="model: the model's family (default); measure: time every candidate, keep (and cache) "
+                        "the fastest")
+    p.add_argument("--profile", default=None, help="GPU profile (default: models/<gpu-slug>/profile.json)")
+    p.add_argument("--gpu", default=OFFLINE_GPU, help="without a GPU: whose profile the model predicts for "
+                                                       "(default %(default)r)")
+    p.add_argument("--out", default=None, help="write C here (SciPy .npz)")
+    p.add_argument("--cache-dir", default=None,
+                   help="binary and plan cache (default: $TUNER_CACHE_DIR, cache/ of a checkout, or "
+                        "~/.cache/sparse-tuner)")
+    p.set_defaults(func=cmd_spgemm)
 
     p = sub.add_parser("bench", help="time tuned kernels against cuSPARSE on a suite; print a table, write JSON",
                        description="Benchmark tuned SpMV against cuSPARSE (best of CSR and COO through "

@@ -22,7 +22,7 @@ from .outer_product import OuterProduct, OuterProductParams, device_bytes, key_b
 from .row_hash import RowHash, RowHashParams, geometry, shared_limit
 
 __all__ = ["FAMILIES", "DeviceCSR", "DeviceMemoryError", "OuterProductParams", "RowHashParams", "SpgemmPlan",
-           "compile_spgemm", "device_bytes", "key_bits", "operands", "plan_stats"]
+           "compile_spgemm", "describe", "device_bytes", "key_bits", "model_plan", "operands", "plan_stats"]
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,31 @@ def params_from_json(family: str, fields: dict):
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
+def model_plan(a: CanonicalMatrix, b: CanonicalMatrix, profile, shared_bytes: int,
+               free_bytes: int | None = None) -> SpgemmPlan:
+    """The model's choice for C = A B (no GPU needed): each family predicted from :func:`plan_stats` and the
+    profile's rates; among the families whose working memory fits ``free_bytes`` (all, when None) the
+    fastest predicted, row_hash with the lanes :func:`~tuner.model.spgemm.lanes_for` gives.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> a = canonicalize(sp.random(200, 200, density=0.05, format="csr", random_state=0))
+        >>> p = model_plan(a, a, None, 116736)
+        >>> sorted(p.predicted_ms) == sorted(FAMILIES), p.family in FAMILIES
+        (True, True)
+    """
+    stats = plan_stats(a, b, RowHashParams(), shared_bytes)
+    rates = model.rates_from(profile)
+    predicted = {name: model.predict(name, stats, rates) for name in FAMILIES}
+    fits = [f for f in predicted if free_bytes is None or model.working_bytes(f, stats) <= free_bytes] or [
+        min(predicted, key=lambda f: model.working_bytes(f, stats))]  # none fits: the smallest says why
+    best = min(fits, key=predicted.get)
+    params = RowHashParams(lanes=model.lanes_for(stats)) if best == "row_hash" else FAMILIES[best].params()
+    where = "" if free_bytes is None else " of the families whose working memory fits"
+    return SpgemmPlan(best, params, predicted, stats=stats, rates=rates.source,
+                      reason=f"lowest predicted time ({predicted[best]:.3f} ms){where}")
+
+
 def _time_whole(product: Product, repeats: int) -> float:
     """Median ms of a whole product (the symbolic phase rerun first where the family has one), C on the device."""
     times = []
@@ -196,26 +221,19 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
             profile = load_profile(info.name)
         except (FileNotFoundError, ValueError):
             profile = None
-    stats = plan_stats(a, b, RowHashParams(), shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm))
-    rates = model.rates_from(profile)
-    predicted = {name: model.predict(name, stats, rates) for name in FAMILIES}
+    plan = model_plan(a, b, profile, shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm),
+                      gpu.free_memory())
+    stats, predicted = plan.stats, plan.predicted_ms
     if tune == "model":
-        free = gpu.free_memory()
-        fits = [f for f in predicted if model.working_bytes(f, stats) <= free] or [
-            min(predicted, key=lambda f: model.working_bytes(f, stats))]  # none fits: the smallest says why
-        best = min(fits, key=predicted.get)
-        chosen = RowHashParams(lanes=model.lanes_for(stats)) if best == "row_hash" else FAMILIES[best].params()
-        product = FAMILIES[best].build(a, b, chosen, cache)
-        product.plan = SpgemmPlan(best, product.params, predicted, stats=stats, rates=rates.source,
-                                  reason=f"lowest predicted time ({predicted[best]:.3f} ms) of the families whose "
-                                         f"working memory fits")
+        product = FAMILIES[plan.family].build(a, b, plan.params, cache)
+        product.plan = plan
         return product
     key = measured_plan_key(a, b, info.name, info.capability)
     cached = cache.get_json("plan", key)
     if cached is not None and cached.get("family") in FAMILIES:
         product = FAMILIES[cached["family"]].build(a, b, params_from_json(cached["family"], cached["params"]), cache)
         product.plan = SpgemmPlan(product.family, product.params, predicted, cached.get("measured_ms", {}), stats,
-                                  rates.source, "fastest measured earlier (plan cache)")
+                                  plan.rates, "fastest measured earlier (plan cache)")
         return product
     measured, best_product, best_ms = {}, None, float("inf")
     for family in FAMILIES.values():
@@ -226,7 +244,7 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
             if ms < best_ms:
                 best_product, best_ms = candidate, ms
     best_product.plan = SpgemmPlan(best_product.family, best_product.params, predicted, measured, stats,
-                                   rates.source, f"fastest measured ({best_ms:.3f} ms)")
+                                   plan.rates, f"fastest measured ({best_ms:.3f} ms)")
     cache.put_json("plan", key, {"family": best_product.family, "params": dataclasses.asdict(best_product.params),
                                  "measured_ms": measured})
     return best_product
