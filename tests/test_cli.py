@@ -196,3 +196,15 @@ def test_spgemm_without_gpu_gives_the_model_choice_and_refuses_mismatched_shapes
     assert out.count("ms predicted") == 2 and "No CUDA GPU present" in out
     assert cli.main(["spgemm", "rmat:10", "rmat:9"]) == 2
     assert "A has 1024 columns but B has 512 rows" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_spgemm_on_the_gpu_writes_c_and_explains_the_family(capsys, tmp_path):
+    import scipy.sparse as sp
+    from tuner import loaders
+    assert cli.main(["spgemm", "rmat:10", "--transpose", "--out", str(tmp_path / "c.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "ms predicted" in out and "entries; compile" in out
+    A = loaders.load("rmat:10").astype(np.float64)
+    C = sp.load_npz(tmp_path / "c.npz")
+    assert abs(C - A @ A.T).max() == 0  # pattern operands: entries count paths exactly
