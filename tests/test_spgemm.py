@@ -518,3 +518,17 @@ def test_report_predicts_again_with_the_current_model_on_the_cpu(tmp_path):
     assert set(first["predicted_ms"]) == set(FAMILIES) and first["predicted_ms"]["outer_product"] != 99.0
     assert first["plan"] == f"{min(first['predicted_ms'], key=first['predicted_ms'].get)} (repredicted)"
     assert again["rows"][1] == bench["rows"][1] and again["repredicted_with"].startswith("reference rates")
+
+
+def test_bench_records_a_product_too_large_for_host_memory_and_goes_on(monkeypatch):
+    from tuner import bench_spgemm
+    from tuner.memory import InsufficientMemoryError
+
+    def refuse(*args, **kwargs):
+        raise InsufficientMemoryError("C = A B in host memory", 9 * 10**9, 10**9)
+
+    monkeypatch.setattr(bench_spgemm, "compile_spgemm", refuse)
+    monkeypatch.setattr(bench_spgemm, "_cusparse", lambda *a: (None, "error: no CuPy here"))
+    row = bench_spgemm.bench_product("rmat:8", "AA")
+    assert row.ours_correct is None and "C = A B in host memory" in row.error
+    assert row.products > 0 and row.source == "rmat:8"

@@ -40,7 +40,8 @@ class SpgemmRow:
             the same structures (numeric phase only).
         cusparse_ms, speedup: cuSPARSE's time (None when it failed) and cusparse_ms / ours_ms.
         cusparse_status: 'ok', 'error: ...' or 'wrong: ...' (its result differs from the checked one).
-        ours_correct: our result checked (None where ours refused: ``error`` says why); check: how.
+        ours_correct: our result checked (None where ours refused, for device or host memory: ``error`` says
+            why); check: how.
         gflops: 2 x products / ours_ms.
         plan: the family and parameters the model chose; predicted_ms: its prediction per family;
             family_ms: each family's measured time at the model's parameters; pick_within_10pct: whether the
@@ -189,7 +190,7 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
     try:
         f = compile_spgemm(A, B, cache_dir=cache_dir)
         C = f()
-    except DeviceMemoryError as e:
+    except (DeviceMemoryError, MemoryError) as e:  # C too large for the GPU, or to check in host memory
         ms, status = _cusparse(A, B, None, False, repeats)
         return SpgemmRow(**base, nnz_c=None, ours_ms=None, ours_numeric_ms=None, cusparse_ms=ms, speedup=None,
                          cusparse_status=status, ours_correct=None,
