@@ -205,7 +205,7 @@ def cmd_profile(args) -> int:
 def cmd_report(args) -> int:
     from tqdm import tqdm
 
-    from . import bench, report
+    from . import report
     from .model import load_profile
     command = args.command_line
     if args.rounds < 1:

@@ -14,13 +14,13 @@ import ctypes
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
+import scipy.sparse as sp  # noqa: F401 - the examples use it
 
 from .. import codegen, gpu
 from ..cache import Cache
 from ..families.base import CTYPES
 from ..formats.wlt import WorkloadTable, workload_table
-from ..matrix import INT32_MAX, CanonicalMatrix, MatrixError, canonicalize
+from ..matrix import INT32_MAX, CanonicalMatrix, MatrixError, canonicalize  # noqa: F401 - examples
 from .base import DeviceCSR, Product, empty_product
 
 
