@@ -1,0 +1,86 @@
+"""Several ranks: the bitonic row partition's balance and the distributed SpMV over an in-process group of
+ranks (each rank multiplying its rows with SciPy: the GPU path needs the MPI + NCCL communicator)."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tuner.distributed import DistributedSpMV, LocalGroup, bitonic_partition
+from tuner.matrix import MatrixError
+
+from .conftest import fixture_matrices, power_law
+
+FIXTURES = fixture_matrices()
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 7])
+def test_bitonic_partition_balances_rows_and_non_zeros(parts):
+    A = power_law(5000, seed=51)
+    lengths = np.diff(A.indptr)
+    p = bitonic_partition(lengths, parts)
+    assert np.array_equal(np.sort(p.order), np.arange(5000))  # every row once
+    sizes = [r.size for r in p.rows]
+    assert max(sizes) - min(sizes) <= 1
+    assert np.array_equal(p.weight, [lengths[r].sum() for r in p.rows])
+    # each round moves the heaviest rank of the last round to its lightest row: the spread stays within the
+    # heaviest row
+    assert p.weight.max() - p.weight.min() <= lengths.max()
+    assert all(np.all(np.diff(r) > 0) for r in p.rows)
+    assert np.array_equal(p.position()[p.order], np.arange(5000))
+
+
+def test_bitonic_partition_refuses_bad_weights_and_counts():
+    with pytest.raises(ValueError, match="positive integer"):
+        bitonic_partition(np.ones(4), 0)
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        bitonic_partition(np.array([1.0, np.nan]), 2)
+    with pytest.raises(ValueError, match="1-D"):
+        bitonic_partition(np.ones((2, 2)), 2)
+
+
+def scipy_kernel(M):
+    return lambda x: M.astype(np.float64) @ x
+
+
+def with_dense_row_and_empty_rows():
+    A = power_law(600, seed=53).tolil()
+    A[7, :] = 1.0  # one dense row
+    A[100:140, :] = 0.0  # empty rows
+    return A.tocsr()
+
+
+@pytest.mark.parametrize("name", ["power_law", "pattern", "float64", "tiny", "dense_and_empty"])
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_distributed_spmv_equals_scipy_in_the_callers_order(name, ranks):
+    A = with_dense_row_and_empty_rows() if name == "dense_and_empty" else FIXTURES[name]
+    x = np.random.default_rng(ranks).uniform(-1, 1, A.shape[1])
+
+    def rank(comm):
+        spmv = DistributedSpMV(A, comm, local_compile=scipy_kernel)
+        y_local = spmv(spmv.scatter(x))
+        assert y_local.shape == (spmv.rows.size,)
+        return spmv.gather(y_local)
+
+    results = LocalGroup(ranks).run(rank)
+    expected = A.astype(np.float64) @ x
+    for y in results:  # every rank ends with the whole y
+        assert np.allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_distributed_spmv_refuses_a_non_square_matrix_and_a_wrong_partition():
+    A = sp.random(30, 20, density=0.2, format="csr", random_state=1)
+    with pytest.raises(MatrixError, match="must be square"):
+        LocalGroup(2).run(lambda comm: DistributedSpMV(A, comm, local_compile=scipy_kernel))
+    B = power_law(100, seed=52)
+    with pytest.raises(ValueError, match="3 parts of 100 rows; the communicator 2 ranks"):
+        LocalGroup(2).run(lambda comm: DistributedSpMV(B, comm, partition=bitonic_partition(np.ones(100), 3),
+                                                       local_compile=scipy_kernel))
+
+
+def test_an_error_on_one_rank_reaches_the_caller_without_hanging_the_others():
+    def rank(comm):
+        if comm.rank == 1:
+            raise RuntimeError("rank 1 failed")
+        comm.allgather(np.zeros(1))  # would wait for rank 1 forever without the abort
+    with pytest.raises(RuntimeError, match="rank 1 failed"):
+        LocalGroup(3).run(rank)
+    assert LocalGroup(4).run(lambda comm: comm.allreduce_sum(comm.rank + 1)) == [10.0] * 4
