@@ -84,3 +84,36 @@ def test_an_error_on_one_rank_reaches_the_caller_without_hanging_the_others():
     with pytest.raises(RuntimeError, match="rank 1 failed"):
         LocalGroup(3).run(rank)
     assert LocalGroup(4).run(lambda comm: comm.allreduce_sum(comm.rank + 1)) == [10.0] * 4
+
+
+MPI_RANK_SCRIPT = """
+import numpy as np
+from tests.conftest import power_law
+from tuner.distributed import DistributedSpMV, MpiComm
+A = power_law(2000, seed=54)
+x = np.random.default_rng(0).uniform(-1, 1, 2000)
+comm = MpiComm()
+spmv = DistributedSpMV(A, comm, local_compile=lambda M: (lambda v: M.astype(np.float64) @ v))
+y = spmv.gather(spmv(spmv.scatter(x)))
+err = float(np.abs(y - A.astype(np.float64) @ x).max())
+total = comm.allreduce_sum(spmv.rows.size)
+each = comm.allgather(np.array([spmv.rows.size, err]))
+if comm.rank == 0:
+    print("ranks", comm.size, "rows", [int(e[0]) for e in each], "all", int(total), "error", max(e[1] for e in each))
+"""
+
+
+def test_distributed_spmv_runs_as_mpi_ranks():
+    import shutil
+    import subprocess
+    import sys
+    pytest.importorskip("mpi4py")
+    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
+    if mpiexec is None:
+        pytest.skip("no mpiexec: MPI runtime not installed")
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    done = subprocess.run([mpiexec, "-n", "3", sys.executable, "-c", MPI_RANK_SCRIPT], capture_output=True,
+                          text=True, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("ranks"))
+    assert line.startswith("ranks 3 rows [667, 667, 666] all 2000 error ") and float(line.split()[-1]) <= 1e-10

@@ -1,8 +1,9 @@
-"""Products split among several ranks (issue: several GPUs): the bitonic row partition, a communicator
-interface with an in-process group, and SpMV over them. The MPI + NCCL communicator that puts the ranks on
-GPUs of their own is not written yet."""
-from .comm import Communicator, LocalGroup
+"""Products split among several ranks: the bitonic row partition, the communicator interface (an in-process
+group of threads, or MPI ranks through mpi4py with host-array collectives) and SpMV over them. Collectives
+on device arrays through NCCL, which several GPUs need to be fast, are not written yet."""
+from .comm import Communicator, LocalGroup, MpiComm
 from .partition import RowPartition, bitonic_partition
 from .spmv import DistributedSpMV, local_rows
 
-__all__ = ["Communicator", "DistributedSpMV", "LocalGroup", "RowPartition", "bitonic_partition", "local_rows"]
+__all__ = ["Communicator", "DistributedSpMV", "LocalGroup", "MpiComm", "RowPartition", "bitonic_partition",
+           "local_rows"]

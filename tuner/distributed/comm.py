@@ -2,7 +2,8 @@
 
 A communicator has a ``rank``, a ``size`` and two collectives: ``allgather`` (every rank's array, in rank
 order, to every rank) and ``allreduce_sum``. :class:`LocalGroup` runs ``size`` ranks as threads of this
-process; it is what the CPU tests use, and it runs the distributed path on one machine.
+process; it is what the CPU tests use. :class:`MpiComm` is one rank of an MPI job (mpi4py, ``mpirun -n P``),
+its collectives on host arrays.
 """
 from __future__ import annotations
 
@@ -74,3 +75,32 @@ class _LocalComm:
 
     def allreduce_sum(self, value: float) -> float:
         return float(sum(self._group._exchange(self.rank, float(value))))
+
+
+class MpiComm:
+    """This process's rank of an MPI communicator (mpi4py's ``COMM_WORLD`` unless ``comm`` is given); every
+    rank must pass arrays of one dtype to a collective.
+
+    Example (under ``mpirun -n 2``, with mpi4py installed: the ``mpi`` extra):
+        >>> comm = MpiComm()                                          # doctest: +SKIP
+        >>> [p.tolist() for p in comm.allgather(np.arange(comm.rank + 1))]  # doctest: +SKIP
+        [[0], [0, 1]]
+    """
+
+    def __init__(self, comm=None):
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            raise ImportError("MpiComm needs mpi4py (pip install 'sparse-tuner[mpi]') and an MPI runtime") from e
+        self._comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
+
+    def allgather(self, part: np.ndarray) -> list:
+        part = np.ascontiguousarray(part)
+        counts = np.asarray(self._comm.allgather(part.size), dtype=np.int64)
+        out = np.empty(int(counts.sum()), dtype=part.dtype)
+        self._comm.Allgatherv(part, [out, counts])
+        return np.split(out, np.cumsum(counts)[:-1])
+
+    def allreduce_sum(self, value: float) -> float:
+        return float(self._comm.allreduce(float(value)))
