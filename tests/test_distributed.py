@@ -117,3 +117,73 @@ def test_distributed_spmv_runs_as_mpi_ranks():
     assert done.returncode == 0, done.stderr[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("ranks"))
     assert line.startswith("ranks 3 rows [667, 667, 666] all 2000 error ") and float(line.split()[-1]) <= 1e-10
+
+
+def scipy_product(M, B):
+    return lambda: (M.astype(np.float64) @ B.astype(np.float64)).tocsr()
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_distributed_spgemm_gathers_c_in_the_callers_row_order(ranks):
+    from tuner.distributed import DistributedSpGEMM
+    A = with_dense_row_and_empty_rows()
+    for B in (A, A.T.tocsr(), power_law(600, 90, seed=55)):
+        def rank(comm):
+            f = DistributedSpGEMM(A, B, comm, local_compile=scipy_product)
+            part = f()
+            assert part.shape == (f.rows.size, B.shape[1])
+            return f.gather(part)
+        expected = (A.astype(np.float64) @ B.astype(np.float64)).tocsr()
+        for C in LocalGroup(ranks).run(rank):
+            assert C.shape == expected.shape and abs(C - expected).max() <= 1e-12 * abs(expected).max()
+            assert np.array_equal(np.diff(C.indptr), np.diff(expected.indptr))
+
+
+def test_distributed_spgemm_balances_products_not_rows():
+    from tuner.distributed import DistributedSpGEMM
+    from tuner.formats.row_bins import row_products
+    A = power_law(3000, seed=56)
+    f = LocalGroup(4).run(lambda comm: DistributedSpGEMM(A, A, comm, local_compile=scipy_product).partition)[0]
+    products = row_products(A.indptr, A.indices, A.indptr)
+    assert np.array_equal(f.weight, [products[r].sum() for r in f.rows])
+    assert f.weight.max() - f.weight.min() <= products.max()
+    with pytest.raises(MatrixError, match="A has 3000 columns but B has 20 rows"):
+        LocalGroup(2).run(lambda comm: DistributedSpGEMM(A, sp.eye(20, format="csr"), comm,
+                                                         local_compile=scipy_product))
+
+
+MPI_GPU_SCRIPT = """
+import numpy as np
+from tests.conftest import power_law
+from tuner.distributed import DistributedSpGEMM, DistributedSpMV, MpiComm
+A = power_law(3000, seed=57)
+x = np.random.default_rng(1).uniform(-1, 1, 3000)
+comm = MpiComm()
+spmv = DistributedSpMV(A, comm)  # each rank's rows through the tuned SpMV on the GPU
+y = spmv.gather(spmv(spmv.scatter(x)))
+ref = A.astype(np.float64) @ x
+f = DistributedSpGEMM(A, A.T.tocsr(), comm)  # and through the tuned SpGEMM
+C = f.gather(f())
+E = (A.astype(np.float64) @ A.T.astype(np.float64)).tocsr()
+errs = comm.allgather(np.array([np.abs(y - ref).max() / np.abs(ref).max(), abs(C - E).max() / abs(E).max()]))
+if comm.rank == 0:
+    print("ranks", comm.size, "errors", max(e[0] for e in errs), max(e[1] for e in errs))
+"""
+
+
+@pytest.mark.gpu
+def test_two_mpi_ranks_on_one_gpu_multiply_with_the_tuned_kernels():
+    import shutil
+    import subprocess
+    import sys
+    pytest.importorskip("mpi4py")
+    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
+    if mpiexec is None:
+        pytest.skip("no mpiexec: MPI runtime not installed")
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", MPI_GPU_SCRIPT], capture_output=True,
+                          text=True, cwd=root, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("ranks"))
+    spmv_err, spgemm_err = (float(v) for v in line.split()[-2:])
+    assert line.startswith("ranks 2 errors") and spmv_err <= 1e-5 and spgemm_err <= 1e-5
