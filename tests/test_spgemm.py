@@ -490,7 +490,7 @@ def test_a_second_measured_compile_of_the_same_pair_reuses_the_choice():
 def test_phase_times_are_each_repeat_s_own_not_running_sums():
     from tuner.spgemm import measure
 
-    class Fake:  # a call starts its own `seconds`; this symbolic() adds to them, as RowHash's once did
+    class Fake:  # a call starts its own `seconds`; this symbolic() adds to those of the last call
         family = "row_hash"
 
         def __init__(self):
