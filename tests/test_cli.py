@@ -18,7 +18,8 @@ def no_gpu(monkeypatch):
     monkeypatch.setattr(gpu, "unavailable_reason", lambda: "test: pretend there is no device")
 
 
-@pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"], ["spgemm", "--help"]])
+@pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"], ["spgemm", "--help"],
+                                  ["pagerank", "--help"]])
 def test_every_command_explains_itself(args):
     proc = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
     assert proc.returncode == 0
@@ -208,3 +209,16 @@ def test_spgemm_on_the_gpu_writes_c_and_explains_the_family(capsys, tmp_path):
     A = loaders.load("rmat:10").astype(np.float64)
     C = sp.load_npz(tmp_path / "c.npz")
     assert abs(C - A @ A.T).max() == 0  # pattern operands: entries count paths exactly
+
+
+def test_pagerank_without_gpu_iterates_on_the_host_and_writes_every_rank(no_gpu, capsys, tmp_path):
+    import tuner
+    out = tmp_path / "pr.npy"
+    assert cli.main(["pagerank", "rmat:9", "--top", "3", "--tol-rule", "per_node", "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "iterating on the host with SciPy" in printed.err and "per_node rule" in printed.out
+    x = np.load(out)
+    assert np.array_equal(x, tuner.pagerank(tuner.load("rmat:9"), tol_rule="per_node", backend="scipy"))
+    best = int(np.argmax(x))
+    assert f"    1 {best:>12} " in printed.out
+    assert cli.main(["pagerank", "rmat:9", "--backend", "tuned"]) == cli.NO_GPU_EXIT

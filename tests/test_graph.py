@@ -1,0 +1,108 @@
+"""Graph algorithms against NetworkX: PageRank with the same semantics on real and generated graphs, on the
+host (backend 'scipy') here and through the tuned SpMV on a GPU."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import tuner
+from tuner.graph import ConvergenceError
+from tuner.matrix import MatrixError
+
+from .conftest import REAL, power_law
+
+nx = pytest.importorskip("networkx")
+
+SMALL_REAL = [p for p in REAL if p.name in ("wiki-Vote.npz", "email-Enron.npz", "cit-HepPh.npz",
+                                            "musae-facebook.npz", "bcsstk16.npz")]
+
+
+def graph(n, seed):
+    """A power-law graph with positive edge weights."""
+    return abs(power_law(n, seed=seed))
+
+
+def as_networkx(A, weighted=True):
+    G = nx.from_scipy_sparse_array(sp.csr_matrix(A), create_using=nx.DiGraph)
+    if not weighted:
+        for _, _, data in G.edges(data=True):
+            data["weight"] = 1.0
+    return G
+
+
+def ranks(d, n):
+    return np.array([d[i] for i in range(n)])
+
+
+@pytest.mark.parametrize("path", SMALL_REAL, ids=lambda p: p.stem)
+def test_pagerank_equals_networkx_on_real_graphs(path):
+    A = tuner.load(str(path))
+    weighted = not (A.data < 0).any()  # finite-element matrices: their pattern
+    x, info = tuner.pagerank(A, weighted=weighted, backend="scipy", return_info=True)
+    expected = ranks(nx.pagerank(as_networkx(A, weighted)), A.shape[0])
+    assert np.abs(x - expected).max() <= 1e-12 and abs(x.sum() - 1) < 1e-12
+    assert info.iterations > 1 and info.backend == "scipy"
+
+
+def test_pagerank_options_follow_networkx():
+    A = graph(400, 61)
+    A = A.tolil()
+    A[5, :] = 0  # a dangling node
+    A = A.tocsr()
+    A.eliminate_zeros()
+    G = as_networkx(A)
+    rng = np.random.default_rng(0)
+    pers = {i: float(rng.uniform()) for i in range(0, 400, 3)}
+    start = {i: float(rng.uniform(0.1, 1)) for i in range(400)}
+    dang = {i: 1.0 for i in range(10)}
+    for ours, theirs in [
+        (dict(alpha=0.7), dict(alpha=0.7)),
+        (dict(personalization=pers), dict(personalization=pers)),
+        (dict(nstart=start), dict(nstart=start)),
+        (dict(dangling=dang, personalization=pers), dict(dangling=dang, personalization=pers)),
+    ]:
+        x = tuner.pagerank(A, backend="scipy", **ours)
+        assert np.abs(x - ranks(nx.pagerank(G, **theirs), 400)).max() <= 1e-12, ours
+    unweighted = tuner.pagerank(A * 3.0 + A, weighted=False, backend="scipy")
+    assert np.abs(unweighted - ranks(nx.pagerank(G, weight=None), 400)).max() <= 1e-12
+    as_array = np.zeros(400)
+    for k, v in pers.items():
+        as_array[k] = v
+    assert np.array_equal(tuner.pagerank(A, personalization=as_array, backend="scipy"),
+                          tuner.pagerank(A, personalization=pers, backend="scipy"))
+
+
+def test_networkx_rule_stops_after_one_iteration_once_n_times_tol_reaches_2():
+    A = graph(2000, 62)
+    x, info = tuner.pagerank(A, tol=1e-3, backend="scipy", return_info=True)  # N x tol = 2
+    assert info.iterations == 1
+    y, strict = tuner.pagerank(A, tol=1e-3 / 2000, tol_rule="per_node", backend="scipy", return_info=True)
+    exact = tuner.pagerank(A, tol=1e-15, tol_rule="per_node", max_iter=1000, backend="scipy")
+    assert strict.iterations > 5 and np.abs(y - exact).max() < np.abs(x - exact).max() / 10
+
+
+def test_pagerank_refuses_bad_input_with_the_reason():
+    A = graph(50, 63)
+    cases = [
+        (dict(A=sp.random(5, 6, density=0.5, format="csr")), MatrixError, "square"),
+        (dict(A=sp.csr_matrix((0, 0))), MatrixError, "no nodes"),
+        (dict(A=-A), MatrixError, "non-negative"),
+        (dict(A=A, alpha=1.5), ValueError, "alpha"),
+        (dict(A=A, tol_rule="l2"), ValueError, "tol_rule"),
+        (dict(A=A, personalization={60: 1.0}), ValueError, "node 60, but the graph has nodes 0..49"),
+        (dict(A=A, personalization=np.zeros(50)), ValueError, "sums to zero"),
+        (dict(A=A, nstart=np.ones(7)), ValueError, "7 entries, the graph 50 nodes"),
+        (dict(A=A, backend="torch"), ValueError, "backend"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=message):
+            tuner.pagerank(kwargs.pop("A"), **kwargs, **({} if "backend" in kwargs else {"backend": "scipy"}))
+    with pytest.raises(ConvergenceError, match="did not converge in 2 iterations"):
+        tuner.pagerank(A, max_iter=2, tol=1e-12, backend="scipy")
+
+
+@pytest.mark.gpu
+def test_pagerank_through_the_tuned_spmv_equals_the_host_iteration():
+    A = graph(3000, 64)
+    x, info = tuner.pagerank(A, return_info=True)
+    assert info.backend == "tuned"
+    assert np.abs(x - tuner.pagerank(A, backend="scipy")).max() <= 1e-12

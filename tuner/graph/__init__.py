@@ -1,0 +1,4 @@
+"""Graph algorithms on the tuned products, with NetworkX's semantics on SciPy adjacency matrices."""
+from .pagerank import ConvergenceError, IterationInfo, pagerank
+
+__all__ = ["ConvergenceError", "IterationInfo", "pagerank"]
