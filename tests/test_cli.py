@@ -19,7 +19,7 @@ def no_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"], ["spgemm", "--help"],
-                                  ["pagerank", "--help"]])
+                                  ["pagerank", "--help"], ["hits", "--help"]])
 def test_every_command_explains_itself(args):
     proc = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
     assert proc.returncode == 0
@@ -222,3 +222,13 @@ def test_pagerank_without_gpu_iterates_on_the_host_and_writes_every_rank(no_gpu,
     best = int(np.argmax(x))
     assert f"    1 {best:>12} " in printed.out
     assert cli.main(["pagerank", "rmat:9", "--backend", "tuned"]) == cli.NO_GPU_EXIT
+
+
+def test_hits_without_gpu_multiplies_on_the_host_and_writes_both_scores(no_gpu, capsys, tmp_path):
+    import tuner
+    out = tmp_path / "hits.npy"
+    assert cli.main(["hits", "rmat:9", "--top", "2", "--out", str(out)]) == 0
+    assert "multiplying on the host with SciPy" in capsys.readouterr().err
+    h, a = tuner.hits(tuner.load("rmat:9"), backend="scipy")
+    both = np.load(out)
+    assert np.allclose(both[:, 0], h, rtol=1e-9) and np.allclose(both[:, 1], a, rtol=1e-9)

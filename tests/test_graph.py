@@ -106,3 +106,32 @@ def test_pagerank_through_the_tuned_spmv_equals_the_host_iteration():
     x, info = tuner.pagerank(A, return_info=True)
     assert info.backend == "tuned"
     assert np.abs(x - tuner.pagerank(A, backend="scipy")).max() <= 1e-12
+
+
+@pytest.mark.parametrize("path", SMALL_REAL, ids=lambda p: p.stem)
+def test_hits_equals_networkx_on_real_graphs(path):
+    A = tuner.load(str(path))
+    if (A.data < 0).any():
+        A = abs(A)  # NetworkX's singular vectors are signed where weights are
+    G = as_networkx(A)
+    hubs, authorities = nx.hits(G)
+    (h, a), info = tuner.hits(A, backend="scipy", return_info=True)
+    n = A.shape[0]
+    assert np.abs(h - ranks(hubs, n)).max() <= 1e-5 and np.abs(a - ranks(authorities, n)).max() <= 1e-5
+    assert abs(h.sum() - 1) < 1e-12 and abs(a.sum() - 1) < 1e-12 and info.iterations > 1
+
+
+def test_hits_options_and_bad_input():
+    A = graph(300, 65)
+    h, a = tuner.hits(A, backend="scipy")
+    G = as_networkx(A)
+    start = {i: float(v) for i, v in enumerate(np.random.default_rng(1).uniform(0.5, 1.5, 300))}
+    h2, a2 = tuner.hits(A, nstart=start, backend="scipy")
+    hubs, authorities = nx.hits(G, nstart=start)
+    assert np.abs(a2 - ranks(authorities, 300)).max() <= 1e-12 and np.abs(a2 - a).max() <= 1e-9
+    raw_h, raw_a = tuner.hits(A, normalized=False, backend="scipy")
+    assert abs(np.linalg.norm(raw_a) - 1) < 1e-9 and np.allclose(raw_h / raw_h.sum(), h)
+    with pytest.raises(MatrixError, match="at least two nodes and one edge"):
+        tuner.hits(sp.csr_matrix((5, 5)), backend="scipy")
+    with pytest.raises(MatrixError, match="square"):
+        tuner.hits(sp.random(4, 5, density=0.5, format="csr"), backend="scipy")

@@ -152,6 +152,37 @@ def cmd_pagerank(args) -> int:
     return 0
 
 
+def cmd_hits(args) -> int:
+    import numpy as np
+
+    from .graph import hits
+    from .loaders import load
+    backend = args.backend or ("tuned" if gpu.available() else "scipy")
+    if backend == "tuned" and not gpu.available():
+        print(_no_gpu_banner().splitlines()[0] + "\n--backend tuned multiplies on a GPU: use --backend scipy.")
+        return NO_GPU_EXIT
+    if backend == "scipy" and args.backend is None:
+        print("no CUDA GPU: multiplying on the host with SciPy (--backend scipy)", file=sys.stderr)
+    A = load(args.graph)
+    (h, a), info = hits(A, max_iter=args.max_iter, tol=args.tol, backend=backend, return_info=True)
+    print(f"HITS of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
+          f"{info.iterations} products, setup {info.seconds['setup']:.2f} s, iterations "
+          f"{info.seconds['iterations']:.2f} s, {backend}")
+    print(f"{'rank':>5} {'hub':>12} {'score':>12}   {'authority':>12} {'score':>12}")
+    hubs, auths = np.argsort(-h, kind="stable")[:args.top], np.argsort(-a, kind="stable")[:args.top]
+    for i, (u, v) in enumerate(zip(hubs, auths), 1):
+        print(f"{i:>5} {u:>12} {h[u]:>12.6g}   {v:>12} {a[v]:>12.6g}")
+    if args.out:
+        table = np.column_stack([np.arange(h.size), h, a])
+        if str(args.out).endswith(".csv"):
+            np.savetxt(args.out, table, fmt=["%d", "%.17g", "%.17g"], delimiter=",", header="node,hub,authority",
+                       comments="")
+        else:
+            np.save(args.out, table[:, 1:])
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from tqdm import tqdm
 
@@ -378,6 +409,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
     p.add_argument("--out", default=None, help="every node's rank: .npy, or .csv")
     p.set_defaults(func=cmd_pagerank)
+
+    p = sub.add_parser("hits", help="HITS hubs and authorities (NetworkX's semantics); top nodes, all to a file",
+                       description="Hubs and authorities of the graph whose edge u -> v is A[u, v], as networkx.hits "
+                                   "computes them (A's leading singular vectors by ARPACK), the products by A and "
+                                   "Aᵀ through the tuned SpMV on this GPU or SciPy on the host (--backend scipy; "
+                                   "the default without a GPU). --out writes both (.npy: two columns, or .csv).")
+    p.add_argument("graph", help=MATRIX_HELP)
+    p.add_argument("--max-iter", type=int, default=100, help="ARPACK's iterations (default %(default)s)")
+    p.add_argument("--tol", type=float, default=1e-8, help="ARPACK's tolerance (default %(default)s)")
+    p.add_argument("--backend", choices=["tuned", "scipy"], default=None,
+                   help="tuned: the tuned SpMV on the GPU (default with a GPU); scipy: on the host")
+    p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
+    p.add_argument("--out", default=None, help="hub and authority of every node: .npy, or .csv")
+    p.set_defaults(func=cmd_hits)
 
     p = sub.add_parser("bench", help="time tuned kernels against cuSPARSE on a suite; print a table, write JSON",
                        description="Benchmark tuned SpMV against cuSPARSE (best of CSR and COO through "

@@ -1,4 +1,5 @@
 """Graph algorithms on the tuned products, with NetworkX's semantics on SciPy adjacency matrices."""
+from .hits import hits
 from .pagerank import ConvergenceError, IterationInfo, pagerank
 
-__all__ = ["ConvergenceError", "IterationInfo", "pagerank"]
+__all__ = ["ConvergenceError", "IterationInfo", "hits", "pagerank"]
