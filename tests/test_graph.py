@@ -135,3 +135,11 @@ def test_hits_options_and_bad_input():
         tuner.hits(sp.csr_matrix((5, 5)), backend="scipy")
     with pytest.raises(MatrixError, match="square"):
         tuner.hits(sp.random(4, 5, density=0.5, format="csr"), backend="scipy")
+
+
+@pytest.mark.gpu
+def test_hits_through_the_tuned_spmv_equals_the_host_products():
+    A = graph(3000, 66)
+    (h, a), info = tuner.hits(A, return_info=True)
+    h2, a2 = tuner.hits(A, backend="scipy")
+    assert info.backend == "tuned" and np.abs(h - h2).max() <= 1e-9 and np.abs(a - a2).max() <= 1e-9
