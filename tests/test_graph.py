@@ -143,3 +143,21 @@ def test_hits_through_the_tuned_spmv_equals_the_host_products():
     (h, a), info = tuner.hits(A, return_info=True)
     h2, a2 = tuner.hits(A, backend="scipy")
     assert info.backend == "tuned" and np.abs(h - h2).max() <= 1e-9 and np.abs(a - a2).max() <= 1e-9
+
+
+def test_rwr_is_networkx_pagerank_personalised_on_the_seeds():
+    A = graph(500, 67)
+    G = as_networkx(A)
+    x = tuner.rwr(A, [3, 17, 17], restart=0.2, backend="scipy")  # node 17 twice: twice the restart weight
+    expected = nx.pagerank(G, alpha=0.8, personalization={3: 1.0, 17: 2.0})
+    assert np.abs(x - ranks(expected, 500)).max() <= 1e-12
+    many, infos = tuner.rwr(A, [[3], {17: 1.0, 40: 3.0}, [100, 200]], restart=0.2, backend="scipy",
+                            return_info=True)
+    assert many.shape == (500, 3) and len(infos) == 3
+    assert np.array_equal(many[:, 0], tuner.rwr(A, 3, restart=0.2, backend="scipy"))
+    assert np.array_equal(many[:, 1], tuner.rwr(A, {17: 1.0, 40: 3.0}, restart=0.2, backend="scipy"))
+    assert np.allclose(many.sum(axis=0), 1.0)
+    with pytest.raises(ValueError, match="node 600, but the graph has nodes 0..499"):
+        tuner.rwr(A, [1, 600], backend="scipy")
+    with pytest.raises(ValueError, match="restart must be in"):
+        tuner.rwr(A, 1, restart=0.0, backend="scipy")
