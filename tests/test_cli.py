@@ -19,7 +19,7 @@ def no_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"], ["spgemm", "--help"],
-                                  ["pagerank", "--help"], ["hits", "--help"]])
+                                  ["pagerank", "--help"], ["hits", "--help"], ["rwr", "--help"]])
 def test_every_command_explains_itself(args):
     proc = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
     assert proc.returncode == 0
@@ -232,3 +232,13 @@ def test_hits_without_gpu_multiplies_on_the_host_and_writes_both_scores(no_gpu, 
     h, a = tuner.hits(tuner.load("rmat:9"), backend="scipy")
     both = np.load(out)
     assert np.allclose(both[:, 0], h, rtol=1e-9) and np.allclose(both[:, 1], a, rtol=1e-9)
+
+
+def test_rwr_command_takes_seed_nodes_and_refuses_others(no_gpu, capsys, tmp_path):
+    import tuner
+    out = tmp_path / "rwr.csv"
+    assert cli.main(["rwr", "rmat:9", "--seeds", "3,40", "--out", str(out)]) == 0
+    table = np.loadtxt(out, delimiter=",", skiprows=1)
+    assert np.array_equal(table[:, 1], tuner.rwr(tuner.load("rmat:9"), [3, 40], backend="scipy"))
+    assert cli.main(["rwr", "rmat:9", "--seeds", "x"]) == 2
+    assert "--seeds takes node numbers" in capsys.readouterr().err

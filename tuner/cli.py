@@ -152,6 +152,39 @@ def cmd_pagerank(args) -> int:
     return 0
 
 
+def cmd_rwr(args) -> int:
+    import numpy as np
+
+    from .graph import rwr
+    from .loaders import load
+    backend = args.backend or ("tuned" if gpu.available() else "scipy")
+    if backend == "tuned" and not gpu.available():
+        print(_no_gpu_banner().splitlines()[0] + "\n--backend tuned multiplies on a GPU: use --backend scipy.")
+        return NO_GPU_EXIT
+    if backend == "scipy" and args.backend is None:
+        print("no CUDA GPU: iterating on the host with SciPy (--backend scipy)", file=sys.stderr)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes node numbers separated by commas, got {args.seeds!r}") from None
+    A = load(args.graph)
+    x, info = rwr(A, seeds, restart=args.restart, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
+                  backend=backend, return_info=True)
+    print(f"random walk with restart {args.restart} from {len(seeds)} seed(s) on {loaders.display_name(args.graph)}: "
+          f"{info.iterations} iterations, last change {info.error:.3g} ({args.tol_rule} rule), {backend}")
+    print(f"{'rank':>5} {'node':>12} {'probability':>12}")
+    for i, node in enumerate(np.argsort(-x, kind="stable")[:args.top], 1):
+        print(f"{i:>5} {node:>12} {x[node]:>12.6g}")
+    if args.out:
+        if str(args.out).endswith(".csv"):
+            np.savetxt(args.out, np.column_stack([np.arange(x.size), x]), fmt=["%d", "%.17g"], delimiter=",",
+                       header="node,probability", comments="")
+        else:
+            np.save(args.out, x)
+        print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_hits(args) -> int:
     import numpy as np
 
@@ -409,6 +442,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
     p.add_argument("--out", default=None, help="every node's rank: .npy, or .csv")
     p.set_defaults(func=cmd_pagerank)
+
+    p = sub.add_parser("rwr", help="random walk with restart from seed nodes; top nodes, all to a file",
+                       description="Visiting probabilities of a walk on the graph whose edge u -> v is A[u, v] "
+                                   "that returns to the seeds with probability --restart at every step (PageRank "
+                                   "personalised on the seeds), through the tuned SpMV on this GPU or SciPy on the "
+                                   "host (--backend scipy; the default without a GPU).")
+    p.add_argument("graph", help=MATRIX_HELP)
+    p.add_argument("--seeds", required=True, help="seed nodes, e.g. 0,17,42 (a node twice: twice the weight)")
+    p.add_argument("--restart", type=float, default=0.15, help="restart probability (default %(default)s)")
+    p.add_argument("--max-iter", type=int, default=100, help="most iterations (default %(default)s)")
+    p.add_argument("--tol", type=float, default=1e-6, help="tolerance (default %(default)s)")
+    p.add_argument("--tol-rule", choices=["networkx", "per_node"], default="per_node",
+                   help="per_node: stop when every node's change < tol (default); networkx: the L1 change < N x tol")
+    p.add_argument("--backend", choices=["tuned", "scipy"], default=None,
+                   help="tuned: the tuned SpMV on the GPU (default with a GPU); scipy: on the host")
+    p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
+    p.add_argument("--out", default=None, help="every node's probability: .npy, or .csv")
+    p.set_defaults(func=cmd_rwr)
 
     p = sub.add_parser("hits", help="HITS hubs and authorities (NetworkX's semantics); top nodes, all to a file",
                        description="Hubs and authorities of the graph whose edge u -> v is A[u, v], as networkx.hits "

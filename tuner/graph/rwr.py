@@ -27,13 +27,14 @@ def _seed_vector(seeds, n: int):
 
 
 def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6, weighted: bool = True,
-        tol_rule: str = "networkx", backend: str = "tuned", return_info: bool = False):
+        tol_rule: str = "per_node", backend: str = "tuned", return_info: bool = False):
     """Random walk with restart from ``seeds`` on the graph whose edge u -> v is ``A[u, v]``.
 
     ``seeds``: a node, a sequence of nodes (restarting uniformly among them), a {node: weight} dict, or a list
     of such seed sets (one column of the result each; each set is iterated on its own). Returns the visiting
     probabilities (n,) or (n, number of sets); with ``return_info`` also the :class:`IterationInfo` of each
-    set. Other arguments as :func:`~tuner.graph.pagerank.pagerank`'s.
+    set. ``tol_rule`` defaults to 'per_node' (no node's probability changes by ``tol``): NetworkX has no RWR
+    whose rule to follow. Other arguments as :func:`~tuner.graph.pagerank.pagerank`'s.
 
     Example:
         >>> import scipy.sparse as sp
