@@ -30,7 +30,7 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     Example:
         >>> A = sp.csr_matrix(np.array([[0, 1, 1], [0, 0, 1], [1, 0, 0]], dtype=float))
         >>> h, a = hits(A, backend="scipy")
-        >>> h.round(3).tolist(), a.round(3).tolist()
+        >>> (h.round(3) + 0.0).tolist(), (a.round(3) + 0.0).tolist()  # + 0.0: ARPACK may leave a -0.0
         ([0.618, 0.382, 0.0], [0.0, 0.382, 0.618])
     """
     if max_iter < 1 or tol < 0:
