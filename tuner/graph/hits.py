@@ -11,11 +11,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import scipy.sparse as sp
+import scipy.sparse as sp  # noqa: F401 - the example uses it
 from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds
 
 from ..matrix import MatrixError
-from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector
+from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, adjacency
 
 
 def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: bool = True,
@@ -35,15 +35,8 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     """
     if max_iter < 1 or tol < 0:
         raise ValueError(f"max_iter must be positive and tol non-negative, got {max_iter} and {tol}")
-    A = sp.csr_matrix(A)
-    n = A.shape[0]
-    if A.shape[0] != A.shape[1]:
-        raise MatrixError(f"an adjacency matrix is square, got {A.shape}")
-    if n == 0:
-        raise MatrixError("the graph has no nodes")
-    W = A.astype(np.float64)
-    if not np.all(np.isfinite(W.data)):
-        raise MatrixError("edge weights must be finite")
+    W = adjacency(A)
+    n = W.shape[0]
     if W.nnz == 0 or n < 2:
         raise MatrixError("HITS needs at least two nodes and one edge")
     t0 = time.perf_counter()

@@ -64,6 +64,25 @@ def _node_vector(values, n: int, what: str) -> np.ndarray:
     return v / total
 
 
+def adjacency(A) -> sp.csr_matrix:
+    """``A`` as a float64 CSR adjacency matrix, after the checks every algorithm needs: square, with nodes,
+    finite weights.
+
+    Example:
+        >>> adjacency(np.eye(2)).dtype
+        dtype('float64')
+    """
+    A = sp.csr_matrix(A)
+    if A.shape[0] != A.shape[1]:
+        raise MatrixError(f"an adjacency matrix is square, got {A.shape}")
+    if A.shape[0] == 0:
+        raise MatrixError("the graph has no nodes")
+    W = A.astype(np.float64)
+    if not np.all(np.isfinite(W.data)):
+        raise MatrixError("edge weights must be finite")
+    return W
+
+
 def _multiply(At: sp.csr_matrix, backend: str, dtype):
     if backend == "scipy":
         return lambda v: At @ v
@@ -95,14 +114,11 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
         raise ValueError(f"tol_rule must be one of {TOL_RULES}, got {tol_rule!r}")
     if max_iter < 1 or tol <= 0:
         raise ValueError(f"max_iter must be positive and tol positive, got {max_iter} and {tol}")
-    A = sp.csr_matrix(A)
-    n = A.shape[0]
-    if A.shape[0] != A.shape[1]:
-        raise MatrixError(f"an adjacency matrix is square, got {A.shape}")
-    if n == 0:
-        raise MatrixError("the graph has no nodes")
-    W = A.astype(np.float64) if weighted else sp.csr_matrix((np.ones(A.nnz), A.indices, A.indptr), shape=A.shape)
-    if W.nnz and (not np.all(np.isfinite(W.data)) or W.data.min() < 0):
+    W = adjacency(A)
+    n = W.shape[0]
+    if not weighted:
+        W = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
+    if W.nnz and W.data.min() < 0:
         raise MatrixError("edge weights must be finite and non-negative")
     t0 = time.perf_counter()
     out_weight = np.asarray(W.sum(axis=1)).ravel()
