@@ -120,49 +120,59 @@ def cmd_spgemm(args) -> int:
     return 0
 
 
-def cmd_pagerank(args) -> int:
-    import numpy as np
-
-    from .graph import pagerank
-    from .loaders import load
+def _graph_backend(args, doing: str) -> str | None:
+    """The graph command's backend: --backend, else the tuned SpMV with a GPU and SciPy without one (said on
+    stderr); None (after saying why) when --backend tuned is asked for without a GPU."""
     backend = args.backend or ("tuned" if gpu.available() else "scipy")
     if backend == "tuned" and not gpu.available():
-        print(_no_gpu_banner().splitlines()[0] + "\n--backend tuned multiplies on a GPU: use --backend scipy "
-              "for the host iteration.")
-        return NO_GPU_EXIT
+        print(_no_gpu_banner().splitlines()[0] + "\n--backend tuned multiplies on a GPU: use --backend scipy.")
+        return None
     if backend == "scipy" and args.backend is None:
-        print("no CUDA GPU: iterating on the host with SciPy (--backend scipy)", file=sys.stderr)
+        print(f"no CUDA GPU: {doing} on the host with SciPy (--backend scipy)", file=sys.stderr)
+    return backend
+
+
+def _report_scores(args, scores: dict) -> None:
+    """Print the --top nodes of each score side by side; write every node's scores to --out (.csv with a node
+    column, else .npy: the one score, or a column each)."""
+    import numpy as np
+    print(f"{'rank':>5}" + "".join(f" {'node':>12} {name:>12}" for name in scores))
+    best = [np.argsort(-x, kind="stable")[:args.top] for x in scores.values()]
+    for i, nodes in enumerate(zip(*best), 1):
+        print(f"{i:>5}" + "".join(f" {node:>12} {x[node]:>12.6g}" for node, x in zip(nodes, scores.values())))
+    if args.out:
+        columns = list(scores.values())
+        if str(args.out).endswith(".csv"):
+            np.savetxt(args.out, np.column_stack([np.arange(columns[0].size), *columns]),
+                       fmt=["%d"] + ["%.17g"] * len(columns), delimiter=",", header=",".join(["node", *scores]),
+                       comments="")
+        else:
+            np.save(args.out, columns[0] if len(columns) == 1 else np.column_stack(columns))
+        print(f"wrote {args.out}")
+
+
+def cmd_pagerank(args) -> int:
+    from .graph import pagerank
+    from .loaders import load
+    backend = _graph_backend(args, "iterating")
+    if backend is None:
+        return NO_GPU_EXIT
     A = load(args.graph)
     x, info = pagerank(A, alpha=args.alpha, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
                        weighted=not args.unweighted, backend=backend, return_info=True)
     print(f"PageRank of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
           f"{info.iterations} iterations, last change {info.error:.3g} ({args.tol_rule} rule), setup "
           f"{info.seconds['setup']:.2f} s, iterations {info.seconds['iterations']:.2f} s, {backend}")
-    top = np.argsort(-x, kind="stable")[:args.top]
-    print(f"{'rank':>5} {'node':>12} {'pagerank':>12}")
-    for i, node in enumerate(top, 1):
-        print(f"{i:>5} {node:>12} {x[node]:>12.6g}")
-    if args.out:
-        if str(args.out).endswith(".csv"):
-            np.savetxt(args.out, np.column_stack([np.arange(x.size), x]), fmt=["%d", "%.17g"], delimiter=",",
-                       header="node,pagerank", comments="")
-        else:
-            np.save(args.out, x)
-        print(f"wrote {args.out}")
+    _report_scores(args, {"pagerank": x})
     return 0
 
 
 def cmd_rwr(args) -> int:
-    import numpy as np
-
     from .graph import rwr
     from .loaders import load
-    backend = args.backend or ("tuned" if gpu.available() else "scipy")
-    if backend == "tuned" and not gpu.available():
-        print(_no_gpu_banner().splitlines()[0] + "\n--backend tuned multiplies on a GPU: use --backend scipy.")
+    backend = _graph_backend(args, "iterating")
+    if backend is None:
         return NO_GPU_EXIT
-    if backend == "scipy" and args.backend is None:
-        print("no CUDA GPU: iterating on the host with SciPy (--backend scipy)", file=sys.stderr)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
@@ -172,47 +182,22 @@ def cmd_rwr(args) -> int:
                   backend=backend, return_info=True)
     print(f"random walk with restart {args.restart} from {len(seeds)} seed(s) on {loaders.display_name(args.graph)}: "
           f"{info.iterations} iterations, last change {info.error:.3g} ({args.tol_rule} rule), {backend}")
-    print(f"{'rank':>5} {'node':>12} {'probability':>12}")
-    for i, node in enumerate(np.argsort(-x, kind="stable")[:args.top], 1):
-        print(f"{i:>5} {node:>12} {x[node]:>12.6g}")
-    if args.out:
-        if str(args.out).endswith(".csv"):
-            np.savetxt(args.out, np.column_stack([np.arange(x.size), x]), fmt=["%d", "%.17g"], delimiter=",",
-                       header="node,probability", comments="")
-        else:
-            np.save(args.out, x)
-        print(f"wrote {args.out}")
+    _report_scores(args, {"probability": x})
     return 0
 
 
 def cmd_hits(args) -> int:
-    import numpy as np
-
     from .graph import hits
     from .loaders import load
-    backend = args.backend or ("tuned" if gpu.available() else "scipy")
-    if backend == "tuned" and not gpu.available():
-        print(_no_gpu_banner().splitlines()[0] + "\n--backend tuned multiplies on a GPU: use --backend scipy.")
+    backend = _graph_backend(args, "multiplying")
+    if backend is None:
         return NO_GPU_EXIT
-    if backend == "scipy" and args.backend is None:
-        print("no CUDA GPU: multiplying on the host with SciPy (--backend scipy)", file=sys.stderr)
     A = load(args.graph)
     (h, a), info = hits(A, max_iter=args.max_iter, tol=args.tol, backend=backend, return_info=True)
     print(f"HITS of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
           f"{info.iterations} products, setup {info.seconds['setup']:.2f} s, iterations "
           f"{info.seconds['iterations']:.2f} s, {backend}")
-    print(f"{'rank':>5} {'hub':>12} {'score':>12}   {'authority':>12} {'score':>12}")
-    hubs, auths = np.argsort(-h, kind="stable")[:args.top], np.argsort(-a, kind="stable")[:args.top]
-    for i, (u, v) in enumerate(zip(hubs, auths), 1):
-        print(f"{i:>5} {u:>12} {h[u]:>12.6g}   {v:>12} {a[v]:>12.6g}")
-    if args.out:
-        table = np.column_stack([np.arange(h.size), h, a])
-        if str(args.out).endswith(".csv"):
-            np.savetxt(args.out, table, fmt=["%d", "%.17g", "%.17g"], delimiter=",", header="node,hub,authority",
-                       comments="")
-        else:
-            np.save(args.out, table[:, 1:])
-        print(f"wrote {args.out}")
+    _report_scores(args, {"hub": h, "authority": a})
     return 0
 
 
