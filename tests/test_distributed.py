@@ -103,7 +103,10 @@ if comm.rank == 0:
 """
 
 
-def test_distributed_spmv_runs_as_mpi_ranks():
+def run_as_mpi_ranks(script: str, ranks: int, timeout: int) -> str:
+    """The line starting 'ranks' that ``script`` prints when run as ``ranks`` MPI processes from the checkout
+    (skips where mpi4py or an MPI runtime is missing)."""
+    import pathlib
     import shutil
     import subprocess
     import sys
@@ -111,11 +114,15 @@ def test_distributed_spmv_runs_as_mpi_ranks():
     mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
     if mpiexec is None:
         pytest.skip("no mpiexec: MPI runtime not installed")
-    root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    done = subprocess.run([mpiexec, "-n", "3", sys.executable, "-c", MPI_RANK_SCRIPT], capture_output=True,
-                          text=True, cwd=root, timeout=300)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    done = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-c", script], capture_output=True,
+                          text=True, cwd=root, timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("ranks"))
+    return next(line for line in done.stdout.splitlines() if line.startswith("ranks"))
+
+
+def test_distributed_spmv_runs_as_mpi_ranks():
+    line = run_as_mpi_ranks(MPI_RANK_SCRIPT, 3, 300)
     assert line.startswith("ranks 3 rows [667, 667, 666] all 2000 error ") and float(line.split()[-1]) <= 1e-10
 
 
@@ -173,17 +180,6 @@ if comm.rank == 0:
 
 @pytest.mark.gpu
 def test_two_mpi_ranks_on_one_gpu_multiply_with_the_tuned_kernels():
-    import shutil
-    import subprocess
-    import sys
-    pytest.importorskip("mpi4py")
-    mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
-    if mpiexec is None:
-        pytest.skip("no mpiexec: MPI runtime not installed")
-    root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    done = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", MPI_GPU_SCRIPT], capture_output=True,
-                          text=True, cwd=root, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("ranks"))
+    line = run_as_mpi_ranks(MPI_GPU_SCRIPT, 2, 600)
     spmv_err, spgemm_err = (float(v) for v in line.split()[-2:])
     assert line.startswith("ranks 2 errors") and spmv_err <= 1e-5 and spgemm_err <= 1e-5
