@@ -92,15 +92,13 @@ def cmd_spgemm(args) -> int:
     B = B.T.tocsr() if args.transpose else B
     if not gpu.available():
         from .model import load_profile
-        from .spgemm.row_hash import shared_limit
+        from .spgemm.row_hash import profile_shared_limit
         print(_no_gpu_banner().splitlines()[0], flush=True)
         prof = load_profile(args.gpu, args.profile)
         a, b = canonicalize(A, args.dtype), canonicalize(B, args.dtype)
         if a.n_cols != b.n_rows:
             raise ValueError(f"A has {a.n_cols} columns but B has {b.n_rows} rows: A B needs them equal")
-        c = prof.constants
-        plan = spgemm.model_plan(a, b, prof, shared_limit(c.get("shared_bytes_per_block", 232448),
-                                                          c.get("shared_bytes_per_sm", 233472)))
+        plan = spgemm.model_plan(a, b, prof, profile_shared_limit(prof))
         print(f"the model's choice for {prof.gpu.get('name', args.gpu)} (memory not checked):")
         print(spgemm.describe(plan))
         print("No CUDA GPU present: run this on a GPU machine to multiply.")

@@ -89,10 +89,9 @@ def repredict(bench: dict, data_dir, profile) -> dict:
     from .matrix import canonicalize
     from .model import spgemm as model
     from .spgemm import FAMILIES, RowHashParams, plan_stats
-    from .spgemm.row_hash import shared_limit
+    from .spgemm.row_hash import profile_shared_limit
     rates = model.rates_from(profile)
-    limit = shared_limit(profile.constants.get("shared_bytes_per_block", 232448) if profile else 232448,
-                         profile.constants.get("shared_bytes_per_sm", 233472) if profile else 233472)
+    limit = profile_shared_limit(profile)
     rows = []
     for r in bench["rows"]:
         measured = [f for f, ms in r.get("family_ms", {}).items() if ms is not None]

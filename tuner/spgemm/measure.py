@@ -13,7 +13,7 @@ from ..generators import rmat
 from ..matrix import canonicalize
 from ..model import spgemm as model
 from . import FAMILIES, plan_stats
-from .row_hash import RowHashParams, shared_limit
+from .row_hash import RowHashParams, profile_shared_limit, shared_limit
 
 # (scale, edge factor, operation): graphs whose products run from about 1M to 100M scalar products.
 PRODUCTS = ((12, 8, "AA"), (13, 16, "AAT"), (14, 8, "AA"), (14, 16, "AAT"), (15, 8, "AA"), (15, 16, "AA"))
@@ -56,10 +56,10 @@ def operands_of(name: str):
     return a, (a if op == "AA" else canonicalize(A.T.tocsr()))
 
 
-def refit(section: dict, shared_limit: int = 116736) -> dict:
+def refit(section: dict, limit: int | None = None) -> dict:
     """The SpGEMM section with every run's work recomputed by the current model (operands regenerated, nnz(C)
-    as recorded) and the rates fitted again to the recorded times: no GPU needed. ``shared_limit``: the
-    measuring GPU's :func:`~tuner.spgemm.row_hash.shared_limit` (the H100's by default).
+    as recorded) and the rates fitted again to the recorded times: no GPU needed. ``limit``: the measuring
+    GPU's :func:`~tuner.spgemm.row_hash.shared_limit` (default: sm_90's).
 
     Example (slow: regenerates the R-MAT graphs):
         >>> refit({"runs": [], "rates": {}})
@@ -68,7 +68,7 @@ def refit(section: dict, shared_limit: int = 116736) -> dict:
     runs = []
     for run in section["runs"]:
         a, b = operands_of(run["name"])
-        stats = plan_stats(a, b, RowHashParams(), shared_limit)
+        stats = plan_stats(a, b, RowHashParams(), limit or profile_shared_limit(None))
         nnz_c = run.get("nnz_c")
         if nnz_c is None:  # runs recorded before nnz(C) was: recovered from the sort's bytes
             entry = stats.col_bytes + stats.value_bytes

@@ -98,6 +98,22 @@ def shared_limit(shared_bytes_per_block: int, shared_bytes_per_sm: int) -> int:
     return min(int(shared_bytes_per_block), int(shared_bytes_per_sm) // 2 or int(shared_bytes_per_block))
 
 
+HOPPER_SHARED_BYTES = (232448, 233472)  # a block's opt-in maximum and an SM's shared memory on sm_90
+
+
+def profile_shared_limit(profile) -> int:
+    """:func:`shared_limit` of the GPU a profile describes (its constants where recorded, else sm_90's), for
+    planning without that GPU.
+
+    Example:
+        >>> profile_shared_limit(None)
+        116736
+    """
+    c = profile.constants if profile is not None else {}
+    return shared_limit(c.get("shared_bytes_per_block", HOPPER_SHARED_BYTES[0]),
+                        c.get("shared_bytes_per_sm", HOPPER_SHARED_BYTES[1]))
+
+
 class RowHash(Product):
     """C = A B by hashed rows (a :class:`~tuner.spgemm.base.Product`); a call's ``seconds`` has the phases
     symbolic_shared, symbolic_global, symbolic_rest (first call only), allocate, numeric_shared,
