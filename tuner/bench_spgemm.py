@@ -18,7 +18,7 @@ import scipy.sparse as sp
 
 from . import __version__, gpu, loaders
 from .formats.row_bins import row_products
-from .spgemm import FAMILIES, RowHashParams, compile_spgemm
+from .spgemm import FAMILIES, RowHashParams, compile_spgemm, wall_ms, whole
 from .spgemm.base import DeviceMemoryError
 from .model import spgemm as model
 
@@ -90,27 +90,6 @@ def default_suite(data_dir=None) -> list[tuple[str, str]]:
     return pairs
 
 
-def _wall_ms(fn, repeats: int) -> float:
-    """Median wall ms of ``fn`` between device synchronisations (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        gpu.synchronize()
-        t = time.perf_counter()
-        fn()
-        gpu.synchronize()
-        times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
-
-
-def _whole(product):
-    def run():
-        if hasattr(product, "symbolic"):
-            product.symbolic()
-        product(out="device")
-    return run
-
-
 def _structure(M: sp.csr_matrix) -> sp.csr_matrix:
     """M with 1 in every stored entry, explicit zeros included: products of these reach every entry C stores."""
     return sp.csr_matrix((np.ones(M.nnz), M.indices, M.indptr), shape=M.shape)
@@ -175,7 +154,7 @@ def _cusparse(A, B, C_checked, checked: bool, repeats: int):
         scale = max(abs(C_checked).max(), 1.0) if C_checked.nnz else 1.0
         status = "ok" if diff <= 1e-4 * scale else f"wrong: values differ by {diff:.3g}"
     del dC
-    ms = _wall_ms(lambda: dA @ dB, repeats)
+    ms = wall_ms(lambda: dA @ dB, repeats, warmup=1)
     return ms, status
 
 
@@ -200,17 +179,17 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
     family_ms = {}
     for name_f, family in FAMILIES.items():
         if name_f == f.family:
-            family_ms[name_f] = _wall_ms(_whole(f), repeats)
+            family_ms[name_f] = wall_ms(whole(f), repeats, warmup=1)
             continue
         params = RowHashParams(lanes=model.lanes_for(f.plan.stats)) if name_f == "row_hash" else family.params()
         try:
             other = compile_spgemm(A, B, params=params, cache_dir=cache_dir)
-            family_ms[name_f] = _wall_ms(_whole(other), repeats)
+            family_ms[name_f] = wall_ms(whole(other), repeats, warmup=1)
             del other
         except DeviceMemoryError:
             family_ms[name_f] = None
     ours = family_ms[f.family]
-    numeric = _wall_ms(lambda: f(out="device"), repeats)
+    numeric = wall_ms(lambda: f(out="device"), repeats, warmup=1)
     measured = [v for v in family_ms.values() if v is not None]
     ms, status = _cusparse(A, B, C, correct, repeats)
     return SpgemmRow(**base, nnz_c=int(C.nnz), ours_ms=ours, ours_numeric_ms=numeric, cusparse_ms=ms,

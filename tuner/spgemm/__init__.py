@@ -167,15 +167,25 @@ def model_plan(a: CanonicalMatrix, b: CanonicalMatrix, profile, shared_bytes: in
                       reason=f"lowest predicted time ({predicted[best]:.3f} ms){where}")
 
 
-def _time_whole(product: Product, repeats: int) -> float:
-    """Median ms of a whole product (the symbolic phase rerun first where the family has one), C on the device."""
+def whole(product: Product) -> Callable[[], None]:
+    """A whole product as a fresh pair of structures takes it: the symbolic phase rerun first where the family
+    has one, then a call, C left on the device."""
+    def run():
+        if hasattr(product, "symbolic"):
+            product.symbolic()
+        product(out="device")
+    return run
+
+
+def wall_ms(fn: Callable[[], object], repeats: int, warmup: int = 0) -> float:
+    """Median wall ms of ``fn`` between device synchronisations, over ``repeats`` calls after ``warmup``."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         gpu.synchronize()
         t = time.perf_counter()
-        if hasattr(product, "symbolic"):
-            product.symbolic()
-        product(out="device")
+        fn()
         gpu.synchronize()
         times.append((time.perf_counter() - t) * 1e3)
     return float(np.median(times))
@@ -239,7 +249,7 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
     for family in FAMILIES.values():
         for p in family.candidates:
             candidate = family.build(a, b, p, cache)
-            ms = _time_whole(candidate, repeats)
+            ms = wall_ms(whole(candidate), repeats)
             measured[f"{family.name} {p}"] = ms
             if ms < best_ms:
                 best_product, best_ms = candidate, ms
