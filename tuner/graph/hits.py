@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 import scipy.sparse as sp  # noqa: F401 - the example uses it
-from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds
 
 from ..matrix import MatrixError
 from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, adjacency
@@ -39,6 +38,8 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     n = W.shape[0]
     if W.nnz == 0 or n < 2:
         raise MatrixError("HITS needs at least two nodes and one edge")
+    from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds  # ARPACK: loaded on first use
+
     t0 = time.perf_counter()
     forward, backward = _multiply(W, backend, dtype), _multiply(W.T.tocsr(), backend, dtype)
     start = None if nstart is None else _node_vector(nstart, n, "nstart")
