@@ -19,7 +19,8 @@ def no_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"], ["spgemm", "--help"],
-                                  ["pagerank", "--help"], ["hits", "--help"], ["rwr", "--help"]])
+                                  ["pagerank", "--help"], ["hits", "--help"], ["rwr", "--help"],
+                                  ["bench-multigpu", "--help"]])
 def test_every_command_explains_itself(args):
     proc = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
     assert proc.returncode == 0
@@ -222,6 +223,27 @@ def test_pagerank_without_gpu_iterates_on_the_host_and_writes_every_rank(no_gpu,
     best = int(np.argmax(x))
     assert f"    1 {best:>12} " in printed.out
     assert cli.main(["pagerank", "rmat:9", "--backend", "tuned"]) == cli.NO_GPU_EXIT
+    assert cli.main(["pagerank", "rmat:9", "--backend", "device"]) == cli.NO_GPU_EXIT
+    assert "--backend device multiplies on a GPU" in capsys.readouterr().out
+
+
+def test_bench_multigpu_without_gpu_says_so(no_gpu, capsys):
+    assert cli.main(["bench-multigpu", "rmat:9"]) == cli.NO_GPU_EXIT
+    assert "NO CUDA GPU PRESENT" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_pagerank_on_gpus_spawned_as_mpi_ranks_writes_what_one_gpu_computes(capfd, tmp_path):
+    import importlib.util
+    import shutil
+    if shutil.which("mpiexec") is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip("no MPI runtime or mpi4py")
+    out = tmp_path / "pr.npy"
+    assert cli.main(["pagerank", "rmat:10", "--gpus", "1", "--tol-rule", "per_node", "--tol", "1e-12",
+                     "--out", str(out)]) == 0
+    assert "tuned SpMV on 1 GPU(s)" in capfd.readouterr().out
+    expected = tuner.pagerank(tuner.load("rmat:10"), tol_rule="per_node", tol=1e-12, backend="scipy")
+    assert np.abs(np.load(out) - expected).max() <= 1e-13
 
 
 def test_hits_without_gpu_multiplies_on_the_host_and_writes_both_scores(no_gpu, capsys, tmp_path):

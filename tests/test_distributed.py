@@ -114,9 +114,12 @@ def run_as_mpi_ranks(script: str, ranks: int, timeout: int) -> str:
     mpiexec = shutil.which("mpiexec") or shutil.which("mpirun")
     if mpiexec is None:
         pytest.skip("no mpiexec: MPI runtime not installed")
+    import os
     root = pathlib.Path(__file__).resolve().parents[1]
+    # Open MPI refuses to start as root (the GPU machine's user) unless told twice; MPICH ignores these.
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     done = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-c", script], capture_output=True,
-                          text=True, cwd=root, timeout=timeout)
+                          text=True, cwd=root, timeout=timeout, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return next(line for line in done.stdout.splitlines() if line.startswith("ranks"))
 
@@ -164,9 +167,9 @@ import numpy as np
 from tests.conftest import power_law
 from tuner.distributed import DistributedSpGEMM, DistributedSpMV, MpiComm
 A = power_law(3000, seed=57)
-x = np.random.default_rng(1).uniform(-1, 1, 3000)
+x = np.random.default_rng(1).uniform(-1, 1, 3000).astype(np.float32)
 comm = MpiComm()
-spmv = DistributedSpMV(A, comm)  # each rank's rows through the tuned SpMV on the GPU
+spmv = DistributedSpMV(A, comm)  # each rank's rows through the tuned SpMV on the GPU (float32, as A)
 y = spmv.gather(spmv(spmv.scatter(x)))
 ref = A.astype(np.float64) @ x
 f = DistributedSpGEMM(A, A.T.tocsr(), comm)  # and through the tuned SpGEMM
@@ -183,3 +186,102 @@ def test_two_mpi_ranks_on_one_gpu_multiply_with_the_tuned_kernels():
     line = run_as_mpi_ranks(MPI_GPU_SCRIPT, 2, 600)
     spmv_err, spgemm_err = (float(v) for v in line.split()[-2:])
     assert line.startswith("ranks 2 errors") and spmv_err <= 1e-5 and spgemm_err <= 1e-5
+
+
+def test_partition_slots_pad_every_part_to_the_longest():
+    p = bitonic_partition(np.array([4, 1, 9, 3, 7]), 2)  # rank 0: rows 2, 3, 4... as dealt; width 3
+    slots = p.slots()
+    assert p.width == max(r.size for r in p.rows) == 3
+    for r, rows in enumerate(p.rows):
+        assert slots[rows].tolist() == list(range(r * 3, r * 3 + rows.size))
+    assert np.unique(slots).size == 5 and slots.max() < p.parts * p.width
+
+
+def test_padded_host_gather_puts_each_rank_slice_at_its_slots():
+    A = with_dense_row_and_empty_rows()
+    x = np.random.default_rng(4).uniform(-1, 1, A.shape[0])
+
+    def rank(comm):
+        spmv = DistributedSpMV(A, comm, local_compile=lambda M: M.dot)
+        gathered = spmv.gather_x(spmv.scatter(x))
+        assert gathered.size == comm.size * spmv.partition.width
+        assert np.array_equal(gathered[spmv.partition.slots()], x)
+        with pytest.raises(MatrixError, match="x_local must have this rank's"):
+            spmv.padded(np.zeros(spmv.rows.size + 1))
+        return spmv.gather(spmv(spmv.scatter(x)))
+    for y in LocalGroup(3).run(rank):
+        assert np.abs(y - A.astype(np.float64) @ x).max() <= 1e-5 * np.abs(A).max() * A.shape[0]
+
+
+def test_without_option_drops_the_option_and_its_value_in_either_spelling():
+    from tuner.distributed.launch import without_option
+    assert without_option(["pagerank", "g", "--gpus", "4", "--top", "3"], "--gpus") == ["pagerank", "g", "--top", "3"]
+    assert without_option(["pagerank", "g", "--gpus=2"], "--gpus") == ["pagerank", "g"]
+    assert without_option(["pagerank", "g", "--gpusx"], "--gpus") == ["pagerank", "g", "--gpusx"]
+
+
+def test_spawning_more_ranks_than_gpus_is_refused_before_starting_any(monkeypatch):
+    from tuner.distributed import launch
+    monkeypatch.setattr(launch.gpu, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"--gpus 3 asks for more GPUs than this machine has \(2\)"):
+        launch.spawn(3, ["pagerank", "g"])
+    with pytest.raises(ValueError, match="--gpus must be at least 1"):
+        launch.spawn(0, ["pagerank", "g"])
+    monkeypatch.setattr(launch.shutil, "which", lambda name: None)
+    with pytest.raises(OSError, match="mpiexec, which is not on PATH"):
+        launch.spawn(2, ["pagerank", "g"])
+
+
+@pytest.mark.gpu
+def test_nccl_group_of_one_gathers_reduces_and_iterates_like_the_solo_device():
+    cupy = pytest.importorskip("cupy")
+    from tuner.distributed.nccl import NcclComm, SoloDevice
+    from tuner.distributed.pagerank import pagerank_on_devices
+    A = abs(power_law(3000, seed=58))
+
+    def rank(host):
+        comm = NcclComm(host)
+        out = cupy.full(4, -1.0)
+        comm.allgather_into(cupy.arange(4.0), out)
+        buf = cupy.array([2.0, -3.0])
+        comm.allreduce_into(buf, "max")
+        x = pagerank_on_devices(A, comm, dtype=np.float64, tol=1e-12, tol_rule="per_node")
+        comm.close()
+        return out.tolist(), buf.tolist(), x
+    gathered, reduced, x = LocalGroup(1).run(rank)[0]
+    assert gathered == [0.0, 1.0, 2.0, 3.0] and reduced == [2.0, -3.0]
+    solo = pagerank_on_devices(A, SoloDevice(), dtype=np.float64, tol=1e-12, tol_rule="per_node")
+    assert np.array_equal(x, solo)
+
+
+MPI_GPUS_SCRIPT = """
+import numpy as np
+from tests.conftest import power_law
+from tuner.distributed.launch import rank_comm
+from tuner.distributed.nccl import SoloDevice
+from tuner.distributed.pagerank import pagerank_on_devices
+from tuner.distributed import DistributedSpMV
+import cupy
+A = abs(power_law(20000, seed=59)).astype(np.float64)
+comm = rank_comm()
+x = np.random.default_rng(2).uniform(-1, 1, A.shape[0])
+spmv = DistributedSpMV(A, comm)
+y = spmv.gather(spmv(cupy.asarray(spmv.scatter(x))))
+pr = pagerank_on_devices(A, comm, dtype=np.float64, tol=1e-12, tol_rule="per_node")
+ref = A @ x
+errs = comm.allgather(np.array([np.abs(y - ref).max() / np.abs(ref).max()]))
+if comm.rank == 0:
+    one = pagerank_on_devices(A, SoloDevice(comm.device), dtype=np.float64, tol=1e-12, tol_rule="per_node")
+    print("ranks", comm.size, "errors", max(e[0] for e in errs), np.abs(pr - one).max())
+comm.close()
+"""
+
+
+@pytest.mark.gpu
+def test_spmv_and_pagerank_across_every_gpu_equal_one_gpu():
+    from tuner import gpu
+    if gpu.device_count() < 2:
+        pytest.skip("one GPU: NCCL puts one rank on each GPU")
+    line = run_as_mpi_ranks(MPI_GPUS_SCRIPT, min(gpu.device_count(), 4), 600)
+    spmv_err, pagerank_diff = (float(v) for v in line.split()[-2:])
+    assert spmv_err <= 1e-12 and pagerank_diff <= 1e-13

@@ -108,6 +108,32 @@ def test_pagerank_through_the_tuned_spmv_equals_the_host_iteration():
     assert np.abs(x - tuner.pagerank(A, backend="scipy")).max() <= 1e-12
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", SMALL_REAL[:2], ids=lambda p: p.stem)
+def test_pagerank_with_iterations_on_the_device_equals_networkx(path):
+    A = abs(tuner.load(str(path)))
+    x, info = tuner.pagerank(A, backend="device", tol=1e-12, tol_rule="per_node", max_iter=500, return_info=True)
+    expected = ranks(nx.pagerank(as_networkx(A), tol=1e-14, max_iter=1000), A.shape[0])
+    assert info.backend == "tuned SpMV on 1 GPU(s)" and info.seconds["iterations"] > 0
+    assert np.abs(x - expected).max() <= 1e-10
+    host, host_info = tuner.pagerank(A, backend="scipy", tol=1e-12, tol_rule="per_node", max_iter=500,
+                                     return_info=True)
+    assert abs(info.iterations - host_info.iterations) <= 1 and np.abs(x - host).max() <= 1e-13
+    x32 = tuner.pagerank(A, backend="device", dtype=np.float32, tol=1e-9, tol_rule="per_node")
+    assert np.abs(x32 - expected).max() <= 1e-6 * expected.max() * 10
+
+
+@pytest.mark.gpu
+def test_rwr_on_the_device_equals_the_host_iteration_and_dangling_nodes_return_to_the_seeds():
+    A = graph(2000, 66).tolil()
+    A[5, :] = 0  # a dangling node
+    A = A.tocsr()
+    for tol_rule in ("per_node", "networkx"):
+        x = tuner.rwr(A, [3, 5, 7], tol=1e-12, tol_rule=tol_rule, max_iter=500, backend="device")
+        host = tuner.rwr(A, [3, 5, 7], tol=1e-12, tol_rule=tol_rule, max_iter=500, backend="scipy")
+        assert np.abs(x - host).max() <= 1e-13
+
+
 @pytest.mark.parametrize("path", SMALL_REAL, ids=lambda p: p.stem)
 def test_hits_equals_networkx_on_real_graphs(path):
     A = tuner.load(str(path))

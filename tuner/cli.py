@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from . import __version__, codegen, gpu, loaders
+from .bench_multigpu import SUITE as MULTIGPU_SUITE
 from .compiler import DEFAULT_ROUNDS, PLAN_REPEATS, ROUNDS_UNDER_MS
 
 NO_GPU_EXIT = 3
@@ -121,9 +122,11 @@ def cmd_spgemm(args) -> int:
 def _graph_backend(args, doing: str) -> str | None:
     """The graph command's backend: --backend, else the tuned SpMV with a GPU and SciPy without one (said on
     stderr); None (after saying why) when --backend tuned is asked for without a GPU."""
+    if getattr(args, "distributed", False):
+        return "device"
     backend = args.backend or ("tuned" if gpu.available() else "scipy")
-    if backend == "tuned" and not gpu.available():
-        print(_no_gpu_banner().splitlines()[0] + "\n--backend tuned multiplies on a GPU: use --backend scipy.")
+    if backend != "scipy" and not gpu.available():
+        print(_no_gpu_banner().splitlines()[0] + f"\n--backend {backend} multiplies on a GPU: use --backend scipy.")
         return None
     if backend == "scipy" and args.backend is None:
         print(f"no CUDA GPU: {doing} on the host with SciPy (--backend scipy)", file=sys.stderr)
@@ -149,25 +152,44 @@ def _report_scores(args, scores: dict) -> None:
         print(f"wrote {args.out}")
 
 
+def _ranks(args):
+    """(exit code of the spawned ranks, None) for --gpus N; else (None, this rank's device communicator under
+    --distributed, or None)."""
+    if args.gpus is not None:
+        from .distributed.launch import spawn, without_option
+        return spawn(args.gpus, without_option(args.argv, "--gpus")), None
+    if args.distributed:
+        from .distributed.launch import rank_comm
+        return None, rank_comm()
+    return None, None
+
+
 def cmd_pagerank(args) -> int:
     from .graph import pagerank
     from .loaders import load
+    spawned, comm = _ranks(args)
+    if spawned is not None:
+        return spawned
     backend = _graph_backend(args, "iterating")
     if backend is None:
         return NO_GPU_EXIT
     A = load(args.graph)
     x, info = pagerank(A, alpha=args.alpha, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
-                       weighted=not args.unweighted, backend=backend, return_info=True)
-    print(f"PageRank of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
-          f"{info.iterations} iterations, last change {info.error:.3g} ({args.tol_rule} rule), setup "
-          f"{info.seconds['setup']:.2f} s, iterations {info.seconds['iterations']:.2f} s, {backend}")
-    _report_scores(args, {"pagerank": x})
+                       weighted=not args.unweighted, backend=backend, dtype=args.dtype, return_info=True, comm=comm)
+    if comm is None or comm.rank == 0:
+        print(f"PageRank of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
+              f"{info.iterations} iterations, last change {info.error:.3g} ({args.tol_rule} rule), setup "
+              f"{info.seconds['setup']:.2f} s, iterations {info.seconds['iterations']:.2f} s, {info.backend}")
+        _report_scores(args, {"pagerank": x})
     return 0
 
 
 def cmd_rwr(args) -> int:
     from .graph import rwr
     from .loaders import load
+    spawned, comm = _ranks(args)
+    if spawned is not None:
+        return spawned
     backend = _graph_backend(args, "iterating")
     if backend is None:
         return NO_GPU_EXIT
@@ -177,10 +199,12 @@ def cmd_rwr(args) -> int:
         raise ValueError(f"--seeds takes node numbers separated by commas, got {args.seeds!r}") from None
     A = load(args.graph)
     x, info = rwr(A, seeds, restart=args.restart, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
-                  backend=backend, return_info=True)
-    print(f"random walk with restart {args.restart} from {len(seeds)} seed(s) on {loaders.display_name(args.graph)}: "
-          f"{info.iterations} iterations, last change {info.error:.3g} ({args.tol_rule} rule), {backend}")
-    _report_scores(args, {"probability": x})
+                  backend=backend, return_info=True, comm=comm)
+    if comm is None or comm.rank == 0:
+        print(f"random walk with restart {args.restart} from {len(seeds)} seed(s) on "
+              f"{loaders.display_name(args.graph)}: {info.iterations} iterations, last change {info.error:.3g} "
+              f"({args.tol_rule} rule), {info.backend}")
+        _report_scores(args, {"probability": x})
     return 0
 
 
@@ -224,6 +248,20 @@ def cmd_bench(args) -> int:
     for op in ops:
         op.bench(args, suite, progress)
     return 0
+
+
+def cmd_bench_multigpu(args) -> int:
+    from . import bench_multigpu, paths
+    if not args.distributed and args.gpus is None:
+        if not gpu.available():
+            print(_no_gpu_banner().splitlines()[0] + "\nbench-multigpu times products on several GPUs.")
+            return NO_GPU_EXIT
+        args.gpus = gpu.device_count()
+    spawned, comm = _ranks(args)
+    if spawned is not None:
+        return spawned
+    out = args.out or paths.gpu_results_dir(gpu.device_info().name) / "bench-multigpu.json"
+    return bench_multigpu.run_ranks(args.suite or list(bench_multigpu.SUITE), Path(out), comm, args.command_line)
 
 
 def _default_suite(data_dir, report: bool = False) -> list[str]:
@@ -352,6 +390,23 @@ def report_dir() -> Path:
     return paths.gpu_results_dir(gpu.device_info().name)
 
 
+def _iteration_options(p) -> None:
+    """Where an iterative graph command multiplies: backend, precision, several GPUs."""
+    p.add_argument("--backend", choices=["tuned", "device", "scipy"], default=None,
+                   help="tuned: the tuned SpMV on the GPU, the host driving the loop (default with a GPU); device: "
+                        "the iterations stay on the GPU; scipy: on the host")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float64",
+                   help="precision of the matrix and vectors on the GPU (default %(default)s; float32 moves half "
+                        "the bytes)")
+    p.add_argument("--distributed", action="store_true",
+                   help="this process is one rank of an MPI job, one GPU each (mpirun -n 4 python -m tuner ... "
+                        "--distributed): the graph's rows are split among the GPUs, vectors exchanged with NCCL; "
+                        "rank 0 prints and writes")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="start this many ranks, one per GPU, through mpiexec (the same as mpirun -n N ... "
+                        "--distributed)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tuner",
@@ -408,9 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pagerank", help="PageRank of a graph (NetworkX's semantics); top nodes, full result to a file",
                        description="PageRank of the graph whose edge u -> v is A[u, v], as networkx.pagerank "
-                                   "defines it, through the tuned SpMV on this GPU (the host drives the "
-                                   "iteration), or with SciPy on the host (--backend scipy; the default without a "
-                                   "GPU). Prints the iterations, times and the top nodes; --out writes every "
+                                   "defines it, through the tuned SpMV on this GPU (--backend device keeps the "
+                                   "iterations there; --gpus N splits the graph over N GPUs), or with SciPy on the "
+                                   "host (--backend scipy; the default without a GPU). Prints the iterations, times and the top nodes; --out writes every "
                                    "node's rank (.npy, or .csv with node,pagerank).")
     p.add_argument("graph", help=MATRIX_HELP)
     p.add_argument("--alpha", type=float, default=0.85, help="damping factor (default %(default)s)")
@@ -420,8 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="networkx: stop when the L1 change < N x tol (true after one iteration once N x tol >= 2); "
                         "per_node: when every node's change < tol (default %(default)s)")
     p.add_argument("--unweighted", action="store_true", help="every edge weighs 1 (default: A's values)")
-    p.add_argument("--backend", choices=["tuned", "scipy"], default=None,
-                   help="tuned: the tuned SpMV on the GPU (default with a GPU); scipy: on the host")
+    _iteration_options(p)
     p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
     p.add_argument("--out", default=None, help="every node's rank: .npy, or .csv")
     p.set_defaults(func=cmd_pagerank)
@@ -438,8 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=1e-6, help="tolerance (default %(default)s)")
     p.add_argument("--tol-rule", choices=["networkx", "per_node"], default="per_node",
                    help="per_node: stop when every node's change < tol (default); networkx: the L1 change < N x tol")
-    p.add_argument("--backend", choices=["tuned", "scipy"], default=None,
-                   help="tuned: the tuned SpMV on the GPU (default with a GPU); scipy: on the host")
+    _iteration_options(p)
     p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
     p.add_argument("--out", default=None, help="every node's probability: .npy, or .csv")
     p.set_defaults(func=cmd_rwr)
@@ -489,6 +542,20 @@ def build_parser() -> argparse.ArgumentParser:
     tuning(p)
     common(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("bench-multigpu", help="SpMV and PageRank across this machine's GPUs (MPI + NCCL) against one",
+                       description="Split each graph's rows among the GPUs (one MPI rank each, bitonic partition, a "
+                                   "tuned kernel per rank, x gathered with NCCL) and time SpMV by Aᵀ and PageRank "
+                                   "iterations against the same code on one GPU: speedup, parallel efficiency, the "
+                                   "all-gather and local product apart, results checked against one GPU and SciPy. "
+                                   "Starts one rank per GPU through mpiexec (--gpus, default all); writes "
+                                   "bench-multigpu.json after each graph.")
+    p.add_argument("suite", nargs="*", help=f"graphs ({MATRIX_HELP}); default: {' '.join(MULTIGPU_SUITE)}")
+    p.add_argument("--gpus", type=int, default=None, help="ranks to start, one per GPU (default: every GPU)")
+    p.add_argument("--distributed", action="store_true",
+                   help="this process is already one rank of an MPI job (what --gpus starts)")
+    p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-multigpu.json)")
+    p.set_defaults(func=cmd_bench_multigpu)
 
     p = sub.add_parser("profile", help="measure this GPU's lookup table and constants -> models/<gpu-slug>/profile.json",
                        description="Offline profiling of this GPU: micro-benchmarks on synthetic matrices whose rows "
@@ -599,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
         2
     """
     args = build_parser().parse_args(argv)
-    args.command_line = " ".join(["python -m tuner"] + (sys.argv[1:] if argv is None else list(argv)))
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    args.command_line = " ".join(["python -m tuner"] + args.argv)
     try:
         return args.func(args)
     except gpu.NoDeviceError as exc:

@@ -98,14 +98,46 @@ def available() -> bool:
     return unavailable_reason() is None
 
 
+def device_count() -> int:
+    """CUDA devices this process sees (0 without a usable driver).
+
+    Example:
+        >>> device_count() >= 0
+        True
+    """
+    return 0 if unavailable_reason() is not None else drv.Device.count()
+
+
+def select_device(ordinal: int) -> None:
+    """Work on device ``ordinal`` (default 0): once per process, before anything else here touches the GPU.
+
+    One process per GPU (an MPI rank) picks its card here; asking for another card after the first use
+    raises, since every loaded kernel and buffer belongs to the first one's context.
+
+    Example (on a machine with several GPUs):
+        >>> select_device(1)  # doctest: +SKIP
+    """
+    reason = unavailable_reason()
+    if reason is not None:
+        raise NoDeviceError(f"no CUDA GPU present: {reason}")
+    count = drv.Device.count()
+    if not 0 <= ordinal < count:
+        raise ValueError(f"device {ordinal} does not exist: this machine has {count} GPU(s), 0..{count - 1}")
+    with _lock:
+        if "ctx" in _state and _state["ordinal"] != ordinal:
+            raise RuntimeError(f"this process already works on GPU {_state['ordinal']}; select_device({ordinal}) "
+                               "must come before the first use")
+        _state["ordinal"] = ordinal
+
+
 def _context():
-    """The primary context of device 0, made current in the calling thread."""
+    """The primary context of the selected device (0 unless :func:`select_device`), current in this thread."""
     reason = unavailable_reason()
     if reason is not None:
         raise NoDeviceError(f"no CUDA GPU present: {reason}")
     with _lock:
         if "ctx" not in _state:
-            dev = drv.Device(0)
+            dev = drv.Device(_state.setdefault("ordinal", 0))
             ctx = dev.retain_primary_context()
             _state.update(dev=dev, ctx=ctx)
             atexit.register(_release)
@@ -134,7 +166,7 @@ def ensure_context() -> None:
 
 @lru_cache(maxsize=1)
 def device_info() -> DeviceInfo:
-    """Properties of device 0.
+    """Properties of the device this process works on (:func:`select_device`).
 
     Example (on a GPU machine):
         >>> device_info().arch  # doctest: +SKIP

@@ -41,8 +41,11 @@ class LocalGroup:
         self._slots: list = [None] * size
 
     def run(self, fn: Callable) -> list:
-        """``fn(comm)`` on every rank at once; their results in rank order. A rank's exception breaks the
-        others' waits and is raised here."""
+        """``fn(comm)`` on every rank at once (a group of one: in this thread); their results in rank order. A
+        rank's exception breaks the others' waits and is raised here."""
+        if self.size == 1:  # nothing to wait for: in the calling thread, whose CUDA context and device it keeps
+            return [fn(_LocalComm(self, 0))]
+
         def rank(r: int):
             try:
                 return fn(_LocalComm(self, r))

@@ -33,6 +33,25 @@ class RowPartition:
         """Every row, rank after rank: the order of a vector gathered from the ranks' parts."""
         return np.concatenate(self.rows) if self.rows else np.zeros(0, np.int64)
 
+    @property
+    def width(self) -> int:
+        """Rows of the largest part: every rank's slice of a gathered vector is this long (NCCL's all-gather
+        moves equal counts), the shorter ones padded at their end."""
+        return max((r.size for r in self.rows), default=0)
+
+    def slots(self) -> np.ndarray:
+        """Where each row sits in a vector gathered from equal-length (padded) parts: owner x width + its
+        place among its rank's rows.
+
+        Example:
+            >>> bitonic_partition(np.array([5, 1, 9]), 2).slots().tolist()  # rank 0: row 2; rank 1: rows 0, 1
+            [2, 3, 0]
+        """
+        slot = np.empty(self.owner.size, np.int64)
+        for r, rows in enumerate(self.rows):
+            slot[rows] = r * self.width + np.arange(rows.size, dtype=np.int64)
+        return slot
+
     def position(self) -> np.ndarray:
         """Where each row sits in :attr:`order` (the inverse permutation)."""
         where = np.empty(self.owner.size, np.int64)

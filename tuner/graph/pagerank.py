@@ -2,8 +2,9 @@
 
 Each iteration is paper 002's pull formulation: x_new = alpha (Aᵀ (x / outdeg) + (sum of x over dangling
 nodes) d) + (1 - alpha) p, with the rank cache x / outdeg computed once per iteration and Aᵀ multiplied by the
-tuned SpMV (``backend='tuned'``; ``'scipy'`` runs the same iteration with SciPy on the host). The host drives
-the loop: each iteration copies x to the GPU and the product back.
+tuned SpMV. ``backend='tuned'``: the host drives the loop, each iteration copying x to the GPU and the
+product back; ``'device'``: the iterations stay on the GPU, or on the GPUs of a communicator (``comm``, see
+:mod:`tuner.distributed.pagerank`); ``'scipy'``: the same iteration with SciPy on the host.
 
 Stopping: NetworkX stops when the L1 change is below N x tol. Since x sums to 1 the L1 change is at most 2, so
 for N >= 2 / tol (two million nodes at the default tol) that rule holds after the first iteration, whatever
@@ -83,23 +84,28 @@ def adjacency(A) -> sp.csr_matrix:
     return W
 
 
+BACKENDS = ("tuned", "device", "scipy")
+
+
 def _multiply(At: sp.csr_matrix, backend: str, dtype):
     if backend == "scipy":
         return lambda v: At @ v
     if backend == "tuned":
         from ..operations import compile as compile_product
         return compile_product(At, dtype=dtype)
-    raise ValueError(f"backend must be 'tuned' or 'scipy', got {backend!r}")
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
 def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, tol: float = 1e-6,
              nstart=None, dangling=None, weighted: bool = True, tol_rule: str = "networkx",
-             backend: str = "tuned", dtype=np.float64, return_info: bool = False):
+             backend: str = "tuned", dtype=np.float64, return_info: bool = False, comm=None):
     """PageRank of the graph whose edge u -> v is ``A[u, v]``, as ``networkx.pagerank`` defines it.
 
     ``personalization``, ``nstart`` and ``dangling``: arrays of one value per node or {node: value} dicts
     (normalised; nodes missing from a dict get 0). ``weighted``: edge weights are A's values (False: every
     edge weighs 1). ``tol_rule``: 'networkx' (L1 change < N x tol) or 'per_node' (every node's change < tol).
+    ``backend``: 'tuned', 'device' or 'scipy' (module docstring); ``comm``: with 'device', the GPUs to split
+    the graph over (a :mod:`tuner.distributed` device communicator; default this GPU alone).
     Returns the ranks (float64, summing to 1), and with ``return_info`` an :class:`IterationInfo` too.
     Raises :class:`ConvergenceError` after ``max_iter`` iterations without meeting ``tol``.
 
@@ -114,6 +120,13 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
         raise ValueError(f"tol_rule must be one of {TOL_RULES}, got {tol_rule!r}")
     if max_iter < 1 or tol <= 0:
         raise ValueError(f"max_iter must be positive and tol positive, got {max_iter} and {tol}")
+    if backend == "device" or comm is not None:
+        from ..distributed.nccl import SoloDevice
+        from ..distributed.pagerank import pagerank_on_devices
+        return pagerank_on_devices(A, comm if comm is not None else SoloDevice(), alpha=alpha,
+                                   personalization=personalization, max_iter=max_iter, tol=tol, nstart=nstart,
+                                   dangling=dangling, weighted=weighted, tol_rule=tol_rule, dtype=dtype,
+                                   return_info=return_info)
     W = adjacency(A)
     n = W.shape[0]
     if not weighted:

@@ -27,14 +27,14 @@ def _seed_vector(seeds, n: int):
 
 
 def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6, weighted: bool = True,
-        tol_rule: str = "per_node", backend: str = "tuned", return_info: bool = False):
+        tol_rule: str = "per_node", backend: str = "tuned", return_info: bool = False, comm=None):
     """Random walk with restart from ``seeds`` on the graph whose edge u -> v is ``A[u, v]``.
 
     ``seeds``: a node, a sequence of nodes (restarting uniformly among them), a {node: weight} dict, or a list
     of such seed sets (one column of the result each; each set is iterated on its own). Returns the visiting
     probabilities (n,) or (n, number of sets); with ``return_info`` also the :class:`IterationInfo` of each
     set. ``tol_rule`` defaults to 'per_node' (no node's probability changes by ``tol``): NetworkX has no RWR
-    whose rule to follow. Other arguments as :func:`~tuner.graph.pagerank.pagerank`'s.
+    whose rule to follow. Other arguments (``backend``, ``comm``) as :func:`~tuner.graph.pagerank.pagerank`'s.
 
     Example:
         >>> import scipy.sparse as sp
@@ -47,7 +47,8 @@ def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
     n = A.shape[0]
     sets = list(seeds) if _is_many(seeds) else [seeds]
     results = [pagerank(A, alpha=1 - restart, personalization=_seed_vector(s, n), max_iter=max_iter, tol=tol,
-                        weighted=weighted, tol_rule=tol_rule, backend=backend, return_info=True) for s in sets]
+                        weighted=weighted, tol_rule=tol_rule, backend=backend, return_info=True, comm=comm)
+               for s in sets]
     x = np.column_stack([r[0] for r in results]) if _is_many(seeds) else results[0][0]
     if not return_info:
         return x

@@ -1,0 +1,188 @@
+"""``python -m tuner bench-multigpu``: SpMV and PageRank across the GPUs of one machine against one GPU.
+
+Started with ``--gpus P`` it runs itself as P MPI ranks (``--distributed``), one per GPU. Per graph, every
+rank loads it and compiles its rows of Aᵀ (bitonic partition, tuned kernel per rank); then
+
+* ``spmv``: a product is NCCL's all-gather of x and the rank's kernel; ``ours_s`` is the slowest rank's
+  median per product. The same DistributedSpMV on rank 0's GPU alone (a group of one, the whole matrix in
+  one tuned kernel, no exchange) gives ``one_gpu_s``. Results are compared with SciPy in float64 and with
+  the one-GPU product.
+* ``pagerank``: :func:`~tuner.distributed.pagerank.pagerank_on_devices` on P GPUs and on one, to the same
+  per-node tolerance; ``ours_s`` and ``one_gpu_s`` are seconds per iteration.
+
+Rows are written after each graph, so a run cut short keeps what it measured.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, gpu, loaders
+
+SUITE = ("rmat:21", "rmat:23", "rmat:25")
+SCIPY_CHECK_NNZ = 60_000_000  # above this a float64 SciPy reference costs more than the run it checks
+PAGERANK_TOL = 1e-9  # per node; float32 ranks of hubs (1e-4) still resolve it
+AGREE = 1e-4  # float32 results against float64 ones, relative to the largest entry
+TRIALS, PRODUCTS = 7, 20
+
+
+@dataclass(frozen=True)
+class MultiGpuRow:
+    """One (operation, graph) on ``gpus`` GPUs against one; times in seconds.
+
+    Attributes:
+        op: 'spmv' (y = Aᵀ x, the product PageRank pulls with) or 'pagerank' (per iteration).
+        name, nnz: the graph and its edges.
+        gpus: ranks, one GPU each.
+        ours_s, one_gpu_s: median seconds per product (per iteration for PageRank), the slowest rank's.
+        speedup, efficiency: one_gpu_s / ours_s, and that over ``gpus``.
+        correct: the result agrees with the one-GPU result and (where affordable) SciPy's in float64.
+        max_rel_diff_vs_one_gpu: max |ours - one GPU| / max |one GPU|.
+        rel_error_vs_scipy: max |ours - SciPy| / max |SciPy| (None where not computed).
+        iterations, one_gpu_iterations: PageRank's iterations (None for SpMV).
+        setup_s, one_gpu_setup_s: partition, compile and upload, the slowest rank's.
+        allgather_s, local_s: for SpMV, the slowest rank's all-gather alone and product alone (median).
+        rows_per_rank, nnz_per_rank: how the bitonic partition split the work.
+    """
+
+    op: str
+    name: str
+    nnz: int
+    gpus: int
+    ours_s: float
+    one_gpu_s: float
+    speedup: float
+    efficiency: float
+    correct: bool
+    max_rel_diff_vs_one_gpu: float
+    rel_error_vs_scipy: float | None
+    iterations: int | None
+    one_gpu_iterations: int | None
+    setup_s: float
+    one_gpu_setup_s: float
+    allgather_s: float | None
+    local_s: float | None
+    rows_per_rank: list
+    nnz_per_rank: list
+
+
+def _median_seconds(run, comm, trials: int = TRIALS, repeats: int = PRODUCTS) -> float:
+    """The slowest rank's median over ``trials`` of the wall time of ``repeats`` calls, per call."""
+    import cupy
+    run()
+    cupy.cuda.Device().synchronize()
+    times = []
+    for _ in range(trials):
+        comm.allgather(np.zeros(1))  # start together
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        cupy.cuda.Device().synchronize()
+        times.append((time.perf_counter() - t0) / repeats)
+    return float(max(p[0] for p in comm.allgather(np.array([np.median(times)]))))
+
+
+def _spmv_times(spmv, x, comm) -> tuple[float, float, float, np.ndarray]:
+    """Per product: whole, all-gather alone, local product alone (slowest rank, s); and y in A's order."""
+    import cupy
+    x_slice = spmv.padded(cupy.asarray(spmv.scatter(x)))[:spmv.rows.size]  # written in place, as PageRank does
+    y = cupy.empty(spmv.rows.size, x_slice.dtype)
+    whole = _median_seconds(lambda: spmv(x_slice, out=y), comm)
+    gathered = spmv.gather_x(x_slice)
+    gather = _median_seconds(lambda: spmv.gather_x(x_slice), comm)
+    local = _median_seconds(lambda: spmv.local(gathered, out=y), comm)
+    spmv(x_slice, out=y)
+    return whole, gather, local, spmv.gather(y)
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), np.finfo(np.float64).tiny))
+
+
+def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[MultiGpuRow]:
+    """Both rows of one graph (every rank calls it; rank 0 returns them, the others nothing)."""
+    from .distributed.pagerank import _weights, pagerank_on_devices, pull_product
+    A = loaders.load(source)
+    name = loaders.display_name(source)
+    x = np.random.default_rng(7).uniform(0.5, 1.5, A.shape[0])  # not all equal: every gathered entry counts
+
+    t0 = time.perf_counter()
+    spmv = pull_product(A, comm, dtype=dtype)
+    setup = max(p[0] for p in comm.allgather(np.array([time.perf_counter() - t0])))
+    whole, gather, local, y = _spmv_times(spmv, x.astype(dtype), comm)
+    pr, info = pagerank_on_devices(A, comm, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, product=spmv,
+                                   return_info=True)
+    per_rank = [(int(p[0]), int(p[1])) for p in comm.allgather(np.array([spmv.rows.size, spmv.local_nnz]))]
+    del spmv
+    if comm.rank != 0:
+        comm.allgather(np.zeros(1))  # wait while rank 0 runs the one-GPU side
+        return []
+
+    solo = solo_factory()
+    t0 = time.perf_counter()
+    spmv1 = pull_product(A, solo, dtype=dtype)
+    setup1 = time.perf_counter() - t0
+    whole1, _, _, y1 = _spmv_times(spmv1, x.astype(dtype), solo)
+    pr1, info1 = pagerank_on_devices(A, solo, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500,
+                                     product=spmv1, return_info=True)
+    del spmv1
+    ref_y = ref_pr = None
+    if A.nnz <= SCIPY_CHECK_NNZ:
+        from .graph import pagerank
+        ref_y = _weights(A, True).T.tocsr() @ x
+        ref_pr = pagerank(A, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, backend="scipy")
+    comm.allgather(np.zeros(1))
+    rows = []
+    for op, ours, ours1, result, result1, ref, iters, iters1, tol in (
+            ("spmv", whole, whole1, y, y1, ref_y, None, None, AGREE),
+            ("pagerank", info.seconds["iterations"] / info.iterations, info1.seconds["iterations"] / info1.iterations,
+             pr, pr1, ref_pr, info.iterations, info1.iterations, AGREE)):
+        diff = _rel(result, result1)
+        scipy_err = None if ref is None else _rel(result, ref)
+        rows.append(MultiGpuRow(
+            op=op, name=name, nnz=int(A.nnz), gpus=comm.size, ours_s=ours, one_gpu_s=ours1,
+            speedup=ours1 / ours, efficiency=ours1 / ours / comm.size,
+            correct=bool(diff <= tol and (scipy_err is None or scipy_err <= tol)),
+            max_rel_diff_vs_one_gpu=diff, rel_error_vs_scipy=scipy_err, iterations=iters, one_gpu_iterations=iters1,
+            setup_s=setup, one_gpu_setup_s=setup1, allgather_s=gather if op == "spmv" else None,
+            local_s=local if op == "spmv" else None, rows_per_rank=[r for r, _ in per_rank],
+            nnz_per_rank=[z for _, z in per_rank]))
+    return rows
+
+
+def format_table(rows: list[MultiGpuRow]) -> str:
+    lines = [f"{'op':<9}{'graph':<12}{'nnz':>13}{'gpus':>5}{'ours ms':>10}{'1 GPU ms':>10}{'speedup':>8}"
+             f"{'eff':>6}{'gather ms':>10}{'local ms':>9}  check"]
+    for r in rows:
+        ms = lambda v: "-" if v is None else f"{1e3 * v:.3f}"  # noqa: E731
+        lines.append(f"{r.op:<9}{r.name:<12}{r.nnz:>13,}{r.gpus:>5}{ms(r.ours_s):>10}{ms(r.one_gpu_s):>10}"
+                     f"{r.speedup:>8.2f}{r.efficiency:>6.2f}{ms(r.allgather_s):>10}{ms(r.local_s):>9}  "
+                     f"{'ok' if r.correct else 'WRONG'} (vs 1 GPU {r.max_rel_diff_vs_one_gpu:.1e})")
+    return "\n".join(lines)
+
+
+def run_ranks(suite: list[str], out: Path, comm, command: str, progress=print) -> int:
+    """The bench as rank ``comm.rank`` of an MPI job (``--distributed``); rank 0 writes ``out`` after each
+    graph."""
+    from .distributed.nccl import SoloDevice
+    rows: list[MultiGpuRow] = []
+    for source in suite:
+        rows += bench_graph(source, comm, lambda: SoloDevice(comm.device))
+        if comm.rank == 0:
+            info = gpu.device_info()
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({
+                "tool": f"sparse-tuner {__version__}",
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
+                "gpu": {"name": info.name, "memory_bytes": info.memory_bytes, "count": comm.size},
+                "timing": (f"wall seconds between device synchronisations, per product or iteration: median of "
+                           f"{TRIALS} runs of {PRODUCTS} products after a warm-up, the slowest rank's; float32 "
+                           f"values; PageRank to a per-node change below {PAGERANK_TOL}"),
+                "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+            progress(format_table(rows[-2:]))
+    comm.close()
+    return 0
