@@ -285,3 +285,25 @@ def test_spmv_and_pagerank_across_every_gpu_equal_one_gpu():
     line = run_as_mpi_ranks(MPI_GPUS_SCRIPT, min(gpu.device_count(), 4), 600)
     spmv_err, pagerank_diff = (float(v) for v in line.split()[-2:])
     assert spmv_err <= 1e-12 and pagerank_diff <= 1e-13
+
+
+def test_split_kernels_for_own_and_gathered_columns_add_up_to_the_whole_product():
+    A = with_dense_row_and_empty_rows()
+    x = np.random.default_rng(5).uniform(-1, 1, A.shape[0])
+
+    class DeviceLike:  # a host group that claims device collectives, so that each rank splits its rows
+        def __init__(self, comm):
+            self.rank, self.size, self._comm = comm.rank, comm.size, comm
+
+        def allgather(self, part):
+            return self._comm.allgather(part)
+
+        def allgather_into(self, part, out, stream=0):
+            raise AssertionError("host vectors are gathered on the host")
+
+    def rank(comm):
+        spmv = DistributedSpMV(A, DeviceLike(comm), local_compile=lambda M: M.dot)
+        assert spmv.local is None and spmv._own is not None
+        return spmv.gather(spmv.local_product(spmv.gather_x(spmv.scatter(x))))
+    for y in LocalGroup(3).run(rank):
+        assert np.abs(y - A.astype(np.float64) @ x).max() <= 1e-5 * np.abs(A).max() * A.shape[0]

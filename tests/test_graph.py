@@ -118,7 +118,8 @@ def test_pagerank_with_iterations_on_the_device_equals_networkx(path):
     assert np.abs(x - expected).max() <= 1e-10
     host, host_info = tuner.pagerank(A, backend="scipy", tol=1e-12, tol_rule="per_node", max_iter=500,
                                      return_info=True)
-    assert abs(info.iterations - host_info.iterations) <= 1 and np.abs(x - host).max() <= 1e-13
+    # the change sums round differently, so either may stop one iteration later: they differ by < tol then
+    assert abs(info.iterations - host_info.iterations) <= 1 and np.abs(x - host).max() <= 1e-12
     x32 = tuner.pagerank(A, backend="device", dtype=np.float32, tol=1e-9, tol_rule="per_node")
     assert np.abs(x32 - expected).max() <= 1e-6 * expected.max() * 10
 
@@ -187,3 +188,12 @@ def test_rwr_is_networkx_pagerank_personalised_on_the_seeds():
         tuner.rwr(A, [1, 600], backend="scipy")
     with pytest.raises(ValueError, match="restart must be in"):
         tuner.rwr(A, 1, restart=0.0, backend="scipy")
+
+
+@pytest.mark.parametrize("val", ["float", "double"])
+def test_every_pagerank_step_specialisation_compiles(val, tmp_path):
+    from tuner import codegen
+    from tuner.cache import Cache
+    from tuner.distributed.pagerank import STEP_BLOCK
+    source = codegen.render("pagerank_step.cu.j2", dict(VAL=val, block_size=STEP_BLOCK, kernel_name="s"))
+    assert len(codegen.compile_source(source, cache=Cache(tmp_path)).cubin) > 0

@@ -94,7 +94,7 @@ def _spmv_times(spmv, x, comm) -> tuple[float, float, float, np.ndarray]:
     whole = _median_seconds(lambda: spmv(x_slice, out=y), comm)
     gathered = spmv.gather_x(x_slice)
     gather = _median_seconds(lambda: spmv.gather_x(x_slice), comm)
-    local = _median_seconds(lambda: spmv.local(gathered, out=y), comm)
+    local = _median_seconds(lambda: spmv.local_product(gathered, out=y), comm)
     spmv(x_slice, out=y)
     return whole, gather, local, spmv.gather(y)
 

@@ -67,7 +67,7 @@ class SoloDevice:
     def allreduce_sum(self, value: float) -> float:
         return float(value)
 
-    def allgather_into(self, part, out) -> None:
+    def allgather_into(self, part, out, stream: int = 0) -> None:
         if out.data.ptr != part.data.ptr:
             out[:part.size] = part
 
@@ -117,11 +117,12 @@ class NcclComm:
             raise TypeError(f"NCCL collectives here take float32/64 or int32/64 arrays, got {array.dtype}")
         return t
 
-    def allgather_into(self, part, out) -> None:
-        """Every rank's ``part`` (one length on every rank), rank after rank, into ``out``."""
+    def allgather_into(self, part, out, stream: int = 0) -> None:
+        """Every rank's ``part`` (one length on every rank), rank after rank, into ``out``, queued on ``stream``
+        (default: the legacy default stream, where the kernels run)."""
         if out.size != part.size * self.size or out.dtype != part.dtype:
             raise ValueError(f"out must hold {self.size} x {part.size} {part.dtype}, got {out.size} {out.dtype}")
-        self._nccl.allGather(part.data.ptr, out.data.ptr, part.size, self._type(part), 0)
+        self._nccl.allGather(part.data.ptr, out.data.ptr, part.size, self._type(part), stream)
 
     def allreduce_into(self, buf, op: str = "sum") -> None:
         """``buf`` replaced, in place, by the elementwise ``op`` ('sum' or 'max') of every rank's ``buf``."""

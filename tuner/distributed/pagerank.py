@@ -4,9 +4,10 @@
 1. the rank cache x / outdeg of the rank's nodes, already in its slice of the gathered buffer (the update of
    the previous iteration writes it, paper 002's once-per-iteration division);
 2. NCCL's all-gather of the cache, then the rank's tuned SpMV of its rows of Aᵀ;
-3. the update x_new = alpha (pulled + dangling d) + (1 - alpha) p and the next cache, one kernel;
-4. the change (L1 or max) and the next dangling sum reduced on each GPU, every rank's pair gathered in one
-   collective and reduced again; the host reads the change every ``check_every`` iterations.
+3. the update x_new = alpha (pulled + dangling d) + (1 - alpha) p, the next cache, the change (L1 or max)
+   and the next dangling sum in one pass (templates/pagerank_step.cu.j2);
+4. every rank's [dangling sum, change] gathered in one collective and combined on each GPU; the host reads
+   the change every ``check_every`` iterations.
 
 With one GPU (:class:`~tuner.distributed.nccl.SoloDevice`) the same loop runs without the exchanges.
 Semantics, tolerance rules and errors are :func:`tuner.graph.pagerank`'s.
@@ -18,36 +19,42 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from .. import codegen, gpu
 from ..graph.pagerank import TOL_RULES, ConvergenceError, IterationInfo, _node_vector, adjacency
 from ..matrix import MatrixError
 from .spmv import DistributedSpMV
 
-_UPDATE = None
+STEP_BLOCK = 256
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
-def _update_kernel():
-    """x_new = alpha (pulled + dangling d) + (1 - alpha) p, and the next rank cache x_new / outdeg."""
-    global _UPDATE
-    if _UPDATE is None:
+class _Step:
+    """The update kernel (templates/pagerank_step.cu.j2) and its reductions for one value type."""
+
+    def __init__(self, dtype: np.dtype):
         import cupy
-        _UPDATE = cupy.ElementwiseKernel(
-            "T pulled, T d, T p, T inverse, raw float64 sums, float64 alpha", "T x_new, T cache",
-            "x_new = (T)(alpha * ((double)pulled + sums[0] * (double)d) + (1.0 - alpha) * (double)p);"
-            " cache = x_new * inverse;", "tuner_pagerank_update")
-    return _UPDATE
+        info = gpu.device_info()
+        name = f"pagerank_step_{dtype.name}"
+        source = codegen.render("pagerank_step.cu.j2", dict(VAL=_CTYPES[dtype], block_size=STEP_BLOCK,
+                                                             kernel_name=name))
+        self.update = gpu.Kernel(codegen.compile_source(source, info.arch).cubin, name, "PPPPPPPPPPqdi")
+        self.finish = self.update.sibling(name + "_finish", "PPqqPi")
+        self.grid = 4 * info.sm_count  # fixed for the device: the order of the sums, and so the run, repeats
+        self.partials = cupy.zeros(2 * self.grid, np.float64)
 
+    def __call__(self, pulled, d, p, inverse, dangling, x_old, sums, x_new, cache, mine, alpha: float,
+                 max_rule: int) -> None:
+        ptr = lambda a: int(a.data.ptr)  # noqa: E731
+        self.update.launch(self.grid, STEP_BLOCK, ptr(pulled), ptr(d), ptr(p), ptr(inverse), ptr(dangling),
+                           ptr(x_old), ptr(sums), ptr(x_new), ptr(cache), ptr(self.partials),
+                           np.int64(pulled.size), np.float64(alpha), np.int32(max_rule))
+        self.finish.launch(1, STEP_BLOCK, ptr(self.partials), ptr(self.partials) + 8 * self.grid,
+                           np.int64(self.grid), np.int64(1), ptr(mine), np.int32(max_rule))
 
-def _warm_up(update, like, alpha) -> None:
-    """Compile (NVRTC, on first use in a process) every CuPy kernel the loop runs, on scratch vectors, so that
-    the iterations' time is the iterations'."""
-    import cupy
-    a = cupy.ones(2, like.dtype)
-    b, c = cupy.empty_like(a), cupy.empty_like(a)
-    update(a, a, a, a, cupy.zeros(2, np.float64), alpha, b, c)
-    change = cupy.abs(b - a)
-    cupy.sum(change, dtype=np.float64), cupy.max(change), cupy.sum(b * a, dtype=np.float64)
-    pairs = cupy.ones(4, np.float64)
-    cupy.sum(pairs[0::2]), cupy.max(pairs[1::2])
+    def combine(self, parts, sums, max_rule: int) -> None:
+        """The whole graph's [dangling sum, change] from every rank's pair."""
+        self.finish.launch(1, STEP_BLOCK, int(parts.data.ptr), int(parts.data.ptr) + 8, np.int64(parts.size // 2),
+                           np.int64(2), int(sums.data.ptr), np.int32(max_rule))
 
 
 def pull_product(A, comm, dtype=np.float32, weighted: bool = True, **options) -> DistributedSpMV:
@@ -109,38 +116,31 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     if spmv.partition.owner.size != n or spmv.comm is not comm:
         raise ValueError(f"product multiplies {spmv.partition.owner.size} nodes on another communicator: "
                          "make it with pull_product(A, comm) for this graph")
-    dtype = np.dtype(getattr(spmv.local, "dtype", dtype))
+    dtype = np.dtype(spmv.dtype)
     rows = spmv.rows
-    mine = lambda v: cupy.asarray(np.ascontiguousarray(v[rows], dtype=dtype))  # noqa: E731
-    x, p_l, d_l, inv_l = mine(x0), mine(p), mine(d), mine(inverse)
+    local = lambda v: cupy.asarray(np.ascontiguousarray(v[rows], dtype=dtype))  # noqa: E731
+    x, p_l, d_l, inv_l = local(x0), local(p), local(d), local(inverse)
     dangling_l = cupy.asarray(dangling_nodes[rows].astype(dtype))
     x_new, pulled = cupy.empty_like(x), cupy.empty_like(x)
     cache = spmv.padded(x * inv_l)[:rows.size]  # this rank's slice of the buffer NCCL gathers into
-    # Every rank's [dangling sum, change], gathered in one collective a step and reduced on each GPU: one
-    # exchange instead of a sum and a max.
+    # Every rank's [dangling sum, change], gathered in one collective a step and combined on each GPU.
     parts = cupy.zeros(2 * comm.size, np.float64)
     mine = parts[2 * comm.rank:2 * comm.rank + 2]
     sums = cupy.zeros(2, np.float64)  # [dangling sum, change] of the whole graph
     mine[0] = cupy.sum(x * dangling_l, dtype=np.float64)
     comm.allgather_into(mine, parts)
-    sums[0] = cupy.sum(parts[0::2])
-    update = _update_kernel()
-    _warm_up(update, p_l, alpha)
+    step, max_rule = _Step(dtype), int(tol_rule == "per_node")
+    step.combine(parts, sums, max_rule)
     limit = n * tol if tol_rule == "networkx" else tol
     cupy.cuda.Device().synchronize()
     t1 = time.perf_counter()
 
     error, iteration = float("inf"), 0
     for iteration in range(1, max_iter + 1):
-        spmv.local(spmv.gather_x(cache), out=pulled)
-        update(pulled, d_l, p_l, inv_l, sums, alpha, x_new, cache)
-        change = cupy.abs(x_new - x)
-        mine[0] = cupy.sum(x_new * dangling_l, dtype=np.float64)
-        mine[1] = (cupy.sum(change, dtype=np.float64) if tol_rule == "networkx" else
-                   cupy.max(change) if change.size else 0)
+        spmv(cache, out=pulled)
+        step(pulled, d_l, p_l, inv_l, dangling_l, x, sums, x_new, cache, mine, alpha, max_rule)
         comm.allgather_into(mine, parts)
-        sums[0] = cupy.sum(parts[0::2])
-        sums[1] = cupy.sum(parts[1::2]) if tol_rule == "networkx" else cupy.max(parts[1::2])
+        step.combine(parts, sums, max_rule)
         x, x_new = x_new, x
         if iteration % check_every == 0 or iteration == max_iter:
             error = float(sums[1].get())

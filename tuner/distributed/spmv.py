@@ -35,6 +35,28 @@ def local_rows(A, partition: RowPartition, rank: int) -> sp.csr_matrix:
     return m
 
 
+def split_own_columns(M: sp.csr_matrix, rank: int, width: int) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """``M`` (a rank's :func:`local_rows`) as the columns of the rank's own slots, renumbered from 0 (``width``
+    columns: they multiply the rank's own part of x, there before any exchange), and the rest.
+
+    Example:
+        >>> M = sp.csr_matrix(np.array([[1.0, 2, 3, 4], [0, 5, 6, 0]]))
+        >>> own, rest = split_own_columns(M, 1, 2)  # rank 1 owns slots 2 and 3
+        >>> own.toarray().tolist(), rest.toarray().tolist()
+        ([[3.0, 4.0], [6.0, 0.0]], [[1.0, 2.0, 0.0, 0.0], [0.0, 5.0, 0.0, 0.0]])
+    """
+    M = sp.csr_matrix(M)
+    lo = rank * width
+    is_own = (M.indices >= lo) & (M.indices < lo + width)
+    rows = np.repeat(np.arange(M.shape[0]), np.diff(M.indptr))
+
+    def keep(mask, shift, n_cols):
+        indptr = np.zeros(M.shape[0] + 1, np.int64)
+        np.cumsum(np.bincount(rows[mask], minlength=M.shape[0]), out=indptr[1:])
+        return sp.csr_matrix((M.data[mask], M.indices[mask] - shift, indptr), shape=(M.shape[0], n_cols))
+    return keep(is_own, lo, width), keep(~is_own, 0, M.shape[1])
+
+
 class DistributedSpMV:
     """This rank's part of y = A x for square A whose rows are split among the ranks of ``comm``.
 
@@ -44,7 +66,9 @@ class DistributedSpMV:
     kernel; any ``M -> (x -> M x)`` will do); ``options`` go to it.
 
     With a device communicator (:class:`~tuner.distributed.nccl.NcclComm`) and a CuPy ``x_local``, x is
-    gathered on the GPUs by NCCL into a buffer the kernel reads in place, and y stays on the device.
+    gathered on the GPUs by NCCL into a buffer the kernel reads in place, and y stays on the device. With
+    ``overlap`` (the default) and several GPUs, each rank compiles two kernels, one for the columns of its own
+    part of x and one for the rest: the first runs while NCCL gathers the other parts on a side stream.
 
     Example:
         >>> from tuner.distributed.comm import LocalGroup
@@ -58,7 +82,7 @@ class DistributedSpMV:
     """
 
     def __init__(self, A, comm: Communicator, partition: RowPartition | None = None,
-                 local_compile: Callable | None = None, **options):
+                 local_compile: Callable | None = None, overlap: bool = True, **options):
         m = canonicalize(A)
         if m.n_rows != m.n_cols:
             raise MatrixError(f"the distributed SpMV splits x like A's rows: A must be square, got {m.shape}")
@@ -71,9 +95,16 @@ class DistributedSpMV:
         if local_compile is None:
             from ..operations import compile as local_compile
         mine = local_rows(m.to_scipy(), self.partition, comm.rank)
-        self.local_nnz = int(mine.nnz)
-        self.local = local_compile(mine, **options)
+        self.local_nnz, self.dtype = int(mine.nnz), m.value_dtype
+        self.local = self._own = self._rest = None
+        if overlap and comm.size > 1 and hasattr(comm, "allgather_into"):
+            own, rest = split_own_columns(mine, comm.rank, self.partition.width)
+            if own.nnz and rest.nnz:
+                self._own, self._rest = local_compile(own, **options), local_compile(rest, **options)
+        if self._own is None:
+            self.local = local_compile(mine, **options)
         self._gathered = None  # the device buffer x is gathered into, made at the first device call
+        self._overlap_state = None
 
     def scatter(self, x: np.ndarray) -> np.ndarray:
         """This rank's entries of a whole vector."""
@@ -108,8 +139,36 @@ class DistributedSpMV:
 
     def __call__(self, x_local, out=None):
         """This rank's entries of A x, from this rank's entries of x (every rank calls it at once)."""
-        x = self.gather_x(x_local)
-        return self.local(x) if out is None else self.local(x, out=out)
+        if self._own is not None and gpu.is_device_array(x_local):
+            return self._overlapped(self.padded(x_local), out)
+        return self.local_product(self.gather_x(x_local), out)
+
+    def local_product(self, x, out=None):
+        """This rank's rows times an x already gathered into the partition's slots (no exchange)."""
+        if self._own is None:
+            return self.local(x) if out is None else self.local(x, out=out)
+        width, r = self.partition.width, self.comm.rank
+        y = self._rest(x) if out is None else self._rest(x, out=out)
+        y += self._own(x[r * width:(r + 1) * width])
+        return y
+
+    def _overlapped(self, part, out):
+        import cupy
+        if self._overlap_state is None:
+            self._overlap_state = (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event(disable_timing=True),
+                                   cupy.cuda.Event(disable_timing=True), cupy.empty(self.rows.size, self.dtype))
+        side, ready, done, y_own = self._overlap_state
+        out = cupy.empty(self.rows.size, self.dtype) if out is None else out
+        null = cupy.cuda.Stream.null  # where the kernels run
+        ready.record(null)  # the part is written
+        side.wait_event(ready)
+        self.comm.allgather_into(part, self._gathered, stream=side.ptr)
+        done.record(side)
+        self._own(part, out=y_own)  # meanwhile: NCCL reads this part and writes only the others
+        null.wait_event(done)
+        self._rest(self._gathered, out=out)
+        out += y_own
+        return out
 
     def gather(self, y_local) -> np.ndarray:
         """The whole vector in A's order, from every rank's entries (every rank calls it at once)."""
