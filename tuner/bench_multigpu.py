@@ -46,6 +46,9 @@ class MultiGpuRow:
         iterations, one_gpu_iterations: PageRank's iterations (None for SpMV).
         setup_s, one_gpu_setup_s: partition, compile and upload, the slowest rank's.
         allgather_s, local_s: for SpMV, the slowest rank's all-gather alone and product alone (median).
+        single_kernel_s: for SpMV, a product with one kernel a rank, started after the exchange (``ours_s``
+            splits each rank's rows into the columns of its own part of x, multiplied during the exchange,
+            and the rest).
         rows_per_rank, nnz_per_rank: how the bitonic partition split the work.
     """
 
@@ -66,6 +69,7 @@ class MultiGpuRow:
     one_gpu_setup_s: float
     allgather_s: float | None
     local_s: float | None
+    single_kernel_s: float | None
     rows_per_rank: list
     nnz_per_rank: list
 
@@ -114,6 +118,9 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
     spmv = pull_product(A, comm, dtype=dtype)
     setup = max(p[0] for p in comm.allgather(np.array([time.perf_counter() - t0])))
     whole, gather, local, y = _spmv_times(spmv, x.astype(dtype), comm)
+    single = pull_product(A, comm, dtype=dtype, overlap=False)  # one kernel a rank, the exchange before it
+    single_kernel = _spmv_times(single, x.astype(dtype), comm)[0]
+    del single
     pr, info = pagerank_on_devices(A, comm, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, product=spmv,
                                    return_info=True)
     per_rank = [(int(p[0]), int(p[1])) for p in comm.allgather(np.array([spmv.rows.size, spmv.local_nnz]))]
@@ -149,18 +156,20 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
             correct=bool(diff <= tol and (scipy_err is None or scipy_err <= tol)),
             max_rel_diff_vs_one_gpu=diff, rel_error_vs_scipy=scipy_err, iterations=iters, one_gpu_iterations=iters1,
             setup_s=setup, one_gpu_setup_s=setup1, allgather_s=gather if op == "spmv" else None,
-            local_s=local if op == "spmv" else None, rows_per_rank=[r for r, _ in per_rank],
+            local_s=local if op == "spmv" else None, single_kernel_s=single_kernel if op == "spmv" else None,
+            rows_per_rank=[r for r, _ in per_rank],
             nnz_per_rank=[z for _, z in per_rank]))
     return rows
 
 
 def format_table(rows: list[MultiGpuRow]) -> str:
     lines = [f"{'op':<9}{'graph':<12}{'nnz':>13}{'gpus':>5}{'ours ms':>10}{'1 GPU ms':>10}{'speedup':>8}"
-             f"{'eff':>6}{'gather ms':>10}{'local ms':>9}  check"]
+             f"{'eff':>6}{'gather ms':>10}{'local ms':>9}{'1 kernel':>9}  check"]
     for r in rows:
         ms = lambda v: "-" if v is None else f"{1e3 * v:.3f}"  # noqa: E731
         lines.append(f"{r.op:<9}{r.name:<12}{r.nnz:>13,}{r.gpus:>5}{ms(r.ours_s):>10}{ms(r.one_gpu_s):>10}"
-                     f"{r.speedup:>8.2f}{r.efficiency:>6.2f}{ms(r.allgather_s):>10}{ms(r.local_s):>9}  "
+                     f"{r.speedup:>8.2f}{r.efficiency:>6.2f}{ms(r.allgather_s):>10}{ms(r.local_s):>9}"
+                     f"{ms(r.single_kernel_s):>9}  "
                      f"{'ok' if r.correct else 'WRONG'} (vs 1 GPU {r.max_rel_diff_vs_one_gpu:.1e})")
     return "\n".join(lines)
 

@@ -1,10 +1,14 @@
-"""Products split among several ranks: the bitonic row partition, the communicator interface (an in-process
-group of threads, or MPI ranks through mpi4py with host-array collectives), and SpMV and SpGEMM over them. Collectives
-on device arrays through NCCL, which several GPUs need to be fast, are not written yet."""
+"""Products split among several ranks: the bitonic row partition, communicators (an in-process group of
+threads, MPI ranks through mpi4py, NCCL between GPUs on device arrays), SpMV, SpGEMM and PageRank over them,
+and the launcher (``--distributed`` under mpirun, ``--gpus N``)."""
 from .comm import Communicator, LocalGroup, MpiComm
+from .launch import rank_comm, spawn
+from .nccl import NcclComm, SoloDevice
+from .pagerank import pagerank_on_devices, pull_product
 from .partition import RowPartition, bitonic_partition
 from .spgemm import DistributedSpGEMM
-from .spmv import DistributedSpMV, local_rows
+from .spmv import DistributedSpMV, local_rows, split_own_columns
 
-__all__ = ["Communicator", "DistributedSpGEMM", "DistributedSpMV", "LocalGroup", "MpiComm", "RowPartition", "bitonic_partition",
-           "local_rows"]
+__all__ = ["Communicator", "DistributedSpGEMM", "DistributedSpMV", "LocalGroup", "MpiComm", "NcclComm", "RowPartition",
+           "SoloDevice", "bitonic_partition", "local_rows", "pagerank_on_devices", "pull_product", "rank_comm", "spawn",
+           "split_own_columns"]

@@ -57,7 +57,8 @@ class _Step:
                            np.int64(2), int(sums.data.ptr), np.int32(max_rule))
 
 
-def pull_product(A, comm, dtype=np.float32, weighted: bool = True, **options) -> DistributedSpMV:
+def pull_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: bool = True,
+                 **options) -> DistributedSpMV:
     """The distributed SpMV by Aᵀ that :func:`pagerank_on_devices` pulls ranks with, to reuse across calls
     (the compile is the costly part of a short run).
 
@@ -65,7 +66,7 @@ def pull_product(A, comm, dtype=np.float32, weighted: bool = True, **options) ->
         >>> spmv = pull_product(A, comm)                                   # doctest: +SKIP
         >>> x = pagerank_on_devices(A, comm, product=spmv)                 # doctest: +SKIP
     """
-    return DistributedSpMV(_weights(A, weighted).T.tocsr().astype(dtype), comm, **options)
+    return DistributedSpMV(_weights(A, weighted).T.tocsr().astype(dtype), comm, overlap=overlap, **options)
 
 
 def _weights(A, weighted: bool) -> sp.csr_matrix:

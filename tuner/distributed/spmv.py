@@ -155,7 +155,10 @@ class DistributedSpMV:
     def _overlapped(self, part, out):
         import cupy
         if self._overlap_state is None:
-            self._overlap_state = (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event(disable_timing=True),
+            # The highest priority (CUDA clamps -1000 to the device's range): the kernel queued behind NCCL's
+            # would otherwise take every SM and hold the exchange until its blocks drain.
+            self._overlap_state = (cupy.cuda.Stream(non_blocking=True, priority=-1000),
+                                   cupy.cuda.Event(disable_timing=True),
                                    cupy.cuda.Event(disable_timing=True), cupy.empty(self.rows.size, self.dtype))
         side, ready, done, y_own = self._overlap_state
         out = cupy.empty(self.rows.size, self.dtype) if out is None else out
