@@ -20,7 +20,7 @@ def no_gpu(monkeypatch):
 
 @pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"], ["spgemm", "--help"],
                                   ["pagerank", "--help"], ["hits", "--help"], ["rwr", "--help"],
-                                  ["bench-multigpu", "--help"]])
+                                  ["bench-multigpu", "--help"], ["simrank", "--help"], ["betweenness", "--help"]])
 def test_every_command_explains_itself(args):
     proc = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
     assert proc.returncode == 0
@@ -225,6 +225,19 @@ def test_pagerank_without_gpu_iterates_on_the_host_and_writes_every_rank(no_gpu,
     assert cli.main(["pagerank", "rmat:9", "--backend", "tuned"]) == cli.NO_GPU_EXIT
     assert cli.main(["pagerank", "rmat:9", "--backend", "device"]) == cli.NO_GPU_EXIT
     assert "--backend device multiplies on a GPU" in capsys.readouterr().out
+
+
+def test_simrank_and_betweenness_commands_print_the_top_and_write_every_value(no_gpu, capsys, tmp_path):
+    import tuner
+    A = tuner.load("rmat:8")
+    assert cli.main(["simrank", "rmat:8", "--top", "2", "--threshold", "0.01", "--out", str(tmp_path / "s.npz")]) == 0
+    out = capsys.readouterr().out
+    S = sp.load_npz(tmp_path / "s.npz")
+    assert abs(S - tuner.simrank(A, threshold=0.01)).max() == 0 and "    1 " in out and "iterations" in out
+    assert cli.main(["simrank", "rmat:8", "--backend", "tuned"]) == cli.NO_GPU_EXIT
+    assert cli.main(["betweenness", "rmat:8", "--k", "50", "--seed", "2", "--out", str(tmp_path / "b.npy")]) == 0
+    assert np.array_equal(np.load(tmp_path / "b.npy"), tuner.betweenness(A, k=50, seed=2))
+    assert "from 50 sources" in capsys.readouterr().out
 
 
 def test_bench_multigpu_without_gpu_says_so(no_gpu, capsys):

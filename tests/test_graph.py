@@ -197,3 +197,76 @@ def test_every_pagerank_step_specialisation_compiles(val, tmp_path):
     from tuner.distributed.pagerank import STEP_BLOCK
     source = codegen.render("pagerank_step.cu.j2", dict(VAL=val, block_size=STEP_BLOCK, kernel_name="s"))
     assert len(codegen.compile_source(source, cache=Cache(tmp_path)).cubin) > 0
+
+
+def dense_simrank(A):
+    G = as_networkx(A)
+    d = nx.simrank_similarity(G)
+    return np.array([[d[i][j] for j in range(A.shape[0])] for i in range(A.shape[0])])
+
+
+@pytest.mark.parametrize("seed", [70, 71])
+def test_simrank_equals_networkx_and_stays_symmetric_with_a_unit_diagonal(seed):
+    A = graph(150, seed)
+    S, info = tuner.simrank(A, return_info=True)
+    expected = dense_simrank(A)
+    assert sp.issparse(S) and np.abs(S.toarray() - expected).max() <= 1e-12
+    assert np.array_equal(S.diagonal(), np.ones(150)) and abs(S - S.T).max() <= 1e-15
+    assert info.iterations > 3 and info.backend == "scipy"
+    S2 = tuner.simrank(A, importance_factor=0.6, tolerance=1e-8)
+    G = as_networkx(A)
+    d = nx.simrank_similarity(G, importance_factor=0.6, tolerance=1e-8)
+    assert np.abs(S2.toarray() - np.array([[d[i][j] for j in range(150)] for i in range(150)])).max() <= 1e-12
+
+
+def test_simrank_pruning_stays_within_threshold_over_one_minus_c_of_the_exact_result():
+    A = abs(tuner.load("rmat:10"))
+    exact = tuner.simrank(A)
+    for threshold in (1e-2, 3e-2):
+        pruned = tuner.simrank(A, threshold=threshold)
+        assert pruned.nnz < exact.nnz
+        assert abs(pruned - exact).max() <= threshold / (1 - 0.9)
+        rows = np.repeat(np.arange(A.shape[0]), np.diff(pruned.indptr))
+        assert pruned.data[rows != pruned.indices].min() >= threshold
+
+
+def test_simrank_refuses_bad_input_and_products_too_large_for_memory(monkeypatch):
+    A = graph(100, 72)
+    with pytest.raises(ValueError, match="importance_factor must be in"):
+        tuner.simrank(A, importance_factor=1.0)
+    with pytest.raises(ValueError, match="threshold must be positive"):
+        tuner.simrank(A, threshold=0)
+    with pytest.raises(MatrixError, match="square"):
+        tuner.simrank(sp.random(3, 4, density=0.5, format="csr"))
+    with pytest.raises(ConvergenceError, match="SimRank did not converge in 2 iterations"):
+        tuner.simrank(A, max_iterations=2, tolerance=1e-12)
+    from tuner import memory
+    monkeypatch.setattr(memory, "available_bytes", lambda: 1000)
+    with pytest.raises(MemoryError, match="SimRank's product Wᵀ S .iteration 1."):
+        tuner.simrank(A)
+
+
+@pytest.mark.parametrize("options", [{}, {"normalized": False}, {"endpoints": True}, {"k": 40, "seed": 3},
+                                     {"k": 40, "seed": 5, "endpoints": True, "normalized": False}])
+def test_betweenness_equals_networkx(options):
+    for A in (graph(250, 73), abs(tuner.load("rmat:8"))):
+        expected = nx.betweenness_centrality(as_networkx(A), **options)
+        ours = tuner.betweenness(A, batch=17, **options)
+        assert np.abs(ours - ranks(expected, A.shape[0])).max() <= 1e-9 * max(1.0, max(expected.values()))
+
+
+@pytest.mark.parametrize("path", SMALL_REAL[:1], ids=lambda p: p.stem)
+def test_betweenness_on_a_real_graph_equals_networkx_and_batches_do_not_matter(path):
+    A = tuner.load(str(path))
+    expected = ranks(nx.betweenness_centrality(as_networkx(A), k=200, seed=9), A.shape[0])
+    ours, info = tuner.betweenness(A, k=200, seed=9, return_info=True)
+    assert np.abs(ours - expected).max() <= 1e-12 and info.iterations >= 2
+    assert np.abs(tuner.betweenness(A, k=200, seed=9, batch=7) - ours).max() <= 1e-12
+    with pytest.raises(ValueError, match="k must be a number of source nodes"):
+        tuner.betweenness(A, k=0)
+
+
+@pytest.mark.gpu
+def test_simrank_through_the_tuned_spgemm_equals_the_host_products():
+    A = graph(400, 75)
+    assert abs(tuner.simrank(A, backend="tuned") - tuner.simrank(A)).max() <= 1e-12

@@ -11,13 +11,13 @@ from . import model  # noqa: E402  (the version is read by the modules below)
 from .cache import CacheError  # noqa: E402
 from .compiler import plan_offline, prepare  # noqa: E402
 from .gpu import NoDeviceError  # noqa: E402
-from .graph import ConvergenceError, hits, pagerank, rwr  # noqa: E402
+from .graph import ConvergenceError, betweenness, hits, pagerank, rwr, simrank  # noqa: E402
 from .loaders import MatrixFileError, load  # noqa: E402
 from .matrix import MatrixError, canonicalize, fingerprint  # noqa: E402
 from .memory import InsufficientMemoryError  # noqa: E402
 from .operations import compile  # noqa: E402
 from .planner import Plan  # noqa: E402
 
-__all__ = ["compile", "pagerank", "hits", "rwr", "prepare", "plan_offline", "load", "model", "canonicalize", "fingerprint", "Plan",
+__all__ = ["compile", "pagerank", "hits", "rwr", "simrank", "betweenness", "prepare", "plan_offline", "load", "model", "canonicalize", "fingerprint", "Plan",
            "MatrixError", "MatrixFileError", "InsufficientMemoryError", "CacheError", "NoDeviceError",
            "ConvergenceError", "__version__"]

@@ -208,6 +208,48 @@ def cmd_rwr(args) -> int:
     return 0
 
 
+def cmd_simrank(args) -> int:
+    import numpy as np
+    from scipy import sparse
+
+    from .graph import simrank
+    from .loaders import load
+    backend = args.backend or "scipy"
+    if backend == "tuned" and not gpu.available():
+        print(_no_gpu_banner().splitlines()[0] + "\n--backend tuned multiplies on a GPU: use --backend scipy.")
+        return NO_GPU_EXIT
+    A = load(args.graph)
+    S, info = simrank(A, importance_factor=args.importance_factor, max_iterations=args.max_iterations,
+                      tolerance=args.tolerance, threshold=args.threshold, backend=backend, return_info=True)
+    print(f"SimRank of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
+          f"{info.iterations} iterations, {S.nnz:,} similarities, {info.seconds['iterations']:.2f} s, {backend}")
+    C = sparse.triu(S, k=1).tocoo()  # each pair once, without the unit diagonal
+    best = np.argsort(-C.data, kind="stable")[:args.top]
+    print(f"{'rank':>5} {'node':>10} {'node':>10} {'simrank':>10}")
+    for i, e in enumerate(best, 1):
+        print(f"{i:>5} {C.row[e]:>10} {C.col[e]:>10} {C.data[e]:>10.6g}")
+    if args.out:
+        sparse.save_npz(args.out, S)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_betweenness(args) -> int:
+    from tqdm import tqdm
+
+    from .graph import betweenness
+    from .loaders import load
+    A = load(args.graph)
+    bar = lambda items: tqdm(items, desc="source batches", unit="batch", file=sys.stderr)  # noqa: E731
+    b, info = betweenness(A, k=args.k, normalized=not args.unnormalized, endpoints=args.endpoints, seed=args.seed,
+                          progress=bar, return_info=True)
+    print(f"betweenness of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges) from "
+          f"{args.k or A.shape[0]:,} sources: deepest BFS level {info.iterations}, "
+          f"{info.seconds['iterations']:.2f} s on the host")
+    _report_scores(args, {"betweenness": b})
+    return 0
+
+
 def cmd_hits(args) -> int:
     from .graph import hits
     from .loaders import load
@@ -510,6 +552,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
     p.add_argument("--out", default=None, help="hub and authority of every node: .npy, or .csv")
     p.set_defaults(func=cmd_hits)
+
+    p = sub.add_parser("simrank", help="SimRank similarities (NetworkX's semantics) by two SpGEMMs an iteration",
+                       description="SimRank of every pair of nodes of the graph whose edge u -> v is A[u, v], as "
+                                   "networkx.simrank_similarity computes it, kept sparse: each iteration is "
+                                   "Wᵀ S then (Wᵀ S) W (paper 000) with SciPy on the host (default) or the tuned "
+                                   "SpGEMM on this GPU (--backend tuned), then the unit diagonal. --threshold "
+                                   "drops similarities below it each iteration (error at most threshold / "
+                                   "(1 - importance factor)). Prints the most similar pairs; --out writes S (.npz).")
+    p.add_argument("graph", help=MATRIX_HELP)
+    p.add_argument("--importance-factor", type=float, default=0.9, help="decay c (default %(default)s)")
+    p.add_argument("--max-iterations", type=int, default=1000, help="most iterations (default %(default)s)")
+    p.add_argument("--tolerance", type=float, default=1e-4,
+                   help="stop when every similarity changes by at most this (numpy.allclose; default %(default)s)")
+    p.add_argument("--threshold", type=float, default=None, help="prune similarities below this (default: exact)")
+    p.add_argument("--backend", choices=["scipy", "tuned"], default=None,
+                   help="scipy: products on the host (default); tuned: the tuned SpGEMM on the GPU")
+    p.add_argument("--top", type=int, default=10, help="most similar pairs printed (default %(default)s)")
+    p.add_argument("--out", default=None, help="the similarity matrix (SciPy .npz)")
+    p.set_defaults(func=cmd_simrank)
+
+    p = sub.add_parser("betweenness", help="betweenness centrality (NetworkX's semantics), Brandes on source batches",
+                       description="Betweenness centrality of every node of the graph whose edge u -> v is A[u, v] "
+                                   "(unweighted shortest paths), as networkx.betweenness_centrality computes it: "
+                                   "Brandes' algorithm with a batch of sources per breadth-first search, each "
+                                   "level one sparse product, on the host. --k samples sources as NetworkX does "
+                                   "(with --seed). Prints the top nodes; --out writes every node's value.")
+    p.add_argument("graph", help=MATRIX_HELP)
+    p.add_argument("--k", type=int, default=None, help="sampled sources (default: every node)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sample (default: random)")
+    p.add_argument("--unnormalized", action="store_true", help="path counts, not divided by the node pairs")
+    p.add_argument("--endpoints", action="store_true", help="count a path's end nodes too")
+    p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
+    p.add_argument("--out", default=None, help="every node's value: .npy, or .csv")
+    p.set_defaults(func=cmd_betweenness)
 
     p = sub.add_parser("bench", help="time tuned kernels against cuSPARSE on a suite; print a table, write JSON",
                        description="Benchmark tuned SpMV against cuSPARSE (best of CSR and COO through "

@@ -1,6 +1,8 @@
 """Graph algorithms on the tuned products, with NetworkX's semantics on SciPy adjacency matrices."""
+from .betweenness import betweenness
 from .hits import hits
 from .pagerank import ConvergenceError, IterationInfo, pagerank
 from .rwr import rwr
+from .simrank import simrank
 
-__all__ = ["ConvergenceError", "IterationInfo", "hits", "pagerank", "rwr"]
+__all__ = ["ConvergenceError", "IterationInfo", "betweenness", "hits", "pagerank", "rwr", "simrank"]
