@@ -34,9 +34,9 @@ KEY_BYTES = 8  # outer_product's (row * n_cols + column) keys
 # device memory or L2.
 REFERENCE_BANDWIDTH_GBS = 3006.0
 REFERENCE_RATES = {
-    "outer.csr": 1.192e-09, "outer.expand": 3.008e-09, "outer.reduce": 6.776e-10, "outer.sort": 9.142e-10,
-    "hash.rows": 4.224e-05, "hash.symbolic_global": 2.042e-08, "hash.symbolic_shared": 5.844e-08,
-    "hash.numeric_global": 5.539e-08, "hash.numeric_shared": 6.396e-08, "hash.sort": 5.874e-09,
+    "outer.csr": 1.0886e-09, "outer.expand": 3.0113e-09, "outer.reduce": 6.5076e-10, "outer.sort": 9.0816e-10,
+    "hash.rows": 2.7146e-05, "hash.symbolic_global": 1.9908e-08, "hash.symbolic_shared": 5.2142e-08,
+    "hash.numeric_global": 5.4780e-08, "hash.numeric_shared": 6.1473e-08, "hash.sort": 5.3514e-09,
 }
 
 
