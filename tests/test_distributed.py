@@ -307,3 +307,14 @@ def test_split_kernels_for_own_and_gathered_columns_add_up_to_the_whole_product(
         return spmv.gather(spmv.local_product(spmv.gather_x(spmv.scatter(x))))
     for y in LocalGroup(3).run(rank):
         assert np.abs(y - A.astype(np.float64) @ x).max() <= 1e-5 * np.abs(A).max() * A.shape[0]
+
+
+def test_multigpu_bench_table_shows_times_in_ms_efficiency_and_the_check():
+    from tuner.bench_multigpu import MultiGpuRow, format_table
+    row = MultiGpuRow(op="spmv", name="rmat:9", nnz=5738, gpus=4, ours_s=1e-3, one_gpu_s=3e-3, speedup=3.0,
+                      efficiency=0.75, correct=False, max_rel_diff_vs_one_gpu=2e-3, rel_error_vs_scipy=None,
+                      iterations=None, one_gpu_iterations=None, setup_s=1.0, one_gpu_setup_s=2.0, allgather_s=4e-4,
+                      local_s=7e-4, single_kernel_s=1.2e-3, rows_per_rank=[128] * 4, nnz_per_rank=[1434] * 4)
+    line = format_table([row]).splitlines()[1].split()
+    assert line[:9] == ["spmv", "rmat:9", "5,738", "4", "1.000", "3.000", "3.00", "0.75", "0.400"]
+    assert line[9:12] == ["0.700", "1.200", "WRONG"]
