@@ -20,7 +20,8 @@ def no_gpu(monkeypatch):
 
 @pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"], ["spgemm", "--help"],
                                   ["pagerank", "--help"], ["hits", "--help"], ["rwr", "--help"],
-                                  ["bench-multigpu", "--help"], ["simrank", "--help"], ["betweenness", "--help"]])
+                                  ["bench-multigpu", "--help"], ["simrank", "--help"], ["betweenness", "--help"],
+                                  ["bench-graph", "--help"]])
 def test_every_command_explains_itself(args):
     proc = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
     assert proc.returncode == 0
@@ -240,8 +241,9 @@ def test_simrank_and_betweenness_commands_print_the_top_and_write_every_value(no
     assert "from 50 sources" in capsys.readouterr().out
 
 
-def test_bench_multigpu_without_gpu_says_so(no_gpu, capsys):
-    assert cli.main(["bench-multigpu", "rmat:9"]) == cli.NO_GPU_EXIT
+@pytest.mark.parametrize("command", ["bench-multigpu", "bench-graph"])
+def test_gpu_benches_without_gpu_say_so(no_gpu, capsys, command):
+    assert cli.main([command, "rmat:9"]) == cli.NO_GPU_EXIT
     assert "NO CUDA GPU PRESENT" in capsys.readouterr().out
 
 

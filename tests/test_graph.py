@@ -270,3 +270,38 @@ def test_betweenness_on_a_real_graph_equals_networkx_and_batches_do_not_matter(p
 def test_simrank_through_the_tuned_spgemm_equals_the_host_products():
     A = graph(400, 75)
     assert abs(tuner.simrank(A, backend="tuned") - tuner.simrank(A)).max() <= 1e-12
+
+
+def test_simrank_tuned_backend_multiplies_through_the_spgemm_compile(monkeypatch):
+    from tuner import operations
+    calls = []
+
+    def fake_compile(X, Y=None, **options):  # the product our SpGEMM returns: SciPy CSR of X @ Y
+        calls.append((X.shape, Y.shape, options.get("dtype")))
+        return lambda: (X @ Y).tocsr()
+    monkeypatch.setattr(operations, "compile", fake_compile)
+    A = graph(120, 76)
+    S, info = tuner.simrank(A, backend="tuned", return_info=True)
+    assert abs(S - tuner.simrank(A)).max() == 0 and info.backend == "tuned"
+    assert len(calls) == 2 * info.iterations and all(c == ((120, 120), (120, 120), np.float64) for c in calls)
+
+
+@pytest.mark.gpu
+def test_graph_bench_rows_agree_with_networkx_and_the_cusparse_loop():
+    pytest.importorskip("cupy")
+    from tuner.bench_graph import bench_pagerank, bench_simrank, format_table
+    rows = [bench_pagerank("rmat:10", "pagerank"), bench_pagerank("rmat:10", "rwr"), bench_simrank("rmat:8")]
+    for row in rows[:2]:
+        assert row.iterations > 5 and row.max_abs_diff_vs_networkx <= 1e-6 and row.max_abs_diff_vs_cusparse <= 1e-6
+        assert row.ours_iter_ms > 0 and row.spmv_ms > 0 and row.setup_s > 0
+    assert rows[2].max_abs_diff_vs_networkx <= 1e-12 and rows[2].max_abs_diff_vs_cusparse <= 1e-12
+    assert len(format_table(rows).splitlines()) == 4
+
+
+def test_graph_bench_table_has_a_line_per_row():
+    from tuner.bench_graph import GraphRow, format_table
+    row = GraphRow(algorithm="pagerank", name="rmat:20", nnz=16_000_000, iterations=17, ours_s=2.5, cusparse_s=1.0,
+                   speedup=0.4, ours_iter_ms=0.2, cusparse_iter_ms=0.3, spmv_ms=0.1, setup_s=2.0,
+                   cusparse_setup_s=0.3, max_abs_diff_vs_networkx=None, max_abs_diff_vs_cusparse=1e-9)
+    line = format_table([row]).splitlines()[1].split()
+    assert line == ["pagerank", "rmat:20", "16,000,000", "17", "2.50", "1.00", "0.40", "0.200", "0.300", "0.100", "-"]

@@ -306,6 +306,22 @@ def cmd_bench_multigpu(args) -> int:
     return bench_multigpu.run_ranks(args.suite or list(bench_multigpu.SUITE), Path(out), comm, args.command_line)
 
 
+def cmd_bench_graph(args) -> int:
+    from tqdm import tqdm
+
+    from . import bench_graph, paths
+    if not gpu.available():
+        print(_no_gpu_banner().splitlines()[0] + "\nbench-graph times the algorithms on the GPU.")
+        return NO_GPU_EXIT
+    out = Path(args.out) if args.out else paths.gpu_results_dir(gpu.device_info().name) / "bench-graph.json"
+    suite = args.suite or bench_graph.default_suite(args.data_dir)
+    bar = lambda jobs: tqdm(jobs, desc="bench graph", unit="row", file=sys.stderr)  # noqa: E731
+    rows = bench_graph.run(suite, out, args.command_line, progress=bar)
+    print(bench_graph.format_table(rows))
+    print(f"wrote {out}")
+    return 0
+
+
 def _default_suite(data_dir, report: bool = False) -> list[str]:
     """The default suite, after checking that a data folder given (--data-dir, $TUNER_DATA_DIR) exists; with
     none at all, says that only generated graphs run."""
@@ -618,6 +634,18 @@ def build_parser() -> argparse.ArgumentParser:
     tuning(p)
     common(p)
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("bench-graph", help="PageRank, RWR and SimRank end to end against cuSPARSE loops and NetworkX",
+                       description="Run PageRank and random walk with restart (iterations on the GPU, the tuned "
+                                   "SpMV) and SimRank (the tuned SpGEMM) from a host SciPy matrix to a NumPy "
+                                   "result, and the same algorithms on cuSPARSE through CuPy for the same "
+                                   "iterations; compare both with NetworkX where it runs in reasonable time. "
+                                   "Writes bench-graph.json after each row.")
+    p.add_argument("suite", nargs="*", help=f"graphs for PageRank and RWR ({MATRIX_HELP}); default: the data "
+                                            "folder's graphs, rmat:20 and rmat:23 (SimRank: rmat:10, rmat:12)")
+    p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
+    p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-graph.json)")
+    p.set_defaults(func=cmd_bench_graph)
 
     p = sub.add_parser("bench-multigpu", help="SpMV and PageRank across this machine's GPUs (MPI + NCCL) against one",
                        description="Split each graph's rows among the GPUs (one MPI rank each, bitonic partition, a "

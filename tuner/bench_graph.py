@@ -1,0 +1,219 @@
+"""``python -m tuner bench-graph``: the graph algorithms end to end, ours against the same algorithm on
+cuSPARSE through CuPy, with the same iterations, and against NetworkX where it runs in reasonable time.
+
+Rows (models/<gpu-slug>/bench-graph.json), host SciPy matrix in, NumPy result out:
+
+* ``pagerank``: ours is :func:`~tuner.distributed.pagerank.pagerank_on_devices` on this GPU (the tuned SpMV of
+  Aᵀ, the fused update kernel, iterations on the device) to a per-node change below ``TOL``; cuSPARSE's is
+  the same pull iteration in CuPy (``csr @ vector`` on Aᵀ transposed on the GPU, device-side dangling sum,
+  the change read by the host each iteration as ours is), run for exactly our number of iterations.
+* ``rwr``: the same with the walk restarting at the three nodes of largest out-degree.
+* ``simrank``: :func:`tuner.simrank` through our SpGEMM against the same two products an iteration through
+  CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), for our number of iterations, on small generated graphs.
+
+Every time is wall seconds between device synchronisations; ``setup_s`` covers the host-to-device copies and
+(ours) the plan, layout and compile.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import __version__, gpu, loaders
+
+TOL = 1e-9  # per node; the float32 ranks of hubs (1e-4) still resolve it
+ALPHA = 0.85
+NETWORKX_NNZ = 5_000_000  # NetworkX's PageRank takes seconds per million edges: compared up to here
+SIMRANK_SUITE = ("rmat:10", "rmat:12")
+NETWORKX_SIMRANK_NODES = 2048  # NetworkX returns every pair as a dict of dicts: compared up to here
+DEFAULT_GENERATED = ("rmat:20", "rmat:23")
+
+
+@dataclass(frozen=True)
+class GraphRow:
+    """One (algorithm, graph); seconds unless named otherwise.
+
+    Attributes:
+        algorithm, name, nnz: what ran on which graph of how many edges.
+        iterations: ours to the tolerance; cuSPARSE's loop ran as many.
+        ours_s, cusparse_s: host matrix in to result out; speedup: cusparse_s / ours_s.
+        ours_iter_ms, cusparse_iter_ms: per iteration, setup excluded.
+        spmv_ms: our tuned SpMV of Aᵀ alone (PageRank, RWR), median of CUDA events.
+        setup_s, cusparse_setup_s: each side's setup (ours: plan, layout, compile, upload; cuSPARSE: upload,
+            transpose).
+        max_abs_diff_vs_networkx: against NetworkX in float64 (None where not run); max_abs_diff_vs_cusparse:
+            against the cuSPARSE loop's result.
+    """
+
+    algorithm: str
+    name: str
+    nnz: int
+    iterations: int
+    ours_s: float
+    cusparse_s: float
+    speedup: float
+    ours_iter_ms: float
+    cusparse_iter_ms: float
+    spmv_ms: float | None
+    setup_s: float
+    cusparse_setup_s: float
+    max_abs_diff_vs_networkx: float | None
+    max_abs_diff_vs_cusparse: float
+
+
+def _sync():
+    import cupy
+    cupy.cuda.Device().synchronize()
+
+
+def cusparse_pagerank(A, iterations: int, p: np.ndarray, dtype=np.float32) -> tuple[np.ndarray, float, float]:
+    """The pull iteration on cuSPARSE through CuPy for exactly ``iterations`` steps: (ranks, setup s,
+    iterations s). ``p``: teleport and dangling distribution."""
+    import cupy
+    import cupyx.scipy.sparse as cpsp
+    t0 = time.perf_counter()
+    W = sp.csr_matrix(A, dtype=np.float64)
+    out_weight = np.asarray(W.sum(axis=1)).ravel()
+    inverse = np.divide(1.0, out_weight, out=np.zeros(W.shape[0]), where=out_weight != 0)
+    At = cpsp.csr_matrix(W.astype(dtype)).T.tocsr()  # transposed on the GPU
+    inv, pv = cupy.asarray(inverse.astype(dtype)), cupy.asarray(p.astype(dtype))
+    dangling = cupy.asarray((out_weight == 0).astype(dtype))
+    x = cupy.asarray(np.full(W.shape[0], 1.0 / W.shape[0], dtype))
+    _sync()
+    t1 = time.perf_counter()
+    for _ in range(iterations):
+        pulled = At @ (x * inv)
+        x_new = ALPHA * (pulled + cupy.sum(x * dangling) * pv) + (1 - ALPHA) * pv
+        float(cupy.abs(x_new - x).max())  # the host reads the change each iteration, as ours does
+        x = x_new
+    _sync()
+    t2 = time.perf_counter()
+    return cupy.asnumpy(x).astype(np.float64), t1 - t0, t2 - t1
+
+
+def _networkx_pagerank(A, p: np.ndarray | None) -> np.ndarray:
+    import networkx as nx
+    G = nx.from_scipy_sparse_array(sp.csr_matrix(A, dtype=np.float64), create_using=nx.DiGraph)
+    pers = None if p is None else {i: float(v) for i, v in enumerate(p) if v}
+    d = nx.pagerank(G, alpha=ALPHA, personalization=pers, tol=1e-13, max_iter=10_000)
+    return np.array([d[i] for i in range(A.shape[0])])
+
+
+def bench_pagerank(source: str, algorithm: str, dtype=np.float32) -> GraphRow:
+    """One PageRank ('pagerank') or random walk with restart ('rwr') row."""
+    from .distributed.nccl import SoloDevice
+    from .distributed.pagerank import pagerank_on_devices, pull_product
+    A = abs(loaders.load(source))  # edge weights are magnitudes (the finite-element controls have signs)
+    n = A.shape[0]
+    p = np.full(n, 1.0 / n)
+    if algorithm == "rwr":
+        seeds = np.argsort(-np.diff(A.indptr), kind="stable")[:3]
+        p = np.zeros(n)
+        p[seeds] = 1.0 / 3
+    t0 = time.perf_counter()
+    solo = SoloDevice()
+    product = pull_product(A, solo, dtype=dtype)
+    setup_product = time.perf_counter() - t0
+    x, info = pagerank_on_devices(A, solo, alpha=ALPHA, personalization=p, tol=TOL, tol_rule="per_node",
+                                  max_iter=1000, product=product, return_info=True)
+    ours = time.perf_counter() - t0
+    spmv_ms = product.local.time() if product.local is not None else None
+    ref_cu, cu_setup, cu_iter = cusparse_pagerank(A, info.iterations, p, dtype)
+    ref_nx = _networkx_pagerank(A, None if algorithm == "pagerank" else p) if A.nnz <= NETWORKX_NNZ else None
+    return GraphRow(
+        algorithm=algorithm, name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
+        ours_s=ours, cusparse_s=cu_setup + cu_iter, speedup=(cu_setup + cu_iter) / ours,
+        ours_iter_ms=1e3 * info.seconds["iterations"] / info.iterations,
+        cusparse_iter_ms=1e3 * cu_iter / info.iterations, spmv_ms=spmv_ms,
+        setup_s=setup_product + info.seconds["setup"], cusparse_setup_s=cu_setup,
+        max_abs_diff_vs_networkx=None if ref_nx is None else float(np.abs(x - ref_nx).max()),
+        max_abs_diff_vs_cusparse=float(np.abs(x - ref_cu).max()))
+
+
+def cusparse_simrank(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_matrix, float, float]:
+    """SimRank's two products an iteration through CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), float64."""
+    import cupyx.scipy.sparse as cpsp
+    t0 = time.perf_counter()
+    W = sp.csr_matrix(A, dtype=np.float64)
+    in_weight = np.asarray(W.sum(axis=0)).ravel()
+    in_weight[in_weight == 0] = 1.0
+    W = cpsp.csr_matrix((W @ sp.diags(1.0 / in_weight)).tocsr())
+    Wt = W.T.tocsr()
+    n = W.shape[0]
+    eye = cpsp.identity(n, format="csr", dtype=np.float64)
+    S = eye
+    _sync()
+    t1 = time.perf_counter()
+    for _ in range(iterations):
+        S = c * ((Wt @ S) @ W)
+        S = (S - cpsp.diags(S.diagonal()) + eye).tocsr()
+    _sync()
+    t2 = time.perf_counter()
+    return S.get(), t1 - t0, t2 - t1
+
+
+def bench_simrank(source: str) -> GraphRow:
+    from .graph import simrank
+    A = abs(loaders.load(source))
+    t0 = time.perf_counter()
+    S, info = simrank(A, backend="tuned", return_info=True)
+    ours = time.perf_counter() - t0
+    ref_cu, cu_setup, cu_iter = cusparse_simrank(A, info.iterations)
+    nx_diff = None
+    if A.shape[0] <= NETWORKX_SIMRANK_NODES:
+        import networkx as nx
+        G = nx.from_scipy_sparse_array(sp.csr_matrix(A, dtype=np.float64), create_using=nx.DiGraph)
+        d = nx.simrank_similarity(G)
+        ref_nx = np.array([[d[i][j] for j in range(A.shape[0])] for i in range(A.shape[0])])
+        nx_diff = float(np.abs(S.toarray() - ref_nx).max())
+    return GraphRow(
+        algorithm="simrank", name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
+        ours_s=ours, cusparse_s=cu_setup + cu_iter, speedup=(cu_setup + cu_iter) / ours,
+        ours_iter_ms=1e3 * ours / info.iterations, cusparse_iter_ms=1e3 * cu_iter / info.iterations, spmv_ms=None,
+        setup_s=0.0, cusparse_setup_s=cu_setup, max_abs_diff_vs_networkx=nx_diff,
+        max_abs_diff_vs_cusparse=float(abs(S - ref_cu).max()))
+
+
+def default_suite(data_dir=None) -> list[str]:
+    """The data folder's graphs and two R-MAT graphs.
+
+    Example:
+        >>> default_suite("/nonexistent")
+        ['rmat:20', 'rmat:23']
+    """
+    return [str(p) for p in loaders.real_matrices(data_dir)] + list(DEFAULT_GENERATED)
+
+
+def format_table(rows: list[GraphRow]) -> str:
+    lines = [f"{'algorithm':<9} {'graph':<24}{'nnz':>12}{'iters':>6}{'ours s':>9}{'cuSPARSE s':>11}{'x':>6}"
+             f"{'ours it ms':>11}{'cuSP it ms':>11}{'spmv ms':>8}{'vs nx':>9}"]
+    for r in rows:
+        nx_diff = "-" if r.max_abs_diff_vs_networkx is None else f"{r.max_abs_diff_vs_networkx:.1e}"
+        spmv = "-" if r.spmv_ms is None else f"{r.spmv_ms:.3f}"
+        lines.append(f"{r.algorithm:<9} {r.name[:24]:<24}{r.nnz:>12,}{r.iterations:>6}{r.ours_s:>9.2f}"
+                     f"{r.cusparse_s:>11.2f}{r.speedup:>6.2f}{r.ours_iter_ms:>11.3f}{r.cusparse_iter_ms:>11.3f}"
+                     f"{spmv:>8}{nx_diff:>9}")
+    return "\n".join(lines)
+
+
+def run(suite: list[str], out: Path, command: str, progress=None) -> list[GraphRow]:
+    """Every row of the suite (PageRank and RWR per graph, then SimRank's), written to ``out`` after each."""
+    jobs = [(bench_pagerank, (s, a)) for s in suite for a in ("pagerank", "rwr")]
+    jobs += [(bench_simrank, (s,)) for s in SIMRANK_SUITE]
+    rows: list[GraphRow] = []
+    info = gpu.device_info()
+    for fn, args in (progress(jobs) if progress else jobs):
+        rows.append(fn(*args))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "tool": f"sparse-tuner {__version__}", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": command, "gpu": {"name": info.name, "memory_bytes": info.memory_bytes},
+            "timing": (f"wall seconds between device synchronisations; float32 PageRank/RWR to a per-node change "
+                       f"below {TOL} (cuSPARSE: the same iterations); SimRank float64, NetworkX's tolerance"),
+            "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+    return rows
