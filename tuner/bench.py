@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, families, gpu, loaders, paths
+from . import __version__, families, gpu, layouts, loaders, paths
 from .compiler import compile as compile_spmv
 from .kernel import copy_bandwidth_gbs, random_vector, time_spmv
 from .matrix import CanonicalMatrix, canonicalize
@@ -168,8 +168,9 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     t0 = time.perf_counter()
     spmv = compile_spmv(A, cache_dir=cache_dir, tune=tune)
     tune_s = time.perf_counter() - t0
+    layouts.wait()  # the layout the first compile keeps is on disk before the second looks for it
     t0 = time.perf_counter()
-    spmv = compile_spmv(A, cache_dir=cache_dir, tune=tune)  # second compile: served from the plan and binary caches
+    spmv = compile_spmv(A, cache_dir=cache_dir, tune=tune)  # second compile: plan, binary and layout caches
     cache_hit_s = time.perf_counter() - t0
     # The chosen layout built again from a fresh canonical matrix (relabelling included): its host cost.
     fresh = canonicalize(A)

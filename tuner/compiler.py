@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import codegen, families, gpu, paths, planner
+from . import codegen, families, gpu, layouts, paths, planner
 from .cache import Cache
 from .families.base import Specialization, memo_state, ordered_matrix, restore
 from .families.tiles import TILE_ORDER
@@ -263,7 +263,7 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
         spec = plan.specialization()
         if binary is None:  # binary evicted or corrupt: rebuild it, keep the plan
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
-        return SpMV(m, spec, binary.cubin, plan)
+        return _spmv(m, spec, binary.cubin, plan, cache, digest)
     specs, predicted, seconds = plan_candidates(m, prof)
     if prof and tune != "exhaustive":
         specs, predicted = predictable(specs, predicted, info.name)
@@ -295,7 +295,13 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
                         value_free=m.value_free, arch=info.arch, binary_key=build([best])[0].key, tune=tune,
                         ranking=ranking, features=structure_features(m), seconds=seconds)
     planner.store_plan(cache, key, plan)
-    return SpMV(m, best, binaries[id(best)].cubin, plan)
+    return _spmv(m, best, binaries[id(best)].cubin, plan, cache, digest)
+
+
+def _spmv(m: CanonicalMatrix, spec, cubin: bytes, plan, cache: Cache, digest: str) -> SpMV:
+    """The callable, its layout loaded from the layout cache or built (and kept there when that pays)."""
+    launch, how = layouts.launch_for(m, spec, cache, digest)
+    return SpMV(m, spec, cubin, plan, launch=launch, layout_source=how)
 
 
 def _profile(info, profile) -> Profile | None:
@@ -317,4 +323,4 @@ def _fixed(m, digest: str, info, family: str, params: dict, cache: Cache) -> SpM
                         measured_ms=None, fingerprint=digest, value_dtype=m.value_dtype.name,
                         index_dtype=m.index_dtype.name, value_free=m.value_free, arch=info.arch,
                         binary_key=binary.key, tune="fixed")
-    return SpMV(m, spec, binary.cubin, plan)
+    return _spmv(m, spec, binary.cubin, plan, cache, digest)

@@ -38,6 +38,7 @@ class SpMV:
     Attributes:
         plan: the :class:`~tuner.planner.Plan` this kernel was built from.
         shape, dtype: of the matrix the kernel multiplies by.
+        layout_source: how its layout came: 'built', 'stored' (built and kept in the cache) or 'loaded'.
 
     Example (on a GPU machine):
         >>> import numpy as np, scipy.sparse as sp, tuner  # doctest: +SKIP
@@ -46,12 +47,13 @@ class SpMV:
     """
 
     def __init__(self, matrix: CanonicalMatrix, spec: Specialization, cubin: bytes, plan,
-                 arrays: DeviceArrays | None = None):
+                 arrays: DeviceArrays | None = None, launch: Launch | None = None, layout_source: str = "built"):
         self.plan = plan
         self.shape = matrix.shape
         self.dtype = matrix.value_dtype
         self.spec = spec
-        self._launch: Launch = families.get(spec.family).launch(matrix, spec.params)
+        self.layout_source = layout_source if launch is not None else "built"
+        self._launch: Launch = launch if launch is not None else families.get(spec.family).launch(matrix, spec.params)
         # Held for the kernel's lifetime: the raw pointers below are only valid while the buffers live.
         self._device_arrays = arrays = arrays or DeviceArrays()
         self._array_ptrs = tuple(arrays.pointer(a) for _, a in self._launch.arrays)
