@@ -3,13 +3,16 @@
 Per matrix it records the chosen plan, our median time, cuSPARSE's (best of CSR and COO through
 ``cupyx.cusparse.spmv``, when CuPy is importable), the ratio, the achieved bandwidth on the compulsory
 bytes and its fraction of the device-to-device copy bandwidth measured in the same run, the error against
-SciPy in float64, the tuning time and the cache-hit time of a second compile.
+SciPy in float64, the tuning time and the cache-hit time of a second compile, and the time to a first
+product from a host SciPy matrix, ours and cuSPARSE's, with the products it takes ours to catch up.
 """
 from __future__ import annotations
 
 import json
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, families, gpu, layouts, loaders, paths
+from .cache import Cache
 from .compiler import compile as compile_spmv
 from .kernel import copy_bandwidth_gbs, random_vector, time_spmv
 from .matrix import CanonicalMatrix, canonicalize
@@ -30,7 +34,14 @@ KRONECKER_BENCH_ONLY = (("cnr-2000.npz", 4),)
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One matrix's results; times in milliseconds, bandwidths in GB/s (10^9 bytes per second)."""
+    """One matrix's results; times in milliseconds, bandwidths in GB/s (10^9 bytes per second).
+
+    The time to a first product (``time_to_first_ms``: host SciPy matrix to the first y on the host, a cold
+    plan and layout cache but the compiled kernels cached; ``cusparse_time_to_first_ms``: the matrix copied
+    into a CuPy CSR, one cuSPARSE product, y back) and the products after which ours is ahead in total
+    (``break_even_products``: None where ours is not faster per product). ``cache_hit_ms``: a second compile
+    of the same matrix (plan, kernels and layout from the cache).
+    """
 
     name: str
     n_rows: int
@@ -53,6 +64,10 @@ class BenchRow:
     cache_hit_s: float
     layout_s: float = float("nan")
     plan_s: float = float("nan")
+    time_to_first_ms: float | None = None
+    cusparse_time_to_first_ms: float | None = None
+    cache_hit_ms: float | None = None
+    break_even_products: int | None = None
 
 
 LARGE_NNZ = 100_000_000  # generated graphs of this many non-zeros or more are built only where a GPU times them
@@ -194,6 +209,8 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     else:
         ours_ms = kernel_ms
     best_cusparse = min(t for t in (csr_ms, coo_ms) if t is not None) if csr_ms or coo_ms else None
+    first_ms = _time_to_first_ms(A, x, cache_dir, tune)
+    cu_first_ms = _cusparse_time_to_first_ms(cp, m, x) if best_cusparse is not None else None
     nbytes = compulsory_bytes(m)
     achieved = nbytes / (ours_ms * 1e-3) / 1e9
     return BenchRow(name=loaders.display_name(source), n_rows=m.n_rows,
@@ -203,7 +220,51 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
                     compulsory_bytes=nbytes, achieved_gbs=achieved,
                     floor_fraction=achieved / copy_gbs if copy_gbs else float("nan"), rel_error=err,
                     load_s=load_s, tune_s=tune_s, cache_hit_s=cache_hit_s, layout_s=layout_s,
-                    plan_s=spmv.plan.seconds.get("plan", float("nan")))
+                    plan_s=spmv.plan.seconds.get("plan", float("nan")), time_to_first_ms=first_ms,
+                    cusparse_time_to_first_ms=cu_first_ms, cache_hit_ms=1e3 * cache_hit_s,
+                    break_even_products=break_even(first_ms, ours_ms, cu_first_ms, best_cusparse))
+
+
+def break_even(first_ms: float, per_ms: float, other_first_ms: float | None, other_per_ms: float | None) -> int | None:
+    """The fewest products after which ours (``first_ms`` to the first, then ``per_ms`` each) has taken no longer
+    in total than the other; None where ours is not faster per product.
+
+    Example:
+        >>> break_even(1000.0, 1.0, 100.0, 2.0), break_even(50.0, 1.0, 100.0, 2.0), break_even(9.0, 2.0, 1.0, 1.0)
+        (901, 1, None)
+    """
+    if other_first_ms is None or other_per_ms is None or per_ms >= other_per_ms:
+        return None
+    return max(1, int(np.ceil(1 + (first_ms - other_first_ms) / (other_per_ms - per_ms))))
+
+
+def _time_to_first_ms(A, x: np.ndarray, cache_dir, tune: str) -> float:
+    """Host matrix to the first y on the host through a cache that has the compiled kernels but no plan or
+    layout of this matrix (a new matrix on a machine that has compiled before)."""
+    cold = Path(tempfile.mkdtemp(prefix="tuner-cold-"))
+    try:
+        for kind in ("cubin", "library"):
+            if (Cache(cache_dir).root / kind).is_dir():
+                (cold / kind).symlink_to(Cache(cache_dir).root / kind, target_is_directory=True)
+        t0 = time.perf_counter()
+        compile_spmv(A, cache_dir=cold, tune=tune)(x)
+        first = 1e3 * (time.perf_counter() - t0)
+        layouts.wait()
+    finally:
+        shutil.rmtree(cold, ignore_errors=True)  # the links, not what they point to
+    return first
+
+
+def _cusparse_time_to_first_ms(cp, m: CanonicalMatrix, x: np.ndarray) -> float:
+    """Host matrix to the first y on the host through cuSPARSE: a CuPy CSR of it, one product, y copied back."""
+    import cupyx.cusparse as cusparse
+    import cupyx.scipy.sparse as cpsp
+    host = m.to_scipy()
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    a = cpsp.csr_matrix(host)
+    cusparse.spmv(a, cp.asarray(x)).get()
+    return 1e3 * (time.perf_counter() - t0)
 
 
 def format_table(rows: list[BenchRow]) -> str:
