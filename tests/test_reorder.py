@@ -120,3 +120,24 @@ def test_a_relabelled_matrix_knows_its_lengths_without_counting_them_again():
     assert np.array_equal(b.col_lengths, np.bincount(b.indices, minlength=b.n_cols))
     assert np.array_equal(b.row_lengths, np.diff(b.indptr))
     assert b.col_lengths[0] == m.col_lengths.max() and np.all(np.diff(b.col_lengths) <= 0)
+
+
+@pytest.mark.gpu
+def test_the_gpu_permutes_to_the_same_arrays_as_the_host(monkeypatch):
+    pytest.importorskip("cupy")
+    from tuner.formats import device_reorder, reorder
+    cases = dict(fixture_matrices(), big=power_law(20000, seed=90), pattern=abs(power_law(5000, seed=91)) > 0)
+    for name, A in cases.items():
+        for index_dtype in (None, np.int64):
+            m = canonicalize(A, index_dtype=index_dtype)
+            if m.nnz == 0:
+                continue
+            o = reorder.degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
+            monkeypatch.setattr(device_reorder, "MIN_NNZ", 1 << 62)
+            host = reorder.permute(m, o)
+            monkeypatch.setattr(device_reorder, "MIN_NNZ", 0)
+            assert device_reorder.usable(m.n_rows, m.n_cols, m.nnz), name
+            device = reorder.permute(m, o)
+            for field in ("indptr", "indices", "data"):
+                a, b = getattr(host, field), getattr(device, field)
+                assert a.dtype == b.dtype and np.array_equal(a, b), (name, index_dtype, field)

@@ -130,6 +130,16 @@ def select_device(ordinal: int) -> None:
         _state["ordinal"] = ordinal
 
 
+def selected_device() -> int:
+    """The device this process works on: 0 unless :func:`select_device` chose another.
+
+    Example:
+        >>> selected_device() >= 0
+        True
+    """
+    return _state.get("ordinal", 0)
+
+
 def _context():
     """The primary context of the selected device (0 unless :func:`select_device`), current in this thread."""
     reason = unavailable_reason()
