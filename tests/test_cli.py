@@ -226,6 +226,8 @@ def test_pagerank_without_gpu_iterates_on_the_host_and_writes_every_rank(no_gpu,
     assert cli.main(["pagerank", "rmat:9", "--backend", "tuned"]) == cli.NO_GPU_EXIT
     assert cli.main(["pagerank", "rmat:9", "--backend", "device"]) == cli.NO_GPU_EXIT
     assert "--backend device multiplies on a GPU" in capsys.readouterr().out
+    assert cli.main(["pagerank", "rmat:9", "--gpus", "2"]) == cli.NO_GPU_EXIT
+    assert "--gpus starts one rank per GPU" in capsys.readouterr().out
 
 
 def test_simrank_and_betweenness_commands_print_the_top_and_write_every_value(no_gpu, capsys, tmp_path):

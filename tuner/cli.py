@@ -157,6 +157,9 @@ def _ranks(args):
     --distributed, or None)."""
     if args.gpus is not None:
         from .distributed.launch import spawn, without_option
+        if not gpu.available():
+            print(_no_gpu_banner().splitlines()[0] + "\n--gpus starts one rank per GPU.")
+            return NO_GPU_EXIT, None
         return spawn(args.gpus, without_option(args.argv, "--gpus")), None
     if args.distributed:
         from .distributed.launch import rank_comm
