@@ -25,6 +25,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import __version__, gpu, loaders
+from .graph.pagerank import edge_weights, rank_cache_factors
+from .graph.simrank import column_normalised
 
 TOL = 1e-9  # per node; the float32 ranks of hubs (1e-4) still resolve it
 ALPHA = 0.85
@@ -77,12 +79,11 @@ def cusparse_pagerank(A, iterations: int, p: np.ndarray, dtype=np.float32) -> tu
     import cupy
     import cupyx.scipy.sparse as cpsp
     t0 = time.perf_counter()
-    W = sp.csr_matrix(A, dtype=np.float64)
-    out_weight = np.asarray(W.sum(axis=1)).ravel()
-    inverse = np.divide(1.0, out_weight, out=np.zeros(W.shape[0]), where=out_weight != 0)
+    W = edge_weights(A)
+    dangling_nodes, inverse = rank_cache_factors(W)
     At = cpsp.csr_matrix(W.astype(dtype)).T.tocsr()  # transposed on the GPU
     inv, pv = cupy.asarray(inverse.astype(dtype)), cupy.asarray(p.astype(dtype))
-    dangling = cupy.asarray((out_weight == 0).astype(dtype))
+    dangling = cupy.asarray(dangling_nodes.astype(dtype))
     x = cupy.asarray(np.full(W.shape[0], 1.0 / W.shape[0], dtype))
     _sync()
     t1 = time.perf_counter()
@@ -139,10 +140,7 @@ def cusparse_simrank(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_matrix,
     """SimRank's two products an iteration through CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), float64."""
     import cupyx.scipy.sparse as cpsp
     t0 = time.perf_counter()
-    W = sp.csr_matrix(A, dtype=np.float64)
-    in_weight = np.asarray(W.sum(axis=0)).ravel()
-    in_weight[in_weight == 0] = 1.0
-    W = cpsp.csr_matrix((W @ sp.diags(1.0 / in_weight)).tocsr())
+    W = cpsp.csr_matrix(column_normalised(A))
     Wt = W.T.tocsr()
     n = W.shape[0]
     eye = cpsp.identity(n, format="csr", dtype=np.float64)

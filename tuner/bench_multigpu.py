@@ -109,7 +109,8 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[MultiGpuRow]:
     """Both rows of one graph (every rank calls it; rank 0 returns them, the others nothing)."""
-    from .distributed.pagerank import _weights, pagerank_on_devices, pull_product
+    from .distributed.pagerank import pagerank_on_devices, pull_product
+    from .graph.pagerank import edge_weights
     A = loaders.load(source)
     name = loaders.display_name(source)
     x = np.random.default_rng(7).uniform(0.5, 1.5, A.shape[0])  # not all equal: every gathered entry counts
@@ -140,7 +141,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
     ref_y = ref_pr = None
     if A.nnz <= SCIPY_CHECK_NNZ:
         from .graph import pagerank
-        ref_y = _weights(A, True).T.tocsr() @ x
+        ref_y = edge_weights(A).T.tocsr() @ x
         ref_pr = pagerank(A, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, backend="scipy")
     comm.allgather(np.zeros(1))
     rows = []

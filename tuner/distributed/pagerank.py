@@ -17,11 +17,10 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import scipy.sparse as sp
 
 from .. import codegen, gpu
-from ..graph.pagerank import TOL_RULES, ConvergenceError, IterationInfo, _node_vector, adjacency
-from ..matrix import MatrixError
+from ..graph.pagerank import (TOL_RULES, ConvergenceError, IterationInfo, _node_vector, edge_weights,
+                              rank_cache_factors)
 from .spmv import DistributedSpMV
 
 STEP_BLOCK = 256
@@ -66,16 +65,7 @@ def pull_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: bool
         >>> spmv = pull_product(A, comm)                                   # doctest: +SKIP
         >>> x = pagerank_on_devices(A, comm, product=spmv)                 # doctest: +SKIP
     """
-    return DistributedSpMV(_weights(A, weighted).T.tocsr().astype(dtype), comm, overlap=overlap, **options)
-
-
-def _weights(A, weighted: bool) -> sp.csr_matrix:
-    W = adjacency(A)
-    if not weighted:
-        W = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
-    if W.nnz and W.data.min() < 0:
-        raise MatrixError("edge weights must be finite and non-negative")
-    return W
+    return DistributedSpMV(edge_weights(A, weighted).T.tocsr().astype(dtype), comm, overlap=overlap, **options)
 
 
 def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_iter: int = 100,
@@ -104,11 +94,9 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     if max_iter < 1 or tol <= 0 or check_every < 1:
         raise ValueError(f"max_iter, tol and check_every must be positive, got {max_iter}, {tol}, {check_every}")
     t0 = time.perf_counter()
-    W = _weights(A, weighted)
+    W = edge_weights(A, weighted)
     n = W.shape[0]
-    out_weight = np.asarray(W.sum(axis=1)).ravel()
-    dangling_nodes = out_weight == 0
-    inverse = np.divide(1.0, out_weight, out=np.zeros(n), where=~dangling_nodes)
+    dangling_nodes, inverse = rank_cache_factors(W)
     x0 = np.full(n, 1.0 / n) if nstart is None else _node_vector(nstart, n, "nstart")
     p = np.full(n, 1.0 / n) if personalization is None else _node_vector(personalization, n, "personalization")
     d = p if dangling is None else _node_vector(dangling, n, "dangling")

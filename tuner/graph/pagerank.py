@@ -87,6 +87,35 @@ def adjacency(A) -> sp.csr_matrix:
 BACKENDS = ("tuned", "device", "scipy")
 
 
+def edge_weights(A, weighted: bool = True) -> sp.csr_matrix:
+    """:func:`adjacency`, every edge weighing 1 unless ``weighted``; negative weights refused.
+
+    Example:
+        >>> edge_weights(np.array([[0, 2.0], [3.0, 0]]), weighted=False).data.tolist()
+        [1.0, 1.0]
+    """
+    W = adjacency(A)
+    if not weighted:
+        W = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
+    if W.nnz and W.data.min() < 0:
+        raise MatrixError("edge weights must be finite and non-negative")
+    return W
+
+
+def rank_cache_factors(W: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
+    """The dangling nodes (no out-weight) and each node's 1 / out-weight (0 where dangling): x times the
+    latter is paper 002's rank cache.
+
+    Example:
+        >>> d, inv = rank_cache_factors(sp.csr_matrix(np.array([[0, 2.0], [0, 0]])))
+        >>> d.tolist(), inv.tolist()
+        ([False, True], [0.5, 0.0])
+    """
+    out_weight = np.asarray(W.sum(axis=1)).ravel()
+    dangling = out_weight == 0
+    return dangling, np.divide(1.0, out_weight, out=np.zeros(W.shape[0]), where=~dangling)
+
+
 def _multiply(At: sp.csr_matrix, backend: str, dtype):
     if backend == "scipy":
         return lambda v: At @ v
@@ -127,16 +156,10 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
                                    personalization=personalization, max_iter=max_iter, tol=tol, nstart=nstart,
                                    dangling=dangling, weighted=weighted, tol_rule=tol_rule, dtype=dtype,
                                    return_info=return_info)
-    W = adjacency(A)
+    W = edge_weights(A, weighted)
     n = W.shape[0]
-    if not weighted:
-        W = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
-    if W.nnz and W.data.min() < 0:
-        raise MatrixError("edge weights must be finite and non-negative")
     t0 = time.perf_counter()
-    out_weight = np.asarray(W.sum(axis=1)).ravel()
-    dangling_nodes = out_weight == 0
-    inverse = np.divide(1.0, out_weight, out=np.zeros(n), where=~dangling_nodes)
+    dangling_nodes, inverse = rank_cache_factors(W)
     multiply = _multiply(W.T.tocsr(), backend, dtype)
     x = np.full(n, 1.0 / n) if nstart is None else _node_vector(nstart, n, "nstart")
     p = np.full(n, 1.0 / n) if personalization is None else _node_vector(personalization, n, "personalization")

@@ -35,6 +35,28 @@ def _product(backend: str):
     raise ValueError(f"backend must be 'tuned' or 'scipy', got {backend!r}")
 
 
+def column_normalised(A) -> sp.csr_matrix:
+    """W: the adjacency matrix with each column divided by its sum (columns without entries left empty).
+
+    Example:
+        >>> column_normalised(np.array([[1.0, 2.0], [3.0, 0.0]])).toarray().tolist()
+        [[0.25, 1.0], [0.75, 0.0]]
+    """
+    W = adjacency(A)
+    if W.nnz and W.data.min() < 0:
+        raise ValueError("edge weights must be non-negative")
+    in_weight = np.asarray(W.sum(axis=0)).ravel()
+    in_weight[in_weight == 0] = 1.0
+    return (W @ sp.diags(1.0 / in_weight)).tocsr()
+
+
+def _check_fits(X: sp.csr_matrix, Y: sp.csr_matrix, what: str) -> None:
+    """Refuse X Y before it runs when its scalar products may not fit host memory."""
+    products = int(row_products(X.indptr, X.indices, Y.indptr).sum())
+    check_fits(BYTES_PER_PRODUCT * products, what, f"{BYTES_PER_PRODUCT} B per scalar product x {products:,}",
+               hint="prune the similarities with threshold=")
+
+
 def _prune(S: sp.csr_matrix, threshold: float) -> sp.csr_matrix:
     """``S`` without its off-diagonal entries below ``threshold``."""
     rows = np.repeat(np.arange(S.shape[0]), np.diff(S.indptr))
@@ -74,25 +96,14 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
         raise ValueError(f"threshold must be positive, got {threshold}")
     multiply = _product(backend)
     t0 = time.perf_counter()
-    W = adjacency(A)
-    if W.nnz and W.data.min() < 0:
-        raise ValueError("edge weights must be non-negative")
+    W = column_normalised(A)
     n = W.shape[0]
-    in_weight = np.asarray(W.sum(axis=0)).ravel()
-    in_weight[in_weight == 0] = 1.0
-    W = (W @ sp.diags(1.0 / in_weight)).tocsr()
     Wt = W.T.tocsr()
     S = sp.identity(n, format="csr")
     for iteration in range(1, max_iterations + 1):
-        products = int(row_products(Wt.indptr, Wt.indices, S.indptr).sum())
-        check_fits(BYTES_PER_PRODUCT * products, f"SimRank's product Wᵀ S (iteration {iteration})",
-                   f"{BYTES_PER_PRODUCT} B per scalar product x {products:,}",
-                   hint="prune the similarities with threshold=")
+        _check_fits(Wt, S, f"SimRank's product Wᵀ S (iteration {iteration})")
         T = multiply(Wt, S)
-        products = int(row_products(T.indptr, T.indices, W.indptr).sum())
-        check_fits(BYTES_PER_PRODUCT * products, f"SimRank's product (Wᵀ S) W (iteration {iteration})",
-                   f"{BYTES_PER_PRODUCT} B per scalar product x {products:,}",
-                   hint="prune the similarities with threshold=")
+        _check_fits(T, W, f"SimRank's product (Wᵀ S) W (iteration {iteration})")
         new = _with_unit_diagonal(importance_factor * multiply(T, W))
         if threshold is not None:
             new = _prune(new, threshold)
