@@ -113,7 +113,8 @@ def test_pagerank_through_the_tuned_spmv_equals_the_host_iteration():
 def test_pagerank_with_iterations_on_the_device_equals_networkx(path):
     A = abs(tuner.load(str(path)))
     x, info = tuner.pagerank(A, backend="device", tol=1e-12, tol_rule="per_node", max_iter=500, return_info=True)
-    expected = ranks(nx.pagerank(as_networkx(A), tol=1e-14, max_iter=1000), A.shape[0])
+    # NetworkX stops once the L1 change is under N * tol: 3.5e-10 on cit-HepPh at 1e-14, too loose a reference
+    expected = ranks(nx.pagerank(as_networkx(A), tol=1e-15, max_iter=5000), A.shape[0])
     assert info.backend == "tuned SpMV on 1 GPU(s)" and info.seconds["iterations"] > 0
     assert np.abs(x - expected).max() <= 1e-10
     host, host_info = tuner.pagerank(A, backend="scipy", tol=1e-12, tol_rule="per_node", max_iter=500,

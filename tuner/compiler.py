@@ -9,7 +9,7 @@ import numpy as np
 
 from . import codegen, families, gpu, layouts, paths, planner
 from .cache import Cache
-from .families.base import Specialization, memo_state, ordered_matrix, restore
+from .families.base import Specialization, drop_device_copies, memo_state, ordered_matrix, restore
 from .families.tiles import TILE_ORDER
 from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
 from .model import Profile, load_profile, predicted_candidates
@@ -301,7 +301,9 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
 def _spmv(m: CanonicalMatrix, spec, cubin: bytes, plan, cache: Cache, digest: str) -> SpMV:
     """The callable, its layout loaded from the layout cache or built (and kept there when that pays)."""
     launch, how = layouts.launch_for(m, spec, cache, digest)
-    return SpMV(m, spec, cubin, plan, launch=launch, layout_source=how)
+    spmv = SpMV(m, spec, cubin, plan, launch=launch, layout_source=how)
+    drop_device_copies(m)
+    return spmv
 
 
 def _profile(info, profile) -> Profile | None:

@@ -15,15 +15,17 @@ SIGNATURE_CODES = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 
 
 class DeviceArrays:
-    """Device copies of host arrays, uploaded once each and shared by every kernel that reads them."""
+    """Device copies of host arrays, uploaded once each and shared by every kernel that reads them; device
+    arrays (a layout built on the GPU) are used where they are, and held as long as the copies."""
 
     def __init__(self):
         self._buffers: dict[int, tuple[np.ndarray, object]] = {}
 
-    def pointer(self, array: np.ndarray) -> int:
+    def pointer(self, array) -> int:
         hit = self._buffers.get(id(array))
         if hit is None or hit[0] is not array:
-            hit = (array, gpu.upload(array))  # keeping the array alive keeps its id unique
+            ptr = gpu.view(array).ptr if gpu.is_device_array(array) else gpu.upload(array)
+            hit = (array, ptr)  # keeping the array alive keeps its id unique
             self._buffers[id(array)] = hit
         return int(hit[1])
 
@@ -38,7 +40,8 @@ class SpMV:
     Attributes:
         plan: the :class:`~tuner.planner.Plan` this kernel was built from.
         shape, dtype: of the matrix the kernel multiplies by.
-        layout_source: how its layout came: 'built', 'stored' (built and kept in the cache) or 'loaded'.
+        layout_source: how its layout came: 'device' (built on the GPU), 'built' (on the host), 'stored'
+            (built on the host and kept in the cache) or 'loaded' (from the cache).
 
     Example (on a GPU machine):
         >>> import numpy as np, scipy.sparse as sp, tuner  # doctest: +SKIP

@@ -1,6 +1,8 @@
-"""Built layouts kept on disk, so that a second compile of the same matrix loads its layout instead of
-building it again (a relabelled layout of a 100M-non-zero graph takes tens of seconds to build on the host;
-reading and checking it back moves its bytes once).
+"""Where a compile's layout comes from: built on the GPU (families whose builders run on CuPy, matrices large
+enough to pay; a fraction of a second for 100M non-zeros, so never stored), else built on the host and kept
+on disk, so that a second compile of the same matrix loads it instead of building it again (a relabelled
+layout of a 100M-non-zero graph takes tens of seconds to build on the host; reading and checking it back
+moves its bytes once).
 
 An entry is a folder ``<cache>/layout/<key[:2]>/<key>/`` of ``.npy`` arrays and a ``launch.json`` manifest
 with the launch geometry, scalars and the sha256 of every array (64 MiB slices hashed on all cores, as the
@@ -28,6 +30,8 @@ import numpy as np
 
 from . import families
 from .cache import Cache, make_key
+from .formats import device_reorder
+from .formats.xp import host
 from .families.base import Launch, Specialization
 from .matrix import CanonicalMatrix, _chunk_digests, structure_digest
 from .memory import parse_bytes
@@ -79,7 +83,7 @@ def store(cache: Cache, key: str, launch: Launch) -> Path | None:
     final = _folder(cache, key)
     if final.exists():
         return final
-    arrays = _arrays(launch)
+    arrays = {name: host(a) for name, a in _arrays(launch).items()}
     nbytes = sum(a.nbytes for a in arrays.values())
     final.parent.mkdir(parents=True, exist_ok=True)
     if shutil.disk_usage(final.parent).free < 2 * nbytes:
@@ -169,8 +173,10 @@ def wait() -> None:
 
 def launch_for(m: CanonicalMatrix, spec: Specialization, cache: Cache, structure: str | None = None
                ) -> tuple[Launch, str]:
-    """``m``'s layout for ``spec``, loaded from ``cache`` or built (and written there in the background when
-    building took longer than loading would); with 'loaded', 'built' or 'stored'.
+    """``m``'s layout for ``spec``: built on the GPU where it can be (:func:`on_device`: faster than reading
+    it back from disk, so never stored), else loaded from ``cache`` or built on the host (and written there
+    in the background when building took longer than loading would); with 'device', 'loaded', 'built' or
+    'stored'.
 
     Example:
         >>> import scipy.sparse as sp, tempfile
@@ -180,6 +186,10 @@ def launch_for(m: CanonicalMatrix, spec: Specialization, cache: Cache, structure
         >>> launch, how = launch_for(m, spec, Cache(tempfile.mkdtemp())); how   # built in far under a second
         'built'
     """
+    if on_device(m, spec):
+        launch = _device_build(m, spec)
+        if launch is not None:
+            return launch, "device"
     key = layout_key(m, spec, structure)
     hit = load(cache, key)
     if hit is not None:
@@ -193,6 +203,45 @@ def launch_for(m: CanonicalMatrix, spec: Specialization, cache: Cache, structure
         _writers.append(writer)
         return launch, "stored"
     return launch, "built"
+
+
+def on_device(m: CanonicalMatrix, spec: Specialization) -> bool:
+    """Whether ``m``'s layout for ``spec`` is built on the GPU: the family's builders run on CuPy
+    (:attr:`~tuner.families.base.Family.device_launch`), and the matrix is large enough and fits
+    (:func:`~tuner.formats.device_reorder.usable`).
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.random(30, 30, density=0.1, format="csr", random_state=0))
+        >>> on_device(m, families.specializations(m, ["tile_coo"])[0])   # far too small to pay
+        False
+    """
+    return families.get(spec.family).device_launch is not None and device_reorder.usable(m.n_rows, m.n_cols, m.nnz)
+
+
+def build(m: CanonicalMatrix, spec: Specialization) -> tuple[Launch, str]:
+    """``m``'s layout for ``spec`` built where :func:`launch_for` builds it, nothing loaded or stored: with
+    'device' or 'built' (the host)."""
+    if on_device(m, spec):
+        launch = _device_build(m, spec)
+        if launch is not None:
+            return launch, "device"
+    return families.get(spec.family).launch(m, spec.params), "built"
+
+
+def _device_build(m: CanonicalMatrix, spec: Specialization) -> Launch | None:
+    """The layout built on the GPU (its work finished), or None (logged) where the device ran out of memory."""
+    try:
+        launch = families.get(spec.family).device_launch(m, spec.params)
+        device_reorder.synchronize()
+        return launch
+    except MemoryError as e:  # CuPy's OutOfMemoryError is one
+        log.warning("building the %s layout on the GPU ran out of memory (%s): building it on the host",
+                    spec.family, e)
+        return None
+    finally:
+        device_reorder.release()
 
 
 def _store_logged(cache: Cache, key: str, launch: Launch) -> None:

@@ -152,13 +152,44 @@ def _value_dtype(dtype: np.dtype, data: np.ndarray, requested) -> np.dtype:
     raise MatrixError(f"unsupported value dtype {dtype}: use a real floating, integer or boolean matrix")
 
 
+def _in_pieces(fn, a: np.ndarray) -> list:
+    """``fn`` of consecutive pieces of ``a``, on several threads for large arrays (NumPy's passes release the
+    GIL): the checks of a 100M-entry matrix then take a fraction of the time one core needs."""
+    k = min(os.cpu_count() or 1, 16, max(1, a.size // (1 << 22)))
+    if k == 1:
+        return [fn(a)]
+    with ThreadPoolExecutor(max_workers=k) as pool:
+        return list(pool.map(fn, np.array_split(a, k)))
+
+
+def extrema(a: np.ndarray) -> tuple:
+    """(smallest, largest) entry of a non-empty array.
+
+    Example:
+        >>> extrema(np.array([3, -1, 7]))
+        (-1, 7)
+    """
+    parts = _in_pieces(lambda p: (p.min(), p.max()), a)
+    return min(p[0] for p in parts).item(), max(p[1] for p in parts).item()
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """True when no entry is NaN or infinite.
+
+    Example:
+        >>> all_finite(np.array([1.0, np.inf])), all_finite(np.array([1.0]))
+        (False, True)
+    """
+    return all(_in_pieces(lambda p: bool(np.isfinite(p).all()), a))
+
+
 def _check_index_range(what: str, idx: np.ndarray, bound: int, dim: str) -> None:
     """Raise :class:`MatrixError` unless every entry of ``idx`` lies in ``[0, bound)``."""
     if idx.size == 0:
         return
     if not np.issubdtype(idx.dtype, np.integer):
         raise MatrixError(f"{what} must be integers, got dtype {idx.dtype}")
-    lo, hi = int(idx.min()), int(idx.max())
+    lo, hi = (int(v) for v in extrema(idx))
     if lo < 0:
         at = int(np.argmax(idx < 0))
         raise MatrixError(f"negative {what} {lo} (first at position {at}): indices must be >= 0")
@@ -266,12 +297,14 @@ def canonicalize(A, dtype=None, index_dtype=None) -> CanonicalMatrix:
     n_rows, n_cols = (int(s) for s in csr.shape)
     data = np.asarray(csr.data)
     vdtype = _value_dtype(csr.dtype, data, dtype)
-    if data.size and not np.isfinite(data).all():
+    floating = np.issubdtype(data.dtype, np.floating)
+    if data.size and floating and not all_finite(data):
         bad = "NaN" if np.isnan(data).any() else "infinite"
         raise MatrixError(f"matrix values contain {bad} entries")
+    narrowed = data.dtype != vdtype
     with np.errstate(over="ignore"):  # overflow is reported just below, with the culprit's size
         data = data.astype(vdtype, copy=False)
-    if data.size and not np.isfinite(data).all():
+    if data.size and narrowed and not all_finite(data):
         raise MatrixError(f"matrix values overflow {vdtype} (largest magnitude {np.abs(csr.data).max():g})")
     nnz = int(csr.indptr[-1]) if csr.indptr.size else 0
     fits32 = max(n_rows, n_cols, nnz) <= INT32_MAX
@@ -286,7 +319,7 @@ def canonicalize(A, dtype=None, index_dtype=None) -> CanonicalMatrix:
     indices = csr.indices.astype(idx_dtype, copy=False)
     pattern = None
     if data.size:
-        lo, hi = data.min(), data.max()
+        lo, hi = extrema(data)
         if lo == hi:
             pattern = float(lo)
     return CanonicalMatrix(indptr=indptr, indices=indices, data=data, shape=(n_rows, n_cols),

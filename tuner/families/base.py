@@ -10,6 +10,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..formats import device_reorder
+from ..formats.device_reorder import DeviceCsr, device_csr, known_copy, permute_device
 from ..formats.reorder import (NONE, Ordering, Structure, check_order, inverse, make_ordering, permute, permuted_rows,
                                permuted_structure)
 from ..matrix import CanonicalMatrix
@@ -33,7 +35,8 @@ class Launch:
     the module's ``<kernel>_gather`` kernel: x_plan = x[x_gather] before, y = y_plan[y_gather] after.
 
     Attributes:
-        arrays: (name, host array) pairs uploaded to the device, in argument order.
+        arrays: (name, array) pairs in argument order: host arrays, uploaded when the kernel is loaded, or
+            device arrays (CuPy) of a layout built on the GPU, used where they are.
         scalars: (name, value) pairs passed as 64-bit integers after x and y.
         grid: number of blocks (0: nothing to launch, e.g. a matrix without rows).
         block: threads per block.
@@ -71,6 +74,8 @@ class Family:
         evaluate: (matrix, launch, x) -> y computed in NumPy from the built arrays exactly as the kernel
             reads them; the CPU tests check it against SciPy.
         uses_profile: ``space`` also takes the GPU's profile (or None), e.g. for tile widths from its L1.
+        device_launch: (matrix, params) -> the same :class:`Launch` built on the GPU from the matrix's
+            device copy (its arrays CuPy arrays), for families whose builders run on CuPy; None: host only.
     """
 
     name: str
@@ -81,6 +86,7 @@ class Family:
     context: Callable[[CanonicalMatrix, object], dict]
     evaluate: Callable[[CanonicalMatrix, Launch, np.ndarray], np.ndarray]
     uses_profile: bool = False
+    device_launch: Callable[[CanonicalMatrix, object], Launch] | None = None
 
     def candidates(self, m: CanonicalMatrix, profile=None) -> list:
         """The family's parameter sets for ``m`` (on the GPU ``profile`` describes, for families that ask)."""
@@ -253,6 +259,42 @@ def plan_matrix(m: CanonicalMatrix | Structure) -> CanonicalMatrix:
     if m.matrix is None:
         raise ValueError("this structure holds lengths only: its permuted matrix cannot be built")
     return m.matrix()
+
+
+def device_matrix(m: CanonicalMatrix, order: str) -> DeviceCsr:
+    """``m`` relabelled by ``order`` as device arrays, built on the GPU once per matrix (the copy the host
+    relabelling made there when the planner asked for it first; ``m``'s own upload for 'none')."""
+    if order == NONE:
+        return device_csr(m)
+    built = known_layout(m, ("permuted", order))
+    if built is not None:
+        return known_copy(built) or device_csr(built)
+    return shared_layout(m, ("device_permuted", order), lambda: permute_device(
+        device_csr(m), ordering(m, order).row_order, inverse(ordering(m, order).col_order)))
+
+
+def drop_device_copies(m: CanonicalMatrix) -> None:
+    """Free the device arrays kept for ``m`` and its relabelled views (its upload, their relabelled copies):
+    once its layout is built, they only hold device memory the kernels may need."""
+    with _memo_lock:
+        memos = _layouts.get(m, {})
+        views = [v for k, v in memos.items() if k[0] == "permuted"]
+        for k in [k for k in memos if k[0] == "device_permuted"]:
+            del memos[k]
+    for v in views:
+        device_reorder.forget(v)
+    device_reorder.forget(m)
+
+
+def ordered_device_launch(m: CanonicalMatrix, order: str,
+                          build: Callable[[CanonicalMatrix | Structure, DeviceCsr], Launch]) -> Launch:
+    """:func:`ordered_launch` on the GPU: ``build`` gets the relabelled matrix's lengths and sizes
+    (:func:`ordered_structure`) and its device arrays (:func:`device_matrix`)."""
+    built = build(ordered_structure(m, order), device_matrix(m, order))
+    if order == NONE:
+        return built
+    o = ordering(m, order)
+    return replace(built, x_gather=o.col_order, y_gather=o.row_rank)
 
 
 def ordered_launch(m: CanonicalMatrix, order: str, build: Callable[[CanonicalMatrix], Launch]) -> Launch:

@@ -16,10 +16,11 @@ import numpy as np
 
 from ..formats.tile_composite import (Shapes, TileComposite, build_tile_composite, evaluate_tile_composite, pack_runs,
                                       tile_ranks)
-from ..formats.tiles import RankedRuns
+from ..formats.tiles import RankedRuns, tile_entries
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_launch, ordered_matrix, shared_layout
-from .tiles import TILE_ORDER, count_tile_runs, ranked_tile_runs, tiling, widths
+from .base import (UNROLL, Family, Launch, check_launch, ceil_div, ordered_device_launch, ordered_launch, ordered_matrix,
+                   shared_layout)
+from .tiles import TILE_ORDER, bounds, count_tile_runs, ranked_tile_runs, tiling, widths
 
 BLOCK_SIZE = 256
 NOMINAL_ACTIVE_WARPS = 132 * 64  # an H100's resident warps: Algorithm 2's bound when there is no profile
@@ -134,11 +135,23 @@ def layout_of(m: CanonicalMatrix, p: TileCompositeParams) -> TileComposite:
 
 
 def launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:
-    return ordered_launch(m, p.order, lambda b: _launch(b, p))
+    return ordered_launch(m, p.order, lambda b: _launch(layout_of(b, p), p))
 
 
-def _launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:
-    f = layout_of(m, p)
+def device_launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:
+    """:func:`launch` built on the GPU from the relabelled matrix's device arrays: the same arrays, as CuPy
+    arrays."""
+    def build(view, csr):
+        t = tile_entries(csr.indptr, csr.indices, view.n_cols, bounds(view, p.tile_width))
+        if len(p.workloads) != t.n_tiles:
+            raise ValueError(f"tile_composite with tile_width={p.tile_width} cuts this matrix into {t.n_tiles} "
+                             f"tiles, but {len(p.workloads)} workload sizes were given")
+        return _launch(build_tile_composite(csr.indices, csr.data, t, p.workloads, p.camping_pad,
+                                            view.index_dtype), p)
+    return ordered_device_launch(m, p.order, build)
+
+
+def _launch(f: TileComposite, p: TileCompositeParams) -> Launch:
     arrays = [("cols", f.cols)] + ([("vals", f.vals)] if f.vals is not None else [])
     arrays += [("rows", f.rows), ("wl_slot", f.wl_slot), ("wl_row", f.wl_row), ("wl_w", f.wl_w), ("wl_h", f.wl_h)]
     return Launch(arrays=tuple(arrays), scalars=(("warps", f.warps),), grid=ceil_div(f.warps * 32, p.block_size),
@@ -157,4 +170,5 @@ def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
 
 
 FAMILY = Family(name="tile_composite", template="tile_composite.cu.j2", params_type=TileCompositeParams,
-                space=space, launch=launch, context=context, evaluate=evaluate, uses_profile=True)
+                space=space, launch=launch, context=context, evaluate=evaluate, uses_profile=True,
+                device_launch=device_launch)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats.tile_coo import build_tile_coo
+from ..formats.tiles import tile_entries
 from ..matrix import CanonicalMatrix
 from .aligned_coo import evaluate, layout_launch
-from .base import UNROLL, Family, Launch, check_launch, ordered_launch, shared_layout
-from .tiles import TILE_ORDER, tiling, widths
+from .base import UNROLL, Family, Launch, check_launch, ordered_device_launch, ordered_launch, shared_layout
+from .tiles import TILE_ORDER, bounds, tiling, widths
 
 BLOCK_SIZE = 256
 
@@ -48,6 +49,15 @@ def launch(m: CanonicalMatrix, p: TileCooParams) -> Launch:
     return ordered_launch(m, p.order, lambda b: _launch(b, p))
 
 
+def device_launch(m: CanonicalMatrix, p: TileCooParams) -> Launch:
+    """:func:`launch` built on the GPU from the relabelled matrix's device arrays: the same arrays, as CuPy
+    arrays."""
+    def build(view, csr):
+        t = tile_entries(csr.indptr, csr.indices, view.n_cols, bounds(view, p.tile_width))
+        return layout_launch(build_tile_coo(csr.indptr, csr.indices, csr.data, t, view.index_dtype), p.block_size)
+    return ordered_device_launch(m, p.order, build)
+
+
 def _launch(m: CanonicalMatrix, p: TileCooParams) -> Launch:
     f = shared_layout(m, ("tile_coo", p.tile_width), lambda: build_tile_coo(
         m.indptr, m.indices, None if m.value_free else m.data, tiling(m, p.tile_width), m.index_dtype))
@@ -59,4 +69,4 @@ def context(m: CanonicalMatrix, p: TileCooParams) -> dict:
 
 
 FAMILY = Family(name="tile_coo", template="aligned_coo.cu.j2", params_type=TileCooParams, space=space,
-                launch=launch, context=context, evaluate=evaluate, uses_profile=True)
+                launch=launch, context=context, evaluate=evaluate, uses_profile=True, device_launch=device_launch)

@@ -18,6 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import device_reorder
+from .xp import host, module, stable_argsort
 
 from ..matrix import CanonicalMatrix, Shaped
 
@@ -53,7 +54,8 @@ def by_decreasing(lengths: np.ndarray) -> np.ndarray:
         >>> by_decreasing(np.array([1, 3, 0, 3])).tolist()
         [1, 3, 0, 2]
     """
-    return np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
+    xp = module(lengths)
+    return stable_argsort(-xp.asarray(lengths, dtype=np.int64))
 
 
 def inverse(order: np.ndarray) -> np.ndarray:
@@ -63,13 +65,15 @@ def inverse(order: np.ndarray) -> np.ndarray:
         >>> inverse(np.array([2, 0, 1])).tolist()
         [1, 2, 0]
     """
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size, dtype=order.dtype)
+    xp = module(order)
+    rank = xp.empty_like(order)
+    rank[order] = xp.arange(order.size, dtype=order.dtype)
     return rank
 
 
 def degree_ordering(row_lengths: np.ndarray, col_lengths: np.ndarray, index_dtype) -> Ordering:
-    """Rows and columns by decreasing length; one permutation by row + column length when square.
+    """Rows and columns by decreasing length; one permutation by row + column length when square. On CuPy
+    lengths the orders are computed (and returned) on the device.
 
     Example:
         >>> o = degree_ordering(np.array([1, 0, 2]), np.array([0, 2, 1]), np.int32)
@@ -97,10 +101,26 @@ def check_order(name: str) -> None:
 
 
 def make_ordering(m: CanonicalMatrix, name: str) -> Ordering | None:
-    """The ordering ``name`` of ``m`` (None for 'none')."""
+    """The ordering ``name`` of ``m`` (None for 'none'). Where the matrix is relabelled on the GPU
+    (:func:`~tuner.formats.device_reorder.usable`) its column lengths are counted and the orders sorted
+    there too: the same arrays, a fraction of a second sooner on 100M entries."""
     check_order(name)
     build = ORDERINGS[name]
-    return None if build is None else build(m.row_lengths, m.col_lengths, m.index_dtype)
+    if build is None:
+        return None
+    if device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
+        return _ordering_on_device(m, build)
+    return build(m.row_lengths, m.col_lengths, m.index_dtype)
+
+
+def _ordering_on_device(m: CanonicalMatrix, build) -> Ordering:
+    with device_reorder.on_device() as cupy:
+        csr = device_reorder.device_csr(m)
+        if "col_lengths" not in m.__dict__:
+            m.__dict__["col_lengths"] = device_reorder.col_lengths(csr, m.n_cols)
+        o = build(cupy.asarray(m.row_lengths), cupy.asarray(m.col_lengths), m.index_dtype)
+        rows = host(o.row_order)
+        return Ordering(o.name, rows, rows if o.symmetric else host(o.col_order), host(o.row_rank))
 
 
 def _permute_on_host(m: CanonicalMatrix, row_order: np.ndarray, col_rank: np.ndarray):
@@ -128,9 +148,10 @@ def permute(m: CanonicalMatrix, o: Ordering) -> CanonicalMatrix:
         [[0.0, 3.0, 2.0], [0.0, 4.0, 0.0], [1.0, 0.0, 0.0]]
     """
     col_rank = inverse(o.col_order)
+    csr = None
     if device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
-        indptr, indices, data = device_reorder.permute_arrays(m.indptr, m.indices, None if m.value_free else m.data,
-                                                              o.row_order, col_rank)
+        csr = device_reorder.permute_device(device_reorder.device_csr(m), o.row_order, col_rank)
+        indptr, indices, data = device_reorder.to_host(csr)
         data = np.full(m.nnz, m.data[0], m.data.dtype) if data is None else data  # a pattern: all equal
     else:
         indptr, indices, data = _permute_on_host(m, o.row_order, col_rank)
@@ -138,6 +159,8 @@ def permute(m: CanonicalMatrix, o: Ordering) -> CanonicalMatrix:
     # Its lengths are m's, permuted: seed the cached properties instead of counting the entries again.
     b.__dict__["row_lengths"] = m.row_lengths[o.row_order]
     b.__dict__["col_lengths"] = m.col_lengths[o.col_order]
+    if csr is not None:  # the layout builders start from the device copy
+        device_reorder.keep(b, csr)
     return b
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .tiles import TiledEntries
+from .xp import host, like, module, repeat_by, segment_of, stable_argsort
 
 WARP = 32
 CAMPING_PERIOD = 512  # entries of 4 bytes: the paper's 2048-byte partition stride
@@ -289,7 +290,17 @@ def pack(lengths: np.ndarray, wl: int) -> Workloads:
     if lengths.size and np.any(lengths[1:] > lengths[:-1]):
         raise ValueError("pack needs row lengths ranked in decreasing order")
     cut = np.flatnonzero(np.diff(lengths)) + 1
-    s = pack_runs(lengths[np.r_[0, cut]] if lengths.size else lengths, np.diff(np.r_[0, cut, lengths.size]), wl)
+    return pack_counted(lengths[np.r_[0, cut]] if lengths.size else lengths, np.diff(np.r_[0, cut, lengths.size]), wl)
+
+
+def pack_counted(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Workloads:
+    """:func:`pack` of ``counts`` rows of each of ``lengths`` (distinct, decreasing).
+
+    Example (the rows of :func:`pack`'s example, counted):
+        >>> pack_counted(np.array([3, 2, 1]), np.array([1, 2, 4]), 4).start.tolist()
+        [0, 1, 3]
+    """
+    s = pack_runs(np.asarray(lengths, dtype=np.int64), np.asarray(counts, dtype=np.int64), wl)
     n = s.count
     nth = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
     start = np.repeat(s.first, n) + np.repeat(s.step, n) * nth
@@ -326,9 +337,10 @@ class TileComposite:
         return int(self.wl_w.size)
 
 
-def tile_ranks(tiled: TiledEntries) -> tuple[np.ndarray, np.ndarray]:
+def tile_ranks(tiled: TiledEntries) -> tuple:
     """(runs in rank order, rank of each run inside its tile): every tile's rows ranked by decreasing
-    length inside the tile, ties in row order (two stable radix-friendly sorts, no per-tile loop).
+    length inside the tile, ties in row order (two stable radix sorts, no per-tile loop), in the module of
+    the tiling's runs (NumPy or CuPy).
 
     Example (tile 0 has rows of 1 and 2 entries, tile 1 a row of 1):
         >>> from tuner.formats.tiles import tile_entries
@@ -337,27 +349,56 @@ def tile_ranks(tiled: TiledEntries) -> tuple[np.ndarray, np.ndarray]:
         [[1, 0, 2], [1, 0, 0]]
     """
     lengths = tiled.run_lengths
+    xp = module(lengths)
     n_runs = lengths.size
     if n_runs == 0:
-        z = np.zeros(0, dtype=np.int64)
+        z = xp.zeros(0, dtype=np.int64)
         return z, z
     longest = int(lengths.max())
     key = (longest - lengths).astype(np.uint16 if longest < 1 << 16 else np.uint32)
-    by_length = np.argsort(key, kind="stable")
-    tile = np.repeat(np.arange(tiled.n_tiles, dtype=np.uint16 if tiled.n_tiles < 1 << 16 else np.uint32),
-                     np.diff(tiled.tile_runs))
-    order = by_length[np.argsort(tile[by_length], kind="stable")]
-    rank = np.empty(n_runs, dtype=np.int64)
-    rank[order] = np.arange(n_runs, dtype=np.int64) - np.repeat(tiled.tile_runs[:-1], np.diff(tiled.tile_runs))
+    by_length = stable_argsort(key)
+    del key
+    tile = _run_tiles(tiled)
+    order = by_length[stable_argsort(tile[by_length])]
+    del by_length
+    # Runs are grouped by tile, and sorting by tile keeps every group where it was: position i of the
+    # ranking lies in tile[i], whose runs begin at tile_runs[tile[i]].
+    rank = xp.empty(n_runs, dtype=np.int64)
+    rank[order] = xp.arange(n_runs, dtype=np.int64) - like(lengths, tiled.tile_runs)[tile]
     return order, rank
 
 
-def build_tile_composite(indices: np.ndarray, data: np.ndarray | None, tiled: TiledEntries,
-                         workload_sizes: tuple, camping_pad: bool = False, index_dtype=np.int32,
-                         ranks: tuple[np.ndarray, np.ndarray] | None = None) -> TileComposite:
-    """The TILE-Composite layout: every tile packed with its workload size (vectorised but for a loop
-    over tiles and, inside :func:`pack`, over distinct row lengths). ``ranks``: ``tile_ranks(tiled)``,
-    when already computed.
+def _run_tiles(tiled: TiledEntries):
+    """The tile of every run, in the smallest unsigned type that holds the tile numbers."""
+    kind = np.uint16 if tiled.n_tiles < 1 << 16 else np.uint32
+    return segment_of(like(tiled.run_lengths, tiled.tile_runs[:-1]), tiled.run_lengths.size).astype(kind)
+
+
+def _tile_packings(tiled: TiledEntries, order, workload_sizes: tuple) -> list[Workloads]:
+    """Every tile's workloads: its runs' lengths in rank order, counted per distinct length (on the device
+    when the runs are there: only those counts come to the host), packed by Algorithm 3."""
+    ranked = tiled.run_lengths[order]
+    xp = module(ranked)
+    n_runs = ranked.size
+    brk = xp.ones(n_runs, dtype=bool)
+    if n_runs:
+        brk[1:] = ranked[1:] != ranked[:-1]
+        inner = tiled.tile_runs[1:-1][tiled.tile_runs[1:-1] < n_runs]
+        brk[like(brk, inner)] = True
+    at = xp.flatnonzero(brk)
+    lengths = host(ranked[at]).astype(np.int64)
+    at = host(at)
+    counts = np.diff(np.append(at, n_runs))
+    cut = np.searchsorted(at, tiled.tile_runs)  # each tile's first distinct length
+    return [pack_counted(lengths[cut[t]:cut[t + 1]], counts[cut[t]:cut[t + 1]], int(workload_sizes[t]))
+            for t in range(tiled.n_tiles)]
+
+
+def build_tile_composite(indices, data, tiled: TiledEntries, workload_sizes: tuple, camping_pad: bool = False,
+                         index_dtype=np.int32, ranks: tuple | None = None) -> TileComposite:
+    """The TILE-Composite layout: every tile packed with its workload size. ``ranks``:
+    ``tile_ranks(tiled)``, when already computed. With the tiling and ``indices``/``data`` on the device
+    (CuPy) the layout is built there and its arrays are device arrays, equal to the host build's.
 
     Example (one tile; rows of 3, 1 and 2 entries with WL = 3: rows 0 and 2 are row-major workloads of one
     row each, row 1 (w = 1, h = 3) a column-major one padded to 32 rows):
@@ -369,12 +410,10 @@ def build_tile_composite(indices: np.ndarray, data: np.ndarray | None, tiled: Ti
     """
     if len(workload_sizes) != tiled.n_tiles:
         raise ValueError(f"need one workload size per tile ({tiled.n_tiles}), got {len(workload_sizes)}")
+    xp = module(tiled.run_lengths)
     order, rank = tile_ranks(tiled) if ranks is None else ranks
-    tile_of_run = np.repeat(np.arange(tiled.n_tiles), np.diff(tiled.tile_runs))
-    packs = []
-    for t in range(tiled.n_tiles):
-        ranked = tiled.run_lengths[order[tiled.tile_runs[t]:tiled.tile_runs[t + 1]]]
-        packs.append(pack(ranked, int(workload_sizes[t])))
+    packs = _tile_packings(tiled, order, workload_sizes)
+    del order
     counts = np.array([p.count for p in packs], dtype=np.int64)
     tile_warps = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     cat = (lambda f: np.concatenate([f(p) for p in packs]) if packs else np.zeros(0, dtype=np.int64))
@@ -390,43 +429,50 @@ def build_tile_composite(indices: np.ndarray, data: np.ndarray | None, tiled: Ti
                             "compile with index_dtype=np.int64")
 
     # Every run's workload and its row within it, from its rank in its tile.
-    wl_of_run = tile_warps[tile_of_run] + _workload_of(rank, start, tile_warps, tile_of_run)
-    k = rank - start[wl_of_run]  # row inside the workload
-    rows = np.full(n_row_slots, -1, dtype=index_dtype)
-    rows[wl_row[:-1][wl_of_run] + k] = tiled.run_rows
+    tile_of_run = _run_tiles(tiled).astype(np.int64)
+    wl_of_run = like(rank, tile_warps)[tile_of_run] + _workload_of(rank, start, tile_warps, tile_of_run)
+    del tile_of_run
+    k = rank - like(rank, start)[wl_of_run]  # row inside the workload
+    del rank
+    rows = xp.full(n_row_slots, -1, dtype=index_dtype)
+    rows[like(k, wl_row[:-1])[wl_of_run] + k] = tiled.run_rows
     # Every entry's slot is its run's first slot plus its column inside the run times the run's stride (1
     # in a row-major workload, h in a column-major one): per run, base - start * stride, then one repeat
     # each and a multiply-add over the entries, which are the run's consecutive entries of tiled.order.
-    rm = row_major[wl_of_run]
-    stride = np.where(rm, 1, h[wl_of_run]).astype(np.int64)
-    base = wl_slot[:-1][wl_of_run] + np.where(rm, k * w[wl_of_run], k) - tiled.run_starts * stride
-    slot = np.arange(int(tiled.run_lengths.sum()), dtype=np.int64)
-    if np.all(rm):  # row-major only (a tile of long rows): consecutive slots within each run
-        slot += np.repeat(base, tiled.run_lengths)
+    rm = like(k, row_major)[wl_of_run]
+    h_run = like(k, h)[wl_of_run]
+    stride = xp.where(rm, 1, h_run).astype(np.int64)
+    base = like(k, wl_slot[:-1])[wl_of_run] + xp.where(rm, k * like(k, w)[wl_of_run], k) - tiled.run_starts * stride
+    all_row_major = bool(rm.all())
+    del rm, h_run, k, wl_of_run
+    slot = xp.arange(int(tiled.run_lengths.sum()), dtype=np.int64)
+    if all_row_major:  # row-major only (a tile of long rows): consecutive slots within each run
+        slot += repeat_by(base, tiled.run_lengths)
     else:
-        slot *= np.repeat(stride, tiled.run_lengths)
-        slot += np.repeat(base, tiled.run_lengths)
-    del rm, stride, base
-    cols = np.full(n_slots, -1, dtype=index_dtype)
-    cols[slot] = np.asarray(indices)[tiled.order]
+        slot *= repeat_by(stride, tiled.run_lengths)
+        slot += repeat_by(base, tiled.run_lengths)
+    del stride, base
+    cols = xp.full(n_slots, -1, dtype=index_dtype)
+    cols[slot] = indices[tiled.order]
     vals = None
     if data is not None:
-        vals = np.zeros(n_slots, dtype=data.dtype)
+        vals = xp.zeros(n_slots, dtype=data.dtype)
         vals[slot] = data[tiled.order]
-    return TileComposite(cols=cols, vals=vals, rows=rows, wl_slot=wl_slot[:-1], wl_row=wl_row[:-1],
-                         wl_w=w.astype(np.int32), wl_h=np.where(row_major, h, -h).astype(np.int32),
+    on = (lambda a: like(cols, a)) if xp is not np else (lambda a: a)
+    return TileComposite(cols=cols, vals=vals, rows=rows, wl_slot=on(wl_slot[:-1]), wl_row=on(wl_row[:-1]),
+                         wl_w=on(w.astype(np.int32)), wl_h=on(np.where(row_major, h, -h).astype(np.int32)),
                          tile_warps=tile_warps)
 
 
-def _workload_of(rank: np.ndarray, start: np.ndarray, tile_warps: np.ndarray, tile_of_run: np.ndarray) -> np.ndarray:
+def _workload_of(rank, start: np.ndarray, tile_warps: np.ndarray, tile_of_run):
     """Index, within its tile's workloads, of the workload holding each run (its rank's last start)."""
     # Offsetting every tile's ranks past the previous tiles' makes one global sorted search serve all.
     n_tiles = tile_warps.size - 1
-    span = int(max(rank.max(initial=0), start.max(initial=0))) + 1
+    span = int(max(int(rank.max()) if rank.size else 0, start.max(initial=0))) + 1
     tile_of_wl = np.repeat(np.arange(n_tiles, dtype=np.int64), np.diff(tile_warps))
-    keys = tile_of_wl * span + start
-    found = np.searchsorted(keys, tile_of_run * span + rank, side="right") - 1
-    return found - tile_warps[tile_of_run]
+    keys = like(rank, tile_of_wl * span + start)
+    found = module(rank).searchsorted(keys, tile_of_run * span + rank, side="right") - 1
+    return found - like(rank, tile_warps)[tile_of_run]
 
 
 def evaluate_tile_composite(f: TileComposite, x: np.ndarray, n_rows: int, pattern_value: float = 1.0) -> np.ndarray:

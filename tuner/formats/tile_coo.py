@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from .aligned_coo import WARP, AlignedCoo, Sizes
-from .tiles import TiledEntries
+from .tiles import TiledEntries, entry_rows
+from .xp import like, module, segment_of
 
 
-def build_tile_coo(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None, tiled: TiledEntries,
-                   index_dtype=np.int32) -> AlignedCoo:
-    """The TILE-COO layout of a CSR matrix cut into ``tiled``'s tiles.
+def build_tile_coo(indptr, indices, data, tiled: TiledEntries, index_dtype=np.int32) -> AlignedCoo:
+    """The TILE-COO layout of a CSR matrix cut into ``tiled``'s tiles (NumPy arrays, or CuPy arrays and a
+    tiling of them: the layout is then built on the device, the same arrays).
 
     Example (two tiles of columns {0, 1} and {2, 3}; each tile padded to 32 slots):
         >>> from tuner.formats.tiles import tile_entries
@@ -24,22 +25,22 @@ def build_tile_coo(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | N
         >>> f.flat_rows[:3].tolist(), f.flat_rows[32:35].tolist(), f.flat_cols[32:35].tolist(), f.sizes.chunks
         ([0, 1, -1], [0, 0, -1], [2, 3, -1], 2)
     """
+    xp = module(tiled.order)
     counts = np.diff(tiled.tile_starts)
     padded = -(-counts // WARP) * WARP
     slot0 = np.concatenate([[0], np.cumsum(padded)]).astype(np.int64)
     n = int(slot0[-1])
-    lengths = np.diff(np.asarray(indptr))
-    tile_of = np.repeat(np.arange(counts.size), counts)  # tile of each position of ``order``
-    pos = np.arange(tiled.order.size, dtype=np.int64) + (slot0[:-1] - tiled.tile_starts[:-1])[tile_of]
+    tile_of = segment_of(like(tiled.order, tiled.tile_starts[:-1]), tiled.order.size)  # of each position of ``order``
+    pos = xp.arange(tiled.order.size, dtype=np.int64) + like(tile_of, slot0[:-1] - tiled.tile_starts[:-1])[tile_of]
     del tile_of
-    rows = np.full(n, -1, dtype=index_dtype)
-    cols = np.full(n, -1, dtype=index_dtype)
-    rows[pos] = np.repeat(np.arange(lengths.size, dtype=index_dtype), lengths)[tiled.order]
-    cols[pos] = np.asarray(indices)[tiled.order]
+    rows = xp.full(n, -1, dtype=index_dtype)
+    cols = xp.full(n, -1, dtype=index_dtype)
+    rows[pos] = entry_rows(indptr, tiled.order)
+    cols[pos] = indices[tiled.order]
     vals = None
     if data is not None:
-        vals = np.zeros(n, dtype=data.dtype)
+        vals = xp.zeros(n, dtype=data.dtype)
         vals[pos] = data[tiled.order]
-    empty = np.zeros(0, dtype=index_dtype)
-    return AlignedCoo(empty, empty, None if data is None else np.zeros(0, dtype=data.dtype), rows, cols, vals,
+    empty = xp.zeros(0, dtype=index_dtype)
+    return AlignedCoo(empty, empty, None if data is None else xp.zeros(0, dtype=data.dtype), rows, cols, vals,
                       Sizes(seg_len=0, lanes=0, n_seg=0, n_flat=n), "flat")

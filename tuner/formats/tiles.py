@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .xp import host, like, module, stable_argsort
+
 
 def tile_bounds(col_lengths: np.ndarray, width: int) -> np.ndarray:
     """Column bounds of the tiles: tile t holds columns ``bounds[t]`` to ``bounds[t + 1] - 1``.
@@ -79,23 +81,52 @@ class TiledEntries:
         return self.run_lengths[self.tile_runs[t]:self.tile_runs[t + 1]]
 
 
-def tile_of(indices: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """The tile of every column index (the smallest unsigned type that holds the tile numbers).
+def tile_of(indices, bounds: np.ndarray):
+    """The tile of every column index (the smallest unsigned type that holds the tile numbers), in the
+    module of ``indices`` (NumPy or CuPy).
 
     Example:
         >>> tile_of(np.array([0, 3, 2, 7]), np.array([0, 2, 4, 8])).tolist()
         [0, 1, 1, 2]
     """
-    bounds = np.asarray(bounds, dtype=np.int64)
+    xp = module(indices)
+    bounds = host(bounds).astype(np.int64)
     n_tiles = bounds.size - 1
     key_dtype = np.uint16 if n_tiles <= np.iinfo(np.uint16).max else np.uint32
     width = int(bounds[1] - bounds[0]) if n_tiles > 1 else 0
     if n_tiles == 1:
-        return np.zeros(indices.size, dtype=key_dtype)
+        return xp.zeros(indices.size, dtype=key_dtype)
     if np.all(np.diff(bounds[:-1]) == width):
         # Equal tiles then the remainder: a division instead of a search.
-        return np.minimum(indices // width, n_tiles - 1).astype(key_dtype)
-    return (np.searchsorted(bounds, indices, side="right") - 1).astype(key_dtype)
+        return xp.minimum(indices // width, n_tiles - 1).astype(key_dtype)
+    return (xp.searchsorted(like(indices, bounds), indices, side="right") - 1).astype(key_dtype)
+
+
+def entry_rows(indptr, positions):
+    """The row of each entry at ``positions`` of a CSR matrix's arrays (host: one repeat and a gather;
+    device: one search of the row pointers).
+
+    Example:
+        >>> entry_rows(np.array([0, 2, 2, 3]), np.array([2, 0, 1])).tolist()
+        [2, 0, 0]
+    """
+    n_rows = indptr.size - 1
+    row_dtype = np.int32 if n_rows < np.iinfo(np.int32).max else np.int64
+    if module(positions) is np:
+        return np.repeat(np.arange(n_rows, dtype=row_dtype), np.diff(indptr))[positions]
+    return entry_rows_search(indptr, positions).astype(row_dtype)
+
+
+def entry_rows_search(indptr, positions):
+    """:func:`entry_rows` as the device computes it, in either module (int64): a search of the row
+    pointers, where an empty row's pointer repeats the next row's and the search lands on the last.
+
+    Example:
+        >>> entry_rows_search(np.array([0, 2, 2, 3]), np.array([2, 0, 1])).tolist()
+        [2, 0, 0]
+    """
+    xp = module(positions)
+    return xp.searchsorted(xp.asarray(indptr).astype(np.int64), positions, side="right") - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -393,36 +424,39 @@ def key_counts(key: np.ndarray, bins: int) -> np.ndarray:
     return out
 
 
-def tile_entries(indptr: np.ndarray, indices: np.ndarray, n_cols: int, bounds: np.ndarray) -> TiledEntries:
-    """Regroup the entries of a CSR matrix tile-major and find every tile's rows.
+def tile_entries(indptr, indices, n_cols: int, bounds: np.ndarray) -> TiledEntries:
+    """Regroup the entries of a CSR matrix tile-major and find every tile's rows. The CSR arrays may be
+    NumPy or CuPy (the per-entry and per-run results are then device arrays; ``bounds``, ``tile_starts``
+    and ``tile_runs`` are always host arrays): both give the same arrays.
 
     Example (two tiles of columns {0, 1} and {2, 3}):
         >>> t = tile_entries(np.array([0, 3, 4]), np.array([0, 2, 3, 1]), 4, np.array([0, 2, 4]))
         >>> t.order.tolist(), t.run_rows.tolist(), t.run_lengths.tolist(), t.tile_runs.tolist()
         ([0, 3, 1, 2], [0, 1, 0], [1, 1, 2], [0, 2, 3])
     """
-    indptr = np.asarray(indptr)
-    bounds = np.asarray(bounds, dtype=np.int64)
+    xp = module(indices)
+    bounds = host(bounds).astype(np.int64)
     n_tiles = bounds.size - 1
     nnz = int(indptr[-1])
-    lengths = np.diff(indptr)
-    tile = tile_of(np.asarray(indices)[:nnz], bounds)
+    tile = tile_of(indices[:nnz], bounds)
     # Stable sort of small integers is a radix sort: linear in the entries.
-    order = np.argsort(tile, kind="stable")
-    tile_counts = np.bincount(tile, minlength=n_tiles)
+    order = stable_argsort(tile)
+    tile_counts = host(xp.bincount(tile if xp is np else tile.astype(np.int32), minlength=n_tiles))
     del tile
     tile_starts = np.concatenate([[0], np.cumsum(tile_counts)]).astype(np.int64)
-    row_dtype = np.int32 if lengths.size < np.iinfo(np.int32).max else np.int64
-    rows = np.repeat(np.arange(lengths.size, dtype=row_dtype), lengths)[order]
+    rows = entry_rows(indptr, order)
     # A run starts at every tile start and wherever the row changes inside a tile.
-    new = np.ones(nnz, dtype=bool)
+    new = xp.ones(nnz, dtype=bool)
     if nnz:
         new[1:] = rows[1:] != rows[:-1]
-        new[tile_starts[1:-1][tile_starts[1:-1] < nnz]] = True
-    run_starts = np.flatnonzero(new)
+        inner = tile_starts[1:-1][tile_starts[1:-1] < nnz]
+        new[like(new, inner)] = True
+    run_starts = xp.flatnonzero(new)
+    del new
     run_rows = rows[run_starts].astype(np.int64)
-    run_lengths = np.diff(np.append(run_starts, nnz))
-    tile_runs = np.searchsorted(run_starts, tile_starts).astype(np.int64)
+    del rows
+    run_lengths = xp.diff(xp.concatenate([run_starts, like(run_starts, [nnz])]))
+    tile_runs = host(xp.searchsorted(run_starts, like(run_starts, tile_starts))).astype(np.int64)
     return TiledEntries(bounds=bounds, order=order, tile_starts=tile_starts, run_rows=run_rows,
                         run_lengths=run_lengths, run_starts=run_starts, tile_runs=tile_runs)
 

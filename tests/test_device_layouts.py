@@ -1,0 +1,135 @@
+"""The tiled layouts built on the GPU (CuPy) equal the host builds, array for array."""
+import dataclasses
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tuner import families
+from tuner.families import tile_composite as tc_family
+from tuner.formats import device_reorder, reorder, tile_composite, tile_coo, tiles, xp
+from tuner.formats.tile_composite import build_tile_composite
+from tuner.formats.tile_coo import build_tile_coo
+from tuner.formats.tiles import tile_bounds, tile_entries
+from tuner.matrix import canonicalize
+
+from .conftest import fixture_matrices, power_law
+
+
+def _cases():
+    cases = dict(fixture_matrices(), big=power_law(6000, seed=90), wide=power_law(500, n_cols=9000, seed=92),
+                 empty_rows=sp.csr_matrix(power_law(3000, seed=93).multiply(np.arange(3000)[:, None] % 3 > 0)),
+                 pattern=abs(power_law(2000, seed=91)) > 0)
+    return {k: v for k, v in cases.items() if v.nnz}
+
+
+def _widths(m):
+    """A tile width that cuts the matrix into several tiles, and a single tile."""
+    return [max(8, m.n_cols // 7), 0]
+
+
+def _host_builds(m, width):
+    b = tile_bounds(m.col_lengths, width)
+    t = tile_entries(m.indptr, m.indices, m.n_cols, b)
+    data = None if m.value_free else m.data
+    wls = tuple(int(v) for v in np.random.default_rng(width).choice([1, 7, 32, 96, 700], t.n_tiles))
+    return (build_tile_composite(m.indices, data, t, wls, False, m.index_dtype),
+            build_tile_coo(m.indptr, m.indices, data, t, m.index_dtype)), wls
+
+
+def _same(a, b, label):
+    for f in dataclasses.fields(a):
+        u, v = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(u, (np.ndarray,)) or xp.on_device(u):
+            u, v = xp.host(u), xp.host(v)
+            assert u.dtype == v.dtype and np.array_equal(u, v), (label, f.name)
+        else:
+            assert u == v, (label, f.name)
+
+
+def test_the_device_formulas_run_on_the_host_give_the_host_layouts(monkeypatch):
+    # The searches the GPU does instead of np.repeat, run with NumPy through the same builders.
+    built = {}
+    for name, A in _cases().items():
+        m = canonicalize(A)
+        for width in _widths(m):
+            built[name, width] = _host_builds(m, width)[0]
+    monkeypatch.setattr(tiles, "entry_rows", lambda p, q: tiles.entry_rows_search(p, q).astype(
+        np.int32 if p.size - 1 < np.iinfo(np.int32).max else np.int64))
+    monkeypatch.setattr(tile_coo, "entry_rows", tiles.entry_rows)
+    for module in (tile_composite, tile_coo):
+        monkeypatch.setattr(module, "segment_of", xp.segment_of_search)
+    monkeypatch.setattr(tile_composite, "repeat_by", xp.repeat_by_search)
+    for name, A in _cases().items():
+        m = canonicalize(A)
+        for width in _widths(m):
+            again = _host_builds(m, width)[0]
+            for a, b in zip(built[name, width], again):
+                _same(a, b, (name, width))
+
+
+@pytest.mark.gpu
+def test_the_gpu_orders_a_matrix_as_the_host_does(monkeypatch):
+    pytest.importorskip("cupy")
+    for name, A in _cases().items():
+        host_m, dev_m = canonicalize(A), canonicalize(A)
+        monkeypatch.setattr(device_reorder, "MIN_NNZ", 1 << 62)
+        host = reorder.make_ordering(host_m, "degree")
+        monkeypatch.setattr(device_reorder, "MIN_NNZ", 0)
+        dev = reorder.make_ordering(dev_m, "degree")
+        assert dev.symmetric == host.symmetric, name
+        for field in ("row_order", "col_order", "row_rank"):
+            a, b = getattr(host, field), getattr(dev, field)
+            assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), (name, field)
+        assert np.array_equal(dev_m.col_lengths, host_m.col_lengths), name
+
+
+@pytest.mark.gpu
+def test_the_gpu_builds_the_same_tiled_layouts_as_the_host():
+    cupy = pytest.importorskip("cupy")
+    for name, A in _cases().items():
+        for index_dtype in (None, np.int64):
+            m = canonicalize(A, index_dtype=index_dtype)
+            csr = device_reorder.device_csr(m)
+            for width in _widths(m):
+                (host_tc, host_coo), wls = _host_builds(m, width)
+                t = tile_entries(csr.indptr, csr.indices, m.n_cols, tile_bounds(m.col_lengths, width))
+                assert isinstance(t.order, cupy.ndarray)
+                dev_tc = build_tile_composite(csr.indices, csr.data, t, wls, False, m.index_dtype)
+                dev_coo = build_tile_coo(csr.indptr, csr.indices, csr.data, t, m.index_dtype)
+                assert isinstance(dev_tc.cols, cupy.ndarray) and isinstance(dev_coo.flat_cols, cupy.ndarray)
+                _same(host_tc, dev_tc, (name, index_dtype, width, "tile_composite"))
+                _same(host_coo, dev_coo, (name, index_dtype, width, "tile_coo"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["tile_composite", "tile_coo"])
+def test_a_family_launch_built_on_the_gpu_equals_the_host_launch(monkeypatch, family):
+    pytest.importorskip("cupy")
+    monkeypatch.setattr(device_reorder, "MIN_NNZ", 0)
+    fam = families.get(family)
+    for name, A in _cases().items():
+        m = canonicalize(A)
+        for params in fam.candidates(m, None):
+            host = fam.launch(canonicalize(A), params)
+            dev = fam.device_launch(m, params)
+            assert [n for n, _ in host.arrays] == [n for n, _ in dev.arrays], name
+            for (label, a), (_, b) in zip(host.arrays, dev.arrays):
+                assert xp.on_device(b) and a.dtype == b.dtype and np.array_equal(a, xp.host(b)), (name, label)
+            assert (host.scalars, host.grid, host.block, host.zero_y) == (dev.scalars, dev.grid, dev.block, dev.zero_y)
+            for g in ("x_gather", "y_gather"):
+                assert np.array_equal(getattr(host, g), getattr(dev, g)), (name, g)
+
+
+@pytest.mark.gpu
+def test_a_compile_builds_its_tiled_layout_on_the_gpu_and_multiplies_right(monkeypatch, tmp_path):
+    pytest.importorskip("cupy")
+    import tuner
+    monkeypatch.setattr(device_reorder, "MIN_NNZ", 0)
+    A = power_law(20000, seed=95)
+    params = tc_family.space(canonicalize(A), None)[0]
+    spmv = tuner.compile(A, family="tile_composite", params=families.params_dict(params), cache_dir=tmp_path)
+    assert spmv.layout_source == "device" and all(xp.on_device(a) for _, a in spmv._launch.arrays)
+    x = np.random.default_rng(4).uniform(-1, 1, A.shape[1]).astype(np.float32)
+    expected = A.astype(np.float64) @ x.astype(np.float64)
+    assert np.abs(spmv(x) - expected).max() <= 1e-4 * np.abs(expected).max()

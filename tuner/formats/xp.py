@@ -1,0 +1,132 @@
+"""The few array operations the format builders need beyond what NumPy and CuPy spell alike, so that one
+builder runs on host arrays (NumPy) or on device arrays (CuPy, whose sorts are CUB's radix sorts) and gives
+the same arrays on both.
+
+Example:
+    >>> import numpy as np
+    >>> repeat_by(np.array([7, 8, 9]), np.array([2, 0, 1])).tolist()
+    [7, 7, 9]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def module(a):
+    """The array module of ``a``: CuPy for a CuPy array, else NumPy (CuPy is never imported for NumPy).
+
+    Example:
+        >>> module(np.zeros(2)) is np
+        True
+    """
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+        return cupy
+    return np
+
+
+def on_device(a) -> bool:
+    """True for a CuPy array.
+
+    Example:
+        >>> on_device(np.zeros(1))
+        False
+    """
+    return module(a) is not np
+
+
+def host(a):
+    """``a`` as a NumPy array (a copy from the device for a CuPy array; ``a`` itself otherwise).
+
+    Example:
+        >>> host([1, 2]).tolist()
+        [1, 2]
+    """
+    return a.get() if on_device(a) else np.asarray(a)
+
+
+def like(a, values):
+    """``values`` (array-like) as an array of ``a``'s module.
+
+    Example:
+        >>> like(np.zeros(1), [3]).tolist()
+        [3]
+    """
+    return module(a).asarray(values)
+
+
+def stable_argsort(a):
+    """Indices sorting ``a`` ascending, ties in index order (NumPy's radix sort for small integer types;
+    CuPy's argsort is always stable).
+
+    Example:
+        >>> stable_argsort(np.array([2, 1, 2, 0], np.uint16)).tolist()
+        [3, 1, 0, 2]
+    """
+    xp = module(a)
+    return np.argsort(a, kind="stable") if xp is np else xp.argsort(a)
+
+
+def repeat_by(values, counts):
+    """Each of ``values`` repeated ``counts`` times (np.repeat; CuPy's repeat takes no array of counts, so
+    on the device each output position finds its source by a search of the counts' running sum).
+
+    Example:
+        >>> repeat_by(np.array([1, 2]), np.array([3, 1])).tolist()
+        [1, 1, 1, 2]
+    """
+    if module(values) is np:
+        return np.repeat(values, counts)
+    return repeat_by_search(values, counts)
+
+
+def repeat_by_search(values, counts):
+    """:func:`repeat_by` as the device computes it, in either module: each output position finds its
+    source by a search of the counts' running sum.
+
+    Example:
+        >>> repeat_by_search(np.array([1, 2, 3]), np.array([0, 2, 1])).tolist()
+        [2, 2, 3]
+    """
+    xp = module(values)
+    ends = xp.cumsum(xp.asarray(counts).astype(np.int64))
+    total = int(ends[-1]) if ends.size else 0
+    return values[xp.searchsorted(ends, xp.arange(total, dtype=np.int64), side="right")]
+
+
+def segment_of(starts, n: int):
+    """For every position 0 .. n-1 the segment holding it, segments beginning at ``starts`` (ascending,
+    the first at 0): what ``repeat_by(arange(len(starts)), lengths)`` gives, by one search.
+
+    Example:
+        >>> segment_of(np.array([0, 2, 3]), 5).tolist()
+        [0, 0, 1, 2, 2]
+    """
+    if module(starts) is np:
+        return np.repeat(np.arange(starts.size, dtype=np.int64), np.diff(np.append(starts, n)))
+    return segment_of_search(starts, n)
+
+
+def segment_of_search(starts, n: int):
+    """:func:`segment_of` as the device computes it, in either module: one search per position (an empty
+    segment's start repeats the next one's; the search lands on the last of them).
+
+    Example:
+        >>> segment_of_search(np.array([0, 2, 2, 3]), 5).tolist()
+        [0, 0, 2, 3, 3]
+    """
+    xp = module(starts)
+    return xp.searchsorted(starts, xp.arange(n, dtype=np.int64), side="right") - 1
+
+
+def prefix(counts, dtype=np.int64):
+    """``[0, counts[0], counts[0] + counts[1], ...]`` in ``counts``' module (len(counts) + 1 values).
+
+    Example:
+        >>> prefix(np.array([2, 3])).tolist()
+        [0, 2, 5]
+    """
+    xp = module(counts)
+    out = xp.zeros(counts.size + 1, dtype=dtype)
+    xp.cumsum(counts, dtype=dtype, out=out[1:])
+    return out
