@@ -133,3 +133,35 @@ def test_a_compile_builds_its_tiled_layout_on_the_gpu_and_multiplies_right(monke
     x = np.random.default_rng(4).uniform(-1, 1, A.shape[1]).astype(np.float32)
     expected = A.astype(np.float64) @ x.astype(np.float64)
     assert np.abs(spmv(x) - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+def _tilings(m):
+    w = max(8, m.n_cols // 9)
+    return [tile_bounds(m.col_lengths, k) for k in (w, 2 * w, 4 * w, 3 * w + 1, 0)]
+
+
+def _same_runs(a, b, label):
+    for field in ("lengths", "counts", "offsets"):
+        u, v = getattr(a, field), getattr(b, field)
+        assert u.dtype == v.dtype and np.array_equal(u, v), (label, field)
+
+
+def test_runs_counted_by_sorting_equal_the_exact_count():
+    for name, A in _cases().items():
+        m = canonicalize(A)
+        b = _tilings(m)
+        exact = tiles.ranked_runs_many(m.indptr, m.indices, b, sample=tiles.EXACT)
+        for k, (u, v) in enumerate(zip(exact, tiles.ranked_runs_sorted(m.indptr, m.indices, b))):
+            _same_runs(u, v, (name, k))
+
+
+@pytest.mark.gpu
+def test_the_gpu_counts_tile_runs_as_the_host_does():
+    pytest.importorskip("cupy")
+    for name, A in _cases().items():
+        m = canonicalize(A)
+        csr = device_reorder.device_csr(m)
+        b = _tilings(m)
+        exact = tiles.ranked_runs_many(m.indptr, m.indices, b, sample=tiles.EXACT)
+        for k, (u, v) in enumerate(zip(exact, tiles.ranked_runs_sorted(csr.indptr, csr.indices, b))):
+            _same_runs(u, v, (name, k))

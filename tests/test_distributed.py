@@ -197,6 +197,16 @@ def test_partition_slots_pad_every_part_to_the_longest():
     assert np.unique(slots).size == 5 and slots.max() < p.parts * p.width
 
 
+def test_one_rank_multiplies_the_matrix_itself_without_relabelling_a_copy():
+    from tuner.distributed.spmv import local_rows
+    A = power_law(500, seed=33).tocsr()
+    A.sort_indices()
+    p = bitonic_partition(np.diff(A.indptr), 1)
+    mine = local_rows(A, p, 0)
+    assert np.shares_memory(mine.indices, A.indices) and mine.shape == A.shape and (mine != A).nnz == 0
+    assert np.array_equal(p.slots(), np.arange(500)) and np.array_equal(p.rows[0], np.arange(500))
+
+
 def test_padded_host_gather_puts_each_rank_slice_at_its_slots():
     A = with_dense_row_and_empty_rows()
     x = np.random.default_rng(4).uniform(-1, 1, A.shape[0])

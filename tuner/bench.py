@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, families, gpu, layouts, loaders, paths
+from . import __version__, gpu, layouts, loaders, paths
 from .cache import Cache
 from .compiler import compile as compile_spmv
 from .kernel import copy_bandwidth_gbs, random_vector, time_spmv

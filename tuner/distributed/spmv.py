@@ -28,6 +28,8 @@ def local_rows(A, partition: RowPartition, rank: int) -> sp.csr_matrix:
         >>> local_rows(A, p, 0).toarray().tolist(), p.slots().tolist()  # x gathered as x1, pad, x0, x2
         ([[5.0, 0.0, 4.0, 6.0]], [2, 0, 3])
     """
+    if partition.parts == 1:  # one rank holds every row, in order, in slots 0 .. n-1: A itself, no copy
+        return sp.csr_matrix(A)
     m = sp.csr_matrix(A)[partition.rows[rank]]
     m = sp.csr_matrix((m.data, partition.slots()[m.indices], m.indptr),
                       shape=(m.shape[0], partition.parts * partition.width))

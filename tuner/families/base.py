@@ -12,8 +12,8 @@ import numpy as np
 
 from ..formats import device_reorder
 from ..formats.device_reorder import DeviceCsr, device_csr, known_copy, permute_device
-from ..formats.reorder import (NONE, Ordering, Structure, check_order, inverse, make_ordering, permute, permuted_rows,
-                               permuted_structure)
+from ..formats.reorder import (NONE, Ordering, Structure, check_order, col_ranks, inverse, make_ordering, permute,
+                               permuted_rows, permuted_structure)
 from ..matrix import CanonicalMatrix
 
 # Index loads issued ahead of their gathers in each lane's loop (templates' row_dot).
@@ -269,8 +269,11 @@ def device_matrix(m: CanonicalMatrix, order: str) -> DeviceCsr:
     built = known_layout(m, ("permuted", order))
     if built is not None:
         return known_copy(built) or device_csr(built)
-    return shared_layout(m, ("device_permuted", order), lambda: permute_device(
-        device_csr(m), ordering(m, order).row_order, inverse(ordering(m, order).col_order)))
+
+    def relabel():
+        o = ordering(m, order)
+        return permute_device(device_csr(m), o.row_order, col_ranks(o))
+    return shared_layout(m, ("device_permuted", order), relabel)
 
 
 def drop_device_copies(m: CanonicalMatrix) -> None:
@@ -287,10 +290,12 @@ def drop_device_copies(m: CanonicalMatrix) -> None:
 
 
 def ordered_device_launch(m: CanonicalMatrix, order: str,
-                          build: Callable[[CanonicalMatrix | Structure, DeviceCsr], Launch]) -> Launch:
-    """:func:`ordered_launch` on the GPU: ``build`` gets the relabelled matrix's lengths and sizes
-    (:func:`ordered_structure`) and its device arrays (:func:`device_matrix`)."""
-    built = build(ordered_structure(m, order), device_matrix(m, order))
+                          build: Callable[[CanonicalMatrix, DeviceCsr, np.ndarray], Launch]) -> Launch:
+    """:func:`ordered_launch` on the GPU: ``build`` gets ``m`` (whose sizes and types the relabelled matrix
+    shares), the relabelled matrix's device arrays (:func:`device_matrix`) and its column lengths (counted
+    there: nothing of the relabelled matrix is needed on the host)."""
+    csr = device_matrix(m, order)
+    built = build(m, csr, device_reorder.col_lengths(csr, m.n_cols))
     if order == NONE:
         return built
     o = ordering(m, order)

@@ -16,11 +16,11 @@ import numpy as np
 
 from ..formats.tile_composite import (Shapes, TileComposite, build_tile_composite, evaluate_tile_composite, pack_runs,
                                       tile_ranks)
-from ..formats.tiles import RankedRuns, tile_entries
+from ..formats.tiles import RankedRuns, tile_bounds, tile_entries
 from ..matrix import CanonicalMatrix
 from .base import (UNROLL, Family, Launch, check_launch, ceil_div, ordered_device_launch, ordered_launch, ordered_matrix,
                    shared_layout)
-from .tiles import TILE_ORDER, bounds, count_tile_runs, ranked_tile_runs, tiling, widths
+from .tiles import TILE_ORDER, count_tile_runs, ranked_tile_runs, tiling, widths
 
 BLOCK_SIZE = 256
 NOMINAL_ACTIVE_WARPS = 132 * 64  # an H100's resident warps: Algorithm 2's bound when there is no profile
@@ -141,13 +141,13 @@ def launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:
 def device_launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:
     """:func:`launch` built on the GPU from the relabelled matrix's device arrays: the same arrays, as CuPy
     arrays."""
-    def build(view, csr):
-        t = tile_entries(csr.indptr, csr.indices, view.n_cols, bounds(view, p.tile_width))
+    def build(m, csr, col_lengths):
+        t = tile_entries(csr.indptr, csr.indices, m.n_cols, tile_bounds(col_lengths, p.tile_width))
         if len(p.workloads) != t.n_tiles:
             raise ValueError(f"tile_composite with tile_width={p.tile_width} cuts this matrix into {t.n_tiles} "
                              f"tiles, but {len(p.workloads)} workload sizes were given")
         return _launch(build_tile_composite(csr.indices, csr.data, t, p.workloads, p.camping_pad,
-                                            view.index_dtype), p)
+                                            m.index_dtype), p)
     return ordered_device_launch(m, p.order, build)
 
 

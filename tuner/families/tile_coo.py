@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats.tile_coo import build_tile_coo
-from ..formats.tiles import tile_entries
+from ..formats.tiles import tile_bounds, tile_entries
 from ..matrix import CanonicalMatrix
 from .aligned_coo import evaluate, layout_launch
 from .base import UNROLL, Family, Launch, check_launch, ordered_device_launch, ordered_launch, shared_layout
-from .tiles import TILE_ORDER, bounds, tiling, widths
+from .tiles import TILE_ORDER, tiling, widths
 
 BLOCK_SIZE = 256
 
@@ -52,9 +52,9 @@ def launch(m: CanonicalMatrix, p: TileCooParams) -> Launch:
 def device_launch(m: CanonicalMatrix, p: TileCooParams) -> Launch:
     """:func:`launch` built on the GPU from the relabelled matrix's device arrays: the same arrays, as CuPy
     arrays."""
-    def build(view, csr):
-        t = tile_entries(csr.indptr, csr.indices, view.n_cols, bounds(view, p.tile_width))
-        return layout_launch(build_tile_coo(csr.indptr, csr.indices, csr.data, t, view.index_dtype), p.block_size)
+    def build(m, csr, col_lengths):
+        t = tile_entries(csr.indptr, csr.indices, m.n_cols, tile_bounds(col_lengths, p.tile_width))
+        return layout_launch(build_tile_coo(csr.indptr, csr.indices, csr.data, t, m.index_dtype), p.block_size)
     return ordered_device_launch(m, p.order, build)
 
 

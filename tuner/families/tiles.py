@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..formats.tiles import (RankedRuns, RowSample, TiledEntries, ranked_runs_many, tile_bounds, tile_entries,
-                             tile_widths)
+from ..formats.device_reorder import known_copy
+from ..formats.tiles import (RankedRuns, RowSample, TiledEntries, ranked_runs_many, ranked_runs_sorted, tile_bounds,
+                             tile_entries, tile_widths)
 from ..matrix import CanonicalMatrix
 from .base import known_layout, shared_layout
 
@@ -58,10 +59,16 @@ def ranked_tile_runs(m: CanonicalMatrix, width: int) -> RankedRuns:
 
 
 def count_tile_runs(m: CanonicalMatrix, widths: list[int]) -> list[RankedRuns]:
-    """:func:`ranked_tile_runs` of several widths, those not yet counted in one pass over the entries."""
+    """:func:`ranked_tile_runs` of several widths, those not yet counted in one pass over the entries: on the
+    GPU, every row, where the matrix was relabelled there (its device copy is kept); else on the host, of a
+    large matrix a sample of the rows (``RUN_SAMPLE``)."""
     missing = [w for w in dict.fromkeys(widths) if known_layout(m, ("ranked_tiles", w)) is None]
     if missing:
-        counted = ranked_runs_many(m.indptr, m.indices, [bounds(m, w) for w in missing], sample=RUN_SAMPLE)
+        copy = known_copy(m) if isinstance(m, CanonicalMatrix) else None
+        if copy is not None:  # relabelled on the GPU: every row counted there
+            counted = ranked_runs_sorted(copy.indptr, copy.indices, [bounds(m, w) for w in missing])
+        else:
+            counted = ranked_runs_many(m.indptr, m.indices, [bounds(m, w) for w in missing], sample=RUN_SAMPLE)
         for w, runs in zip(missing, counted):
             shared_layout(m, ("ranked_tiles", w), lambda runs=runs: runs)
     return [known_layout(m, ("ranked_tiles", w)) for w in widths]

@@ -71,6 +71,17 @@ def inverse(order: np.ndarray) -> np.ndarray:
     return rank
 
 
+def col_ranks(o: Ordering) -> np.ndarray:
+    """Each old column's new index: the inverse of ``o.col_order`` (``o.row_rank`` when rows and columns share
+    one permutation).
+
+    Example:
+        >>> col_ranks(Ordering("x", np.array([2, 0, 1]), np.array([1, 2, 0]), np.array([1, 2, 0]))).tolist()
+        [2, 0, 1]
+    """
+    return o.row_rank if o.symmetric else inverse(o.col_order)
+
+
 def degree_ordering(row_lengths: np.ndarray, col_lengths: np.ndarray, index_dtype) -> Ordering:
     """Rows and columns by decreasing length; one permutation by row + column length when square. On CuPy
     lengths the orders are computed (and returned) on the device.
@@ -147,12 +158,13 @@ def permute(m: CanonicalMatrix, o: Ordering) -> CanonicalMatrix:
         >>> b.to_scipy().toarray().tolist()
         [[0.0, 3.0, 2.0], [0.0, 4.0, 0.0], [1.0, 0.0, 0.0]]
     """
-    col_rank = inverse(o.col_order)
+    col_rank = col_ranks(o)
     csr = None
     if device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
         csr = device_reorder.permute_device(device_reorder.device_csr(m), o.row_order, col_rank)
         indptr, indices, data = device_reorder.to_host(csr)
-        data = np.full(m.nnz, m.data[0], m.data.dtype) if data is None else data  # a pattern: all equal
+        if data is None:  # a pattern, all values equal and never read by its kernels: one value, broadcast
+            data = np.broadcast_to(m.data[:1], (m.nnz,))
     else:
         indptr, indices, data = _permute_on_host(m, o.row_order, col_rank)
     b = CanonicalMatrix(indptr=indptr, indices=indices, data=data, shape=m.shape, pattern_value=m.pattern_value)

@@ -300,7 +300,16 @@ def pack_counted(lengths: np.ndarray, counts: np.ndarray, wl: int) -> Workloads:
         >>> pack_counted(np.array([3, 2, 1]), np.array([1, 2, 4]), 4).start.tolist()
         [0, 1, 3]
     """
-    s = pack_runs(np.asarray(lengths, dtype=np.int64), np.asarray(counts, dtype=np.int64), wl)
+    return spelt(pack_runs(np.asarray(lengths, dtype=np.int64), np.asarray(counts, dtype=np.int64), wl))
+
+
+def spelt(s: Shapes) -> Workloads:
+    """The workloads of a packing's runs, one by one.
+
+    Example (:func:`pack`'s example):
+        >>> spelt(pack_runs(np.array([3, 2, 1]), np.array([1, 2, 4]), 4)).h.tolist()
+        [1, 2, 32]
+    """
     n = s.count
     nth = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
     start = np.repeat(s.first, n) + np.repeat(s.step, n) * nth
@@ -376,7 +385,8 @@ def _run_tiles(tiled: TiledEntries):
 
 def _tile_packings(tiled: TiledEntries, order, workload_sizes: tuple) -> list[Workloads]:
     """Every tile's workloads: its runs' lengths in rank order, counted per distinct length (on the device
-    when the runs are there: only those counts come to the host), packed by Algorithm 3."""
+    when the runs are there: only those counts come to the host), packed by Algorithm 3, all tiles in one
+    pass."""
     ranked = tiled.run_lengths[order]
     xp = module(ranked)
     n_runs = ranked.size
@@ -390,8 +400,8 @@ def _tile_packings(tiled: TiledEntries, order, workload_sizes: tuple) -> list[Wo
     at = host(at)
     counts = np.diff(np.append(at, n_runs))
     cut = np.searchsorted(at, tiled.tile_runs)  # each tile's first distinct length
-    return [pack_counted(lengths[cut[t]:cut[t + 1]], counts[cut[t]:cut[t + 1]], int(workload_sizes[t]))
-            for t in range(tiled.n_tiles)]
+    packed = pack_tiles(lengths, counts, cut, [[int(w)] for w in workload_sizes])  # every tile at once
+    return [spelt(packed.shapes(t)) for t in range(tiled.n_tiles)]
 
 
 def build_tile_composite(indices, data, tiled: TiledEntries, workload_sizes: tuple, camping_pad: bool = False,

@@ -286,6 +286,48 @@ def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list,
     return out
 
 
+def ranked_runs_sorted(indptr, indices, bounds_list: list) -> list[RankedRuns]:
+    """:func:`ranked_runs_many` counted exactly, every row, by whole-array passes and one sort of (tile,
+    length) keys per tiling, in the module of ``indices``: on the GPU for CuPy arrays (milliseconds for 100M
+    entries, where the host counts a sample of the rows in tenths of a second), only the counts coming back.
+
+    Example (tiles of 2 and of 4 columns, as :func:`ranked_runs_many`'s example):
+        >>> b2, b4 = np.array([0, 2, 4]), np.array([0, 4])
+        >>> [r.ranked(0).tolist() for r in ranked_runs_sorted(np.array([0, 4, 5]), np.array([0, 1, 2, 3, 2]), [b2, b4])]
+        [[2], [4, 1]]
+    """
+    xp = module(indices)
+    nnz = int(indptr[-1])
+    indices = indices[:nnz]
+    row_start = xp.zeros(nnz, dtype=bool)
+    if nnz:
+        row_start[indptr[:-1][indptr[1:] > indptr[:-1]]] = True
+    out = []
+    for bounds in bounds_list:
+        bounds = host(bounds).astype(np.int64)
+        n_tiles = bounds.size - 1
+        if nnz == 0:
+            z = np.zeros(0, np.int64)
+            out.append(RankedRuns(z, z, np.zeros(n_tiles + 1, np.int64)))
+            continue
+        tile = tile_of(indices, bounds)
+        new = row_start.copy()
+        new[1:] |= tile[1:] != tile[:-1]
+        starts = xp.flatnonzero(new)
+        del new
+        length = xp.diff(xp.concatenate([starts, like(starts, [nnz])]))
+        span = int(length.max()) + 1
+        keys, counts = xp.unique(tile[starts].astype(np.int64) * span + length, return_counts=True)
+        del tile, starts, length
+        keys, counts = host(keys), host(counts).astype(np.int64)
+        run_tile, run_length = keys // span, keys % span
+        order = np.lexsort((-run_length, run_tile))
+        run_tile = run_tile[order]
+        out.append(RankedRuns(run_length[order].astype(np.int64), counts[order],
+                              np.searchsorted(run_tile, np.arange(n_tiles + 1)).astype(np.int64)))
+    return out
+
+
 def work_units(indptr: np.ndarray, ranges: list[tuple[int, int]], weights: list[int],
                entries: int = CHUNK_ENTRIES) -> list[tuple[list[tuple[int, int]], int]]:
     """The row ranges to count, in order, gathered into units of about ``entries`` entries, each unit's
