@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -290,9 +292,29 @@ def cmd_bench(args) -> int:
         return _dry_run([s for s in suite if s not in skipped], args.arch, args.cache_dir, note)
     progress = lambda items, desc, unit: tqdm(items, desc=desc, unit=unit, file=sys.stderr)  # noqa: E731
     suite = args.suite or (_default_suite(args.data_dir) if any(op.name == "spmv" for op in ops) else [])
+    builders = _prebuild([op for op in ops if op.prebuild], args.cache_dir)
     for op in ops:
         op.bench(args, suite, progress)
+    for b in builders:
+        b.join()
     return 0
+
+
+def _prebuild(ops, cache_dir) -> list[threading.Thread]:
+    """Start each operation's long builds (CUB libraries) in the background, so that they overlap the suites
+    before it; a failure is logged and left to the call that needs the binary."""
+    from .cache import Cache
+    arch, cache = gpu.device_info().arch, Cache(cache_dir)
+
+    def build(op):
+        try:
+            op.prebuild(arch, cache)
+        except Exception as e:  # noqa: BLE001 - the product that needs it builds it again and reports
+            logging.getLogger("tuner.cli").warning("building %s's libraries ahead failed: %s", op.name, e)
+    threads = [threading.Thread(target=build, args=(op,), name=f"prebuild-{op.name}", daemon=True) for op in ops]
+    for t in threads:
+        t.start()
+    return threads
 
 
 def cmd_bench_multigpu(args) -> int:

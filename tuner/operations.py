@@ -27,6 +27,8 @@ class Operation:
         baseline: the cuSPARSE call its benchmark times against.
         bench: (parsed ``bench`` arguments, suite, progress) -> runs its suite on the GPU, prints, writes JSON.
         bench_without_gpu: whether ``bench`` has something to do without a GPU (compiling every candidate).
+        prebuild: (arch, cache) -> builds the binaries its first calls would wait long for (CUB libraries),
+            so that ``bench`` builds them in the background while the suites before run; None: nothing.
     """
 
     name: str
@@ -37,6 +39,7 @@ class Operation:
     baseline: str
     bench: Callable
     bench_without_gpu: bool
+    prebuild: Callable | None = None
 
 
 REGISTRY: dict[str, Operation] = {op.name: op for op in (
@@ -45,7 +48,7 @@ REGISTRY: dict[str, Operation] = {op.name: op for op in (
               "cupyx.cusparse.spmv, the faster of CSR and COO", bench.cli_run, True),
     Operation("spgemm", 2, spgemm.FAMILIES, spgemm.compile_spgemm,
               lambda A, B: (A.astype(np.float64) @ B.astype(np.float64)).tocsr(),
-              "cupyx.scipy.sparse csr @ csr (cuSPARSE SpGEMM)", bench_spgemm.cli_run, False),
+              "cupyx.scipy.sparse csr @ csr (cuSPARSE SpGEMM)", bench_spgemm.cli_run, False, spgemm.prebuild),
 )}
 BY_OPERANDS = {op.operands: op for op in REGISTRY.values()}
 

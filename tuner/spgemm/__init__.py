@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from .. import gpu
+from .. import codegen, gpu
 from ..cache import Cache, make_key
 from ..matrix import CanonicalMatrix, canonicalize, structure_digest
 from ..model import spgemm as model
+from . import outer_product, row_hash
 from .base import DeviceCSR, DeviceMemoryError, Product
 from .outer_product import OuterProduct, OuterProductParams, device_bytes, key_bits, operands
 from .row_hash import RowHash, RowHashParams, geometry, shared_limit
@@ -54,6 +56,30 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            + (RowHashParams(lanes=64, tables=RowHashParams().tables[:8]), RowHashParams(lanes=64, sort_max=1024))),
 )}
 FAMILY_OF = {f.params: f for f in FAMILIES.values()}
+
+
+def library_sources() -> list[str]:
+    """Every CUB library the families may load (each an nvcc build of tens of seconds), for every value
+    type and column width.
+
+    Example:
+        >>> len(library_sources())
+        6
+    """
+    return outer_product.library_sources() + row_hash.library_sources()
+
+
+def prebuild(arch: str, cache: Cache | None = None) -> None:
+    """Build every library of :func:`library_sources` into the binary cache at once, on parallel nvcc runs
+    (the first products of a fresh install otherwise build them one after another); those already cached
+    are not built again, and a product asking for one being built waits for it (the cache's lock).
+
+    Example:
+        >>> prebuild("sm_90", Cache(tempfile.mkdtemp()))  # doctest: +SKIP
+    """
+    sources = library_sources()
+    with ThreadPoolExecutor(max_workers=len(sources)) as pool:
+        list(pool.map(lambda s: codegen.compile_library(s, arch, cache=cache), sources))
 
 
 @dataclass(frozen=True)

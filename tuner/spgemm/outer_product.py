@@ -113,6 +113,32 @@ def device_bytes(table: WorkloadTable, ops: Operands, value_dtype: np.dtype, sor
                + sort_temp)
 
 
+def merge_name(dtype) -> str:
+    """The merge library's name: it depends on the value type only (its keys are packed 64-bit (row,
+    column) pairs), so that every outer product of one value type shares one nvcc build of CUB.
+
+    Example:
+        >>> merge_name(np.float32)
+        'outer_merge_float32'
+    """
+    return f"outer_merge_{np.dtype(dtype).name}"
+
+
+def merge_source(dtype) -> str:
+    """The CUDA source of the merge library for values of ``dtype`` (CUB's radix sort and reduce by key)."""
+    return codegen.render("cub_merge.cu.j2", dict(VAL=CTYPES[np.dtype(dtype)], kernel_name=merge_name(dtype)))
+
+
+def library_sources() -> list[str]:
+    """Every library an outer product may load: one per value type.
+
+    Example:
+        >>> len(library_sources())
+        2
+    """
+    return [merge_source(d) for d in (np.float32, np.float64)]
+
+
 class OuterProduct(Product):
     """C = A B by outer products (a :class:`~tuner.spgemm.base.Product`); a call's ``seconds`` has the phases
     allocate, expand, sort, reduce, csr (and download)."""
@@ -130,11 +156,10 @@ class OuterProduct(Product):
         source = codegen.render("outer_product.cu.j2", dict(
             VAL=CTYPES[self.dtype], IDX=CTYPES[index], value_free=self.value_free, kernel_name=name,
             block_size=params.block_size, tile=params.tile))
-        merge = codegen.render("cub_merge.cu.j2", dict(VAL=CTYPES[self.dtype], kernel_name=name))
         info = gpu.device_info()
         binary = codegen.compile_source(source, info.arch, cache=cache)
-        self._merge_name = name
-        self._library = gpu.Library(codegen.compile_library(merge, info.arch, cache=cache))
+        self._merge_name = merge_name(self.dtype)
+        self._library = gpu.Library(codegen.compile_library(merge_source(self.dtype), info.arch, cache=cache))
         v = "f" if self.dtype == np.float32 else "d"
         self._expand = gpu.Kernel(binary.cubin, name, "PPPPPPPPPPPq" + v)
         self._indptr = {32: self._expand.sibling(f"{name}_indptr32", "PqqqP"),

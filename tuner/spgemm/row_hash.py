@@ -114,6 +114,33 @@ def profile_shared_limit(profile) -> int:
                         c.get("shared_bytes_per_sm", HOPPER_SHARED_BYTES[1]))
 
 
+def helpers_name(dtype, col_dtype) -> str:
+    """The helper library's name: it depends on the value and column types only, so that every row_hash
+    product of those types (patterns too) shares one nvcc build of CUB.
+
+    Example:
+        >>> helpers_name(np.float32, np.int64)
+        'row_hash_helpers_float32_int64'
+    """
+    return f"row_hash_helpers_{np.dtype(dtype).name}_{np.dtype(col_dtype).name}"
+
+
+def helpers_source(dtype, col_dtype) -> str:
+    """The CUDA source of the helper library (CUB's scan and segmented sort) for these types."""
+    return codegen.render("cub_rows.cu.j2", dict(VAL=CTYPES[np.dtype(dtype)], KEY=CTYPES[np.dtype(col_dtype)],
+                                                 kernel_name=helpers_name(dtype, col_dtype)))
+
+
+def library_sources() -> list[str]:
+    """Every library a row_hash product may load: one per value type and column width.
+
+    Example:
+        >>> len(library_sources())
+        4
+    """
+    return [helpers_source(d, k) for d in (np.float32, np.float64) for k in (np.int32, np.int64)]
+
+
 class RowHash(Product):
     """C = A B by hashed rows (a :class:`~tuner.spgemm.base.Product`); a call's ``seconds`` has the phases
     symbolic_shared, symbolic_global, symbolic_rest (first call only), allocate, numeric_shared,
@@ -138,11 +165,10 @@ class RowHash(Product):
             VAL=CTYPES[self.dtype], KEY=CTYPES[self.col_dtype], value_free=self.value_free, kernel_name=name,
             lanes=params.lanes, symbolic_bins=self.symbolic_bins, numeric_bins=self.numeric_bins,
             global_block=params.global_block, sort_max=params.sort_max))
-        helpers = codegen.render("cub_rows.cu.j2", dict(VAL=CTYPES[self.dtype], KEY=CTYPES[self.col_dtype],
-                                                        kernel_name=name))
         binary = codegen.compile_source(source, info.arch, cache=cache)
-        self._library = gpu.Library(codegen.compile_library(helpers, info.arch, cache=cache))
-        self._name = name
+        self._library = gpu.Library(codegen.compile_library(helpers_source(self.dtype, self.col_dtype), info.arch,
+                                                            cache=cache))
+        self._helpers = helpers_name(self.dtype, self.col_dtype)
         v = "f" if self.dtype == np.float32 else "d"
         first = gpu.Kernel(binary.cubin, f"{name}_bin", "PqPiPPPPi")
         self._bin = first
@@ -191,7 +217,7 @@ class RowHash(Product):
 
     def _helper_bytes(self, name: str, *args) -> int:
         size = ctypes.c_size_t(0)
-        self._library.call(f"{self._name}_{name}", ctypes.c_void_p(0), ctypes.byref(size), *args)
+        self._library.call(f"{self._helpers}_{name}", ctypes.c_void_p(0), ctypes.byref(size), *args)
         return size.value
 
     def symbolic(self) -> None:
@@ -224,7 +250,7 @@ class RowHash(Product):
                             self._dev["sym_offsets"], pool, 0, row_nnz)
         self._phase("symbolic_global")
         temp = gpu.alloc_pooled(scan_bytes)
-        self._library.call(f"{self._name}_scan", ctypes.c_void_p(int(temp)), ctypes.byref(ctypes.c_size_t(scan_bytes)),
+        self._library.call(f"{self._helpers}_scan", ctypes.c_void_p(int(temp)), ctypes.byref(ctypes.c_size_t(scan_bytes)),
                            ctypes.c_void_p(int(row_nnz)), ctypes.c_void_p(int(indptr)), ctypes.c_longlong(n_rows + 1))
         total = np.zeros(1, np.int64)
         gpu.copy_to_host(total, int(indptr) + 8 * n_rows)
@@ -313,7 +339,7 @@ class RowHash(Product):
         if n_sorted:
             temp = gpu.alloc_pooled(sort_bytes)
             p = lambda buf: ctypes.c_void_p(int(buf))  # noqa: E731
-            self._library.call(f"{self._name}_sort_rows", p(temp), ctypes.byref(ctypes.c_size_t(sort_bytes)),
+            self._library.call(f"{self._helpers}_sort_rows", p(temp), ctypes.byref(ctypes.c_size_t(sort_bytes)),
                                p(tmp_cols), p(cols.gpudata), p(tmp_vals), p(vals.gpudata), ctypes.c_longlong(nnz),
                                ctypes.c_longlong(n_sorted), p(s["begin"]), p(s["end"]))
             del temp, tmp_cols, tmp_vals
