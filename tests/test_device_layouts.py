@@ -1,4 +1,5 @@
-"""The tiled layouts built on the GPU (CuPy) equal the host builds, array for array."""
+"""What is built on the GPU (CuPy) - orderings, tile-run counts, tiled layouts, transposes - equals the host's
+build, array for array."""
 import dataclasses
 
 import numpy as np
@@ -7,7 +8,7 @@ import scipy.sparse as sp
 
 from tuner import families
 from tuner.families import tile_composite as tc_family
-from tuner.formats import device_reorder, reorder, tile_composite, tile_coo, tiles, xp
+from tuner.formats import device_reorder, reorder, tile_composite, tile_coo, tiles, transpose, xp
 from tuner.formats.tile_composite import build_tile_composite
 from tuner.formats.tile_coo import build_tile_coo
 from tuner.formats.tiles import tile_bounds, tile_entries
@@ -165,3 +166,27 @@ def test_the_gpu_counts_tile_runs_as_the_host_does():
         exact = tiles.ranked_runs_many(m.indptr, m.indices, b, sample=tiles.EXACT)
         for k, (u, v) in enumerate(zip(exact, tiles.ranked_runs_sorted(csr.indptr, csr.indices, b))):
             _same_runs(u, v, (name, k))
+
+
+def test_a_small_matrix_is_transposed_on_the_host_like_scipy():
+    A = power_law(300, n_cols=500, seed=96).tocsr()
+    assert not transpose.on_device(A)
+    T = transpose.transpose(A)
+    assert T.shape == (500, 300) and (T != A.T).nnz == 0 and T.has_sorted_indices
+
+
+@pytest.mark.gpu
+def test_the_gpu_transposes_to_the_same_arrays_as_scipy(monkeypatch):
+    pytest.importorskip("cupy")
+    monkeypatch.setattr(device_reorder, "MIN_NNZ", 0)
+    for name, A in _cases().items():
+        for dtype in (np.float32, np.float64):
+            B = sp.csr_matrix(A, dtype=dtype)
+            assert transpose.on_device(B), name
+            got, expected = transpose.transpose(B), B.T.tocsr()
+            expected.sort_indices()
+            assert got.shape == expected.shape and got.has_sorted_indices, name
+            for field in ("indptr", "indices", "data"):
+                u, v = getattr(expected, field), getattr(got, field)
+                assert np.array_equal(u.astype(v.dtype), v), (name, dtype, field)
+    assert not transpose.on_device(sp.csr_matrix(power_law(300, seed=97), dtype=np.int64))  # cuSPARSE: floats

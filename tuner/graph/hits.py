@@ -13,6 +13,7 @@ import time
 import numpy as np
 import scipy.sparse as sp  # noqa: F401 - the example uses it
 
+from ..formats.transpose import transpose
 from ..matrix import MatrixError
 from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, adjacency
 
@@ -41,7 +42,8 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds  # ARPACK: loaded on first use
 
     t0 = time.perf_counter()
-    forward, backward = _multiply(W, backend, dtype), _multiply(W.T.tocsr(), backend, dtype)
+    forward = _multiply(W, backend, dtype)
+    backward = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype)
     start = None if nstart is None else _node_vector(nstart, n, "nstart")
     t1 = time.perf_counter()
     calls = [0]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from ..formats.transpose import transpose
 from ..matrix import MatrixError
 
 TOL_RULES = ("networkx", "per_node")
@@ -160,7 +161,7 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
     n = W.shape[0]
     t0 = time.perf_counter()
     dangling_nodes, inverse = rank_cache_factors(W)
-    multiply = _multiply(W.T.tocsr(), backend, dtype)
+    multiply = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype)
     x = np.full(n, 1.0 / n) if nstart is None else _node_vector(nstart, n, "nstart")
     p = np.full(n, 1.0 / n) if personalization is None else _node_vector(personalization, n, "personalization")
     d = p if dangling is None else _node_vector(dangling, n, "dangling")
