@@ -306,3 +306,19 @@ def test_graph_bench_table_has_a_line_per_row():
                    cusparse_setup_s=0.3, max_abs_diff_vs_networkx=None, max_abs_diff_vs_cusparse=1e-9)
     line = format_table([row]).splitlines()[1].split()
     assert line == ["pagerank", "rmat:20", "16,000,000", "17", "2.50", "1.00", "0.40", "0.200", "0.300", "0.100", "-"]
+
+
+def test_every_algorithm_leaves_the_callers_unsorted_matrix_as_it_was():
+    rng = np.random.default_rng(40)
+    rows, cols = rng.integers(0, 60, 400), rng.integers(0, 60, 400)
+    A = sp.csr_matrix(sp.coo_matrix((rng.uniform(0.5, 2.0, 400), (rows, cols)), shape=(60, 60)))
+    order = np.concatenate([rng.permutation(np.arange(a, b)) for a, b in zip(A.indptr[:-1], A.indptr[1:])])
+    A = sp.csr_matrix((A.data[order], A.indices[order], A.indptr), shape=A.shape)  # rows' columns shuffled
+    A.has_sorted_indices = False
+    before = [a.copy() for a in (A.data, A.indices, A.indptr)]
+    tuner.pagerank(A, backend="scipy")
+    tuner.hits(A, backend="scipy")
+    tuner.rwr(A, [0, 1], backend="scipy")
+    tuner.simrank(A, threshold=1e-3)
+    tuner.betweenness(A)
+    assert all(np.array_equal(a, b) for a, b in zip(before, (A.data, A.indices, A.indptr)))

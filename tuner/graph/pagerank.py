@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..formats.transpose import transpose
-from ..matrix import MatrixError
+from ..matrix import MatrixError, all_finite, extrema
 
 TOL_RULES = ("networkx", "per_node")
 
@@ -79,8 +79,12 @@ def adjacency(A) -> sp.csr_matrix:
         raise MatrixError(f"an adjacency matrix is square, got {A.shape}")
     if A.shape[0] == 0:
         raise MatrixError("the graph has no nodes")
-    W = A.astype(np.float64)
-    if not np.all(np.isfinite(W.data)):
+    # float64 values over A's own index arrays where nothing will sort them in place (canonical: sorted, no
+    # duplicates); astype would copy them either way. Checked on several threads.
+    shared = A.has_canonical_format
+    W = sp.csr_matrix((A.data.astype(np.float64), A.indices if shared else A.indices.copy(),
+                       A.indptr if shared else A.indptr.copy()), shape=A.shape)
+    if W.nnz and not all_finite(W.data):
         raise MatrixError("edge weights must be finite")
     return W
 
@@ -98,7 +102,7 @@ def edge_weights(A, weighted: bool = True) -> sp.csr_matrix:
     W = adjacency(A)
     if not weighted:
         W = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
-    if W.nnz and W.data.min() < 0:
+    if W.nnz and extrema(W.data)[0] < 0:
         raise MatrixError("edge weights must be finite and non-negative")
     return W
 
