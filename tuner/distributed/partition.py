@@ -76,11 +76,14 @@ def bitonic_partition(weights: np.ndarray, parts: int) -> RowPartition:
         raise ValueError(f"parts must be a positive integer, got {parts!r}")
     if np.any(weights < 0) or not np.all(np.isfinite(weights)):
         raise ValueError("row weights must be finite and non-negative")
-    order = np.lexsort((np.arange(weights.size), -weights.astype(np.float64)))  # heaviest first, stable
-    slot = np.arange(weights.size)
-    rank_in_round, round_ = slot % parts, slot // parts
-    owner = np.empty(weights.size, np.int64)
-    owner[order] = np.where(round_ % 2 == 0, rank_in_round, parts - 1 - rank_in_round)
+    if parts == 1:  # one rank deals itself every row: no order to find
+        owner = np.zeros(weights.size, np.int64)
+    else:
+        order = np.argsort(-weights.astype(np.float64), kind="stable")  # heaviest first, ties by row index
+        slot = np.arange(weights.size)
+        rank_in_round, round_ = slot % parts, slot // parts
+        owner = np.empty(weights.size, np.int64)
+        owner[order] = np.where(round_ % 2 == 0, rank_in_round, parts - 1 - rank_in_round)
     rows = tuple(np.flatnonzero(owner == r) for r in range(parts))
     weight = np.bincount(owner, weights=weights.astype(np.float64), minlength=parts)
     return RowPartition(parts=int(parts), owner=owner, rows=rows, weight=weight)
