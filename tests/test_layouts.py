@@ -125,3 +125,21 @@ def test_a_second_compile_loads_its_layout_and_multiplies_the_same(always_store,
     x = np.random.default_rng(3).uniform(-1, 1, A.shape[1]).astype(np.float32)
     assert np.array_equal(first(x), second(x))
     assert tuner.compile(A * np.float32(3), cache_dir=tmp_path).layout_source == "stored"  # other values
+
+
+def test_a_device_build_out_of_memory_builds_on_the_host_with_a_warning(monkeypatch, tmp_path, caplog):
+    import dataclasses
+    m = canonicalize(power_law(2000, seed=14))
+    spec = families.specializations(m, ["tile_coo"])[0]
+    real = families.get("tile_coo")
+
+    def out_of_memory(*args):
+        raise MemoryError("out of memory allocating 9,000,000,000 bytes")
+    patched = dataclasses.replace(real, device_launch=out_of_memory)
+    monkeypatch.setattr(layouts.families, "get", lambda name: patched if name == "tile_coo" else real)
+    monkeypatch.setattr(layouts, "on_device", lambda m, spec: True)
+    with caplog.at_level("WARNING", logger="tuner.layouts"):
+        launch, how = layouts.launch_for(m, spec, Cache(tmp_path))
+    assert how in ("built", "stored") and "ran out of memory" in caplog.text
+    expected = real.launch(canonicalize(power_law(2000, seed=14)), spec.params)
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(expected.arrays, launch.arrays))

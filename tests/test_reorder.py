@@ -141,3 +141,25 @@ def test_the_gpu_permutes_to_the_same_arrays_as_the_host(monkeypatch):
             for field in ("indptr", "indices", "data"):
                 a, b = getattr(host, field), getattr(device, field)
                 assert a.dtype == b.dtype and np.array_equal(a, b), (name, index_dtype, field)
+
+
+def test_a_gpu_out_of_memory_relabels_on_the_host_with_a_warning(monkeypatch, caplog):
+    from tuner.formats import device_reorder, reorder
+    m = canonicalize(power_law(2000, seed=12))
+    o = reorder.degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
+    expected = reorder.permute(m, o)
+
+    def out_of_memory(*args):
+        raise MemoryError("out of memory allocating 4,000,000,000 bytes")
+    monkeypatch.setattr(device_reorder, "usable", lambda *a: True)
+    monkeypatch.setattr(device_reorder, "device_csr", lambda m: None)
+    monkeypatch.setattr(device_reorder, "permute_device", out_of_memory)
+    monkeypatch.setattr(reorder, "_ordering_on_device", out_of_memory)
+    with caplog.at_level("WARNING", logger="tuner.reorder"):
+        again = canonicalize(power_law(2000, seed=12))
+        got = reorder.permute(again, reorder.make_ordering(again, "degree"))
+    assert "ran out of memory" in caplog.text and "ordering on the host" in caplog.text
+    assert "relabelling on the host" in caplog.text
+    for field in ("indptr", "indices", "data"):
+        assert np.array_equal(getattr(expected, field), getattr(got, field)), field
+    assert device_reorder.known_copy(got) is None

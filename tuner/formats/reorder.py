@@ -11,6 +11,7 @@ y = y_plan[row_rank] after (``row_rank`` inverts ``row_order``), both on the GPU
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +24,7 @@ from .xp import host, module, stable_argsort
 from ..matrix import CanonicalMatrix, Shaped
 
 NONE = "none"
+log = logging.getLogger("tuner.reorder")
 
 
 @dataclass(frozen=True, eq=False)
@@ -120,7 +122,11 @@ def make_ordering(m: CanonicalMatrix, name: str) -> Ordering | None:
     if build is None:
         return None
     if device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
-        return _ordering_on_device(m, build)
+        try:
+            return _ordering_on_device(m, build)
+        except MemoryError as e:  # CuPy's OutOfMemoryError is one: the host orders it instead
+            log.warning("ordering on the GPU ran out of memory (%s): ordering on the host", e)
+            device_reorder.forget(m)
     return build(m.row_lengths, m.col_lengths, m.index_dtype)
 
 
@@ -161,11 +167,16 @@ def permute(m: CanonicalMatrix, o: Ordering) -> CanonicalMatrix:
     col_rank = col_ranks(o)
     csr = None
     if device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
-        csr = device_reorder.permute_device(device_reorder.device_csr(m), o.row_order, col_rank)
-        indptr, indices, data = device_reorder.to_host(csr)
-        if data is None:  # a pattern, all values equal and never read by its kernels: one value, broadcast
+        try:
+            csr = device_reorder.permute_device(device_reorder.device_csr(m), o.row_order, col_rank)
+            indptr, indices, data = device_reorder.to_host(csr)
+        except MemoryError as e:  # CuPy's OutOfMemoryError is one: the host relabels it instead
+            log.warning("relabelling on the GPU ran out of memory (%s): relabelling on the host", e)
+            csr = None
+            device_reorder.forget(m)
+        if csr is not None and data is None:  # a pattern, all values equal and never read by its kernels
             data = np.broadcast_to(m.data[:1], (m.nnz,))
-    else:
+    if csr is None:
         indptr, indices, data = _permute_on_host(m, o.row_order, col_rank)
     b = CanonicalMatrix(indptr=indptr, indices=indices, data=data, shape=m.shape, pattern_value=m.pattern_value)
     # Its lengths are m's, permuted: seed the cached properties instead of counting the entries again.
