@@ -204,3 +204,14 @@ def test_integers_beyond_float32_precision_become_float64_unless_float32_is_aske
 def test_summed_duplicates_of_narrow_integers_do_not_wrap():
     A = sp.coo_matrix((np.array([100, 100], dtype=np.int8), ([0, 0], [1, 1])), shape=(1, 2))
     assert canonicalize(A).data.tolist() == [200.0]
+
+
+def test_length_quantiles_equal_numpys_higher_quantiles():
+    from tuner.matrix import length_quantiles
+    rng = np.random.default_rng(5)
+    qs = (0.0, 0.5, 0.9, 0.99, 1.0)
+    for trial in range(300):
+        n = int(rng.integers(1, 2000))
+        v = (rng.pareto(1.2, n) * 20).astype(np.int64) if trial % 2 else rng.integers(0, 1 + trial, n)
+        assert length_quantiles(v, qs) == [int(x) for x in np.quantile(v, qs, method="higher")], trial
+    assert length_quantiles(np.zeros(0, np.int64), qs) == [0] * 5

