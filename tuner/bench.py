@@ -24,6 +24,7 @@ from .cache import Cache
 from .compiler import compile as compile_spmv
 from .kernel import copy_bandwidth_gbs, random_vector, time_spmv
 from .matrix import CanonicalMatrix, canonicalize
+from .memory import traced_peak
 
 GENERATED = ("rmat:20", "rmat:23", "rmat:25")
 # Kronecker-scaled real graphs of 50M+ non-zeros (the default seed about triples nnz per step): 72M-87M
@@ -42,7 +43,8 @@ class BenchRow:
     (``break_even_products``: None where ours is not faster per product). ``cache_hit_ms``: a second compile
     of the same matrix (plan, kernels and layout from the cache). ``layout_s``: the chosen layout built
     again as a compile builds it, relabelling included (``layout_where``: 'device' on the GPU, 'built' on
-    the host).
+    the host). ``compile_host_peak_bytes``: the most host memory the first (cold) compile held at once beyond
+    the caller's matrix (``input_csr_bytes``: its CSR arrays), as tracemalloc sees NumPy's buffers.
     """
 
     name: str
@@ -71,6 +73,8 @@ class BenchRow:
     cusparse_time_to_first_ms: float | None = None
     cache_hit_ms: float | None = None
     break_even_products: int | None = None
+    input_csr_bytes: int | None = None
+    compile_host_peak_bytes: int | None = None
 
 
 LARGE_NNZ = 100_000_000  # generated graphs of this many non-zeros or more are built only where a GPU times them
@@ -184,7 +188,7 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     m = canonicalize(A)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    spmv = compile_spmv(A, cache_dir=cache_dir, tune=tune)
+    spmv, compile_peak = traced_peak(compile_spmv, A, cache_dir=cache_dir, tune=tune)
     tune_s = time.perf_counter() - t0
     layouts.wait()  # the layout the first compile keeps is on disk before the second looks for it
     t0 = time.perf_counter()
@@ -226,6 +230,8 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
                     load_s=load_s, tune_s=tune_s, cache_hit_s=cache_hit_s, layout_s=layout_s, layout_where=layout_where,
                     plan_s=spmv.plan.seconds.get("plan", float("nan")), time_to_first_ms=first_ms,
                     cusparse_time_to_first_ms=cu_first_ms, cache_hit_ms=1e3 * cache_hit_s,
+                    input_csr_bytes=int(sum(a.nbytes for a in (A.indptr, A.indices, A.data))),
+                    compile_host_peak_bytes=int(compile_peak),
                     break_even_products=break_even(first_ms, ours_ms, cu_first_ms, best_cusparse))
 
 
@@ -329,7 +335,8 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
                   "ours_kernel_ms: the kernel alone on the GPU (launches queued behind a hold kernel, so the "
                   "host's issue rate does not count); a relabelled plan's times include its gathers of x "
                   "and y; layout_s: time to build the chosen layout as a compile does (relabelling included; "
-                  "layout_where 'device' on the GPU, 'built' on the host); plan_s: "
+                  "layout_where 'device' on the GPU, 'built' on the host); compile_host_peak_bytes: traced by "
+                  "tracemalloc during the first compile, whose tune_s that slows; plan_s: "
                   "the planner's host time for every candidate and its prediction, beyond the relabelled "
                   "matrix (Plan.seconds['plan'])",
         "suite": list(suite), "rows": [],
