@@ -165,8 +165,8 @@ def upload(array: np.ndarray):
             if done[k] is not None:
                 done[k].synchronize()  # the buffer's previous copy has left it
             size = min(STAGE_BYTES, n - start)
-            list(pool.map(lambda p: np.copyto(stages[k][p:min(p + part, size)], src[start + p:start + min(p + part, size)]),
-                          range(0, size, part)))
+            list(pool.map(lambda p: np.copyto(stages[k][p:min(p + part, size)],
+                                              src[start + p:start + min(p + part, size)]), range(0, size, part)))
             cupy.cuda.runtime.memcpyAsync(out.data.ptr + start, stages[k].ctypes.data, size,
                                           cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
             done[k] = stream.record()
@@ -218,21 +218,6 @@ def _permute(cupy, csr: DeviceCsr, row_order, col_rank) -> DeviceCsr:
     del cols
     out_data = None if csr.data is None else csr.data[src[perm]]
     return DeviceCsr(new_ptr.astype(index_dtype), out_cols, out_data)
-
-
-def permute_arrays(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None, row_order: np.ndarray,
-                   col_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(indptr, indices, data) of the permuted CSR on the host, computed on the GPU (``data`` None: a
-    pattern matrix, none moved, None returned).
-
-    Example (on a GPU machine):
-        >>> permute_arrays(np.array([0, 1, 2]), np.array([1, 0]), None, np.array([1, 0]), np.array([0, 1]))[1].tolist()  # doctest: +SKIP
-        [0, 1]
-    """
-    with on_device() as cupy:
-        csr = DeviceCsr(cupy.asarray(indptr), cupy.asarray(indices), None if data is None else cupy.asarray(data))
-    out = permute_device(csr, row_order, col_rank)
-    return to_host(out)
 
 
 def to_host(csr: DeviceCsr) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -468,7 +468,7 @@ def build_tile_composite(indices, data, tiled: TiledEntries, workload_sizes: tup
     if data is not None:
         vals = xp.zeros(n_slots, dtype=data.dtype)
         vals[slot] = data[tiled.order]
-    on = (lambda a: like(cols, a)) if xp is not np else (lambda a: a)
+    on = lambda a: like(cols, a)  # noqa: E731 - the per-workload arrays where the slots are
     return TileComposite(cols=cols, vals=vals, rows=rows, wl_slot=on(wl_slot[:-1]), wl_row=on(wl_row[:-1]),
                          wl_w=on(w.astype(np.int32)), wl_h=on(np.where(row_major, h, -h).astype(np.int32)),
                          tile_warps=tile_warps)
