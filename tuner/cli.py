@@ -490,6 +490,14 @@ def _iteration_options(p) -> None:
                         "--distributed)")
 
 
+def _results_options(p, printed: str, written: str, func) -> None:
+    """What every graph command ends with: how many of its ``printed`` results to show, the file its whole
+    result is ``written`` to, and its handler."""
+    p.add_argument("--top", type=int, default=10, help=f"{printed} printed (default %(default)s)")
+    p.add_argument("--out", default=None, help=written)
+    p.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tuner",
@@ -559,9 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "per_node: when every node's change < tol (default %(default)s)")
     p.add_argument("--unweighted", action="store_true", help="every edge weighs 1 (default: A's values)")
     _iteration_options(p)
-    p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
-    p.add_argument("--out", default=None, help="every node's rank: .npy, or .csv")
-    p.set_defaults(func=cmd_pagerank)
+    _results_options(p, "top nodes", "every node's rank: .npy, or .csv", cmd_pagerank)
 
     p = sub.add_parser("rwr", help="random walk with restart from seed nodes; top nodes, all to a file",
                        description="Visiting probabilities of a walk on the graph whose edge u -> v is A[u, v] "
@@ -576,9 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol-rule", choices=["networkx", "per_node"], default="per_node",
                    help="per_node: stop when every node's change < tol (default); networkx: the L1 change < N x tol")
     _iteration_options(p)
-    p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
-    p.add_argument("--out", default=None, help="every node's probability: .npy, or .csv")
-    p.set_defaults(func=cmd_rwr)
+    _results_options(p, "top nodes", "every node's probability: .npy, or .csv", cmd_rwr)
 
     p = sub.add_parser("hits", help="HITS hubs and authorities (NetworkX's semantics); top nodes, all to a file",
                        description="Hubs and authorities of the graph whose edge u -> v is A[u, v], as networkx.hits "
@@ -590,9 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=1e-8, help="ARPACK's tolerance (default %(default)s)")
     p.add_argument("--backend", choices=["tuned", "scipy"], default=None,
                    help="tuned: the tuned SpMV on the GPU (default with a GPU); scipy: on the host")
-    p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
-    p.add_argument("--out", default=None, help="hub and authority of every node: .npy, or .csv")
-    p.set_defaults(func=cmd_hits)
+    _results_options(p, "top nodes", "hub and authority of every node: .npy, or .csv", cmd_hits)
 
     p = sub.add_parser("simrank", help="SimRank similarities (NetworkX's semantics) by two SpGEMMs an iteration",
                        description="SimRank of every pair of nodes of the graph whose edge u -> v is A[u, v], as "
@@ -609,9 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=None, help="prune similarities below this (default: exact)")
     p.add_argument("--backend", choices=["scipy", "tuned"], default=None,
                    help="scipy: products on the host (default); tuned: the tuned SpGEMM on the GPU")
-    p.add_argument("--top", type=int, default=10, help="most similar pairs printed (default %(default)s)")
-    p.add_argument("--out", default=None, help="the similarity matrix (SciPy .npz)")
-    p.set_defaults(func=cmd_simrank)
+    _results_options(p, "most similar pairs", "the similarity matrix (SciPy .npz)", cmd_simrank)
 
     p = sub.add_parser("betweenness", help="betweenness centrality (NetworkX's semantics), Brandes on source batches",
                        description="Betweenness centrality of every node of the graph whose edge u -> v is A[u, v] "
@@ -624,9 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed of the sample (default: random)")
     p.add_argument("--unnormalized", action="store_true", help="path counts, not divided by the node pairs")
     p.add_argument("--endpoints", action="store_true", help="count a path's end nodes too")
-    p.add_argument("--top", type=int, default=10, help="top nodes printed (default %(default)s)")
-    p.add_argument("--out", default=None, help="every node's value: .npy, or .csv")
-    p.set_defaults(func=cmd_betweenness)
+    _results_options(p, "top nodes", "every node's value: .npy, or .csv", cmd_betweenness)
 
     p = sub.add_parser("bench", help="time tuned kernels against cuSPARSE on a suite; print a table, write JSON",
                        description="Benchmark tuned SpMV against cuSPARSE (best of CSR and COO through "

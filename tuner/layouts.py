@@ -186,10 +186,9 @@ def launch_for(m: CanonicalMatrix, spec: Specialization, cache: Cache, structure
         >>> launch, how = launch_for(m, spec, Cache(tempfile.mkdtemp())); how   # built in far under a second
         'built'
     """
-    if on_device(m, spec):
-        launch = _device_build(m, spec)
-        if launch is not None:
-            return launch, "device"
+    launch = _device_build(m, spec)
+    if launch is not None:
+        return launch, "device"
     key = layout_key(m, spec, structure)
     hit = load(cache, key)
     if hit is not None:
@@ -223,15 +222,17 @@ def on_device(m: CanonicalMatrix, spec: Specialization) -> bool:
 def build(m: CanonicalMatrix, spec: Specialization) -> tuple[Launch, str]:
     """``m``'s layout for ``spec`` built where :func:`launch_for` builds it, nothing loaded or stored: with
     'device' or 'built' (the host)."""
-    if on_device(m, spec):
-        launch = _device_build(m, spec)
-        if launch is not None:
-            return launch, "device"
+    launch = _device_build(m, spec)
+    if launch is not None:
+        return launch, "device"
     return families.get(spec.family).launch(m, spec.params), "built"
 
 
 def _device_build(m: CanonicalMatrix, spec: Specialization) -> Launch | None:
-    """The layout built on the GPU (its work finished), or None (logged) where the device ran out of memory."""
+    """The layout built on the GPU (its work finished), or None where it is not built there (:func:`on_device`)
+    or the device ran out of memory (logged)."""
+    if not on_device(m, spec):
+        return None
     try:
         launch = families.get(spec.family).device_launch(m, spec.params)
         device_reorder.synchronize()
