@@ -1,4 +1,6 @@
 """Relabelling by degree (tuner.formats.reorder) and relabelled plans, checked against SciPy on the CPU."""
+import contextlib
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -163,3 +165,74 @@ def test_a_gpu_out_of_memory_relabels_on_the_host_with_a_warning(monkeypatch, ca
     for field in ("indptr", "indices", "data"):
         assert np.array_equal(getattr(expected, field), getattr(got, field)), field
     assert device_reorder.known_copy(got) is None
+
+
+def _numpy_device(monkeypatch):
+    """The device relabelling run with NumPy standing in for CuPy (same calls): what the GPU path does on
+    the host, mirrors included."""
+    from tuner.formats import device_reorder
+    monkeypatch.setattr(device_reorder, "usable", lambda *a: True)
+    monkeypatch.setattr(device_reorder, "device_csr", lambda m: device_reorder.DeviceCsr(
+        m.indptr.copy(), m.indices.copy(), None if m.value_free else m.data.copy()))
+    monkeypatch.setattr(device_reorder, "permute_device", lambda csr, rows, ranks: device_reorder._permute(
+        np, csr, rows, ranks))
+    monkeypatch.setattr(device_reorder, "_fetch", np.copy)
+    monkeypatch.setattr(device_reorder, "_gather", lambda a, key: a[key].copy())
+    monkeypatch.setattr(device_reorder, "release", lambda: None)
+
+    @contextlib.contextmanager
+    def on_device():
+        yield np
+    monkeypatch.setattr(device_reorder, "on_device", on_device)
+    return device_reorder
+
+
+@pytest.mark.parametrize("pattern", [False, True])
+def test_a_matrix_relabelled_on_the_device_copies_its_entries_to_the_host_only_when_read(monkeypatch, pattern):
+    A = power_law(3000, seed=21)
+    m = canonicalize(abs(A) > 0 if pattern else A)
+    o = degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
+    expected = permute(m, o)
+    device_reorder = _numpy_device(monkeypatch)
+    b = permute(m, o)
+    assert isinstance(b.indices, device_reorder.HostMirror) and not b.indices.copied
+    assert b.nnz == m.nnz and b.index_dtype == m.index_dtype and b.value_dtype == m.value_dtype
+    assert np.array_equal(b.indptr, expected.indptr)
+    assert np.array_equal(b.indices, expected.indices) and b.indices.copied
+    assert np.array_equal(np.asarray(b.data), expected.data)
+    assert (b.to_scipy() != expected.to_scipy()).nnz == 0
+
+
+def test_a_mirror_whose_device_copy_was_freed_relabels_on_the_host(monkeypatch):
+    m = canonicalize(power_law(3000, seed=22))
+    o = degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
+    expected = permute(m, o)
+    device_reorder = _numpy_device(monkeypatch)
+    b = permute(m, o)
+    device_reorder.forget(b)
+    assert device_reorder.known_copy(b) is None and not b.indices.copied
+    assert np.array_equal(b.indices, expected.indices) and np.array_equal(b.data, expected.data)
+
+
+def test_planning_a_matrix_relabelled_on_the_device_reads_none_of_its_entries_on_the_host(monkeypatch):
+    from tuner.compiler import plan_candidates
+    from tuner.families.tiles import TILE_ORDER
+    from tuner.model import load_profile
+    device_reorder = _numpy_device(monkeypatch)
+    m = canonicalize(power_law(20000, seed=23))
+    specs, predicted, _ = plan_candidates(m, load_profile("NVIDIA H100 80GB HBM3"))
+    b = ordered_matrix(m, TILE_ORDER)
+    assert isinstance(b.indices, device_reorder.HostMirror)
+    assert {s.family for s in specs} >= {"tile_composite", "tile_coo"} and all(p is not None for p in predicted)
+    assert not b.indices.copied
+
+
+def test_a_matrix_relabelled_on_the_device_has_the_host_relabellings_lengths(monkeypatch):
+    m = canonicalize(power_law(3000, n_cols=2500, seed=24))
+    o = degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
+    expected = permute(m, o)
+    _numpy_device(monkeypatch)
+    b = permute(m, o)
+    for field in ("row_lengths", "col_lengths"):
+        u, v = getattr(expected, field), getattr(b, field)
+        assert u.dtype == v.dtype == np.int64 and np.array_equal(u, v), field

@@ -116,9 +116,13 @@ def keep(m, csr: DeviceCsr) -> None:
 
 
 def forget(m) -> None:
-    """Drop ``m``'s device arrays and return the memory CuPy held for them to the device."""
+    """Drop ``m``'s device arrays (and those its :class:`HostMirror` arrays wait on) and return the memory
+    CuPy held for them to the device."""
     with _lock:
         _copies.pop(m, None)
+    for a in (getattr(m, "indices", None), getattr(m, "data", None)):
+        if isinstance(a, HostMirror):
+            a.detach()
     release()
 
 
@@ -174,6 +178,47 @@ def upload(array: np.ndarray):
     return out
 
 
+def download(array) -> np.ndarray:
+    """A host copy of a CuPy array through two pinned staging buffers, each emptied by several threads
+    while the next one fills (a copy into pageable memory runs at a tenth of PCIe's rate).
+
+    Example (on a GPU machine):
+        >>> import cupy; download(cupy.arange(5)).tolist()  # doctest: +SKIP
+        [0, 1, 2, 3, 4]
+    """
+    import cupy
+    out = np.empty(array.shape, array.dtype)
+    n = out.nbytes
+    if n <= STAGE_BYTES:
+        return array.get()
+    src = cupy.ascontiguousarray(array)
+    dst = out.reshape(-1).view(np.uint8)
+    buffers = [cupy.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
+    stages = [np.frombuffer(b, np.uint8, STAGE_BYTES) for b in buffers]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    cupy.cuda.get_current_stream().synchronize()  # the array is complete before the side stream reads it
+    part = -(-STAGE_BYTES // STAGE_THREADS)
+    starts = list(range(0, n, STAGE_BYTES))
+    done = [None, None]
+
+    def fetch(i):
+        k, start = i % 2, starts[i]
+        cupy.cuda.runtime.memcpyAsync(stages[k].ctypes.data, src.data.ptr + start, min(STAGE_BYTES, n - start),
+                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        done[k] = stream.record()
+    with ThreadPoolExecutor(STAGE_THREADS) as pool:
+        fetch(0)
+        for i, start in enumerate(starts):
+            k = i % 2
+            done[k].synchronize()
+            if i + 1 < len(starts):
+                fetch(i + 1)  # into the other buffer, while this one is emptied
+            size = min(STAGE_BYTES, n - start)
+            list(pool.map(lambda p: np.copyto(dst[start + p:start + min(p + part, size)],
+                                              stages[k][p:min(p + part, size)]), range(0, size, part)))
+    return out
+
+
 def col_lengths(csr: DeviceCsr, n_cols: int) -> np.ndarray:
     """Stored entries per column (int64, on the host), counted on the device.
 
@@ -182,8 +227,8 @@ def col_lengths(csr: DeviceCsr, n_cols: int) -> np.ndarray:
         >>> col_lengths(device_csr(canonicalize(sp.eye(3, format="csr"))), 3).tolist()  # doctest: +SKIP
         [1, 1, 1]
     """
-    import cupy
-    return cupy.bincount(csr.indices, minlength=n_cols).astype(np.int64).get()
+    from .xp import host, module
+    return host(module(csr.indices).bincount(csr.indices, minlength=n_cols).astype(np.int64))
 
 
 def permute_device(csr: DeviceCsr, row_order: np.ndarray, col_rank: np.ndarray) -> DeviceCsr:
@@ -220,6 +265,88 @@ def _permute(cupy, csr: DeviceCsr, row_order, col_rank) -> DeviceCsr:
     return DeviceCsr(new_ptr.astype(index_dtype), out_cols, out_data)
 
 
-def to_host(csr: DeviceCsr) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(indptr, indices, data) copied to the host."""
-    return csr.indptr.get(), csr.indices.get(), None if csr.data is None else csr.data.get()
+def _fetch(device_array) -> np.ndarray:
+    with on_device():
+        return device_array.get()
+
+
+def _gather(device_array, key) -> np.ndarray:
+    with on_device() as cupy:
+        return device_array[key if isinstance(key, slice) else cupy.asarray(key)].get()
+
+
+class HostMirror(np.lib.mixins.NDArrayOperatorsMixin):
+    """A host array that stays on the device until something on the host reads it: its dtype, shape and
+    size are known without a copy, and the first read (NumPy functions and operators, indexing, methods)
+    copies it once. The relabelled matrix's indices and values are mirrors: the planner and the device
+    layout builders read only its lengths and its device copy, so for most compiles the copy is never
+    made (half a second of PCIe and host memory for 100M entries). Once the device copy is freed
+    (:meth:`detach`, from :func:`forget`), a first read calls ``rebuild`` instead.
+
+    Example (on the host, a NumPy array stands in for the device one):
+        >>> a = HostMirror(np.arange(4, dtype=np.int32), fetch=np.copy)
+        >>> a.dtype, a.shape, a.copied, (a + 1).tolist(), a[1:3].tolist(), a.copied
+        (dtype('int32'), (4,), False, [1, 2, 3, 4], [1, 2], True)
+        >>> c = HostMirror(np.arange(10, 20), fetch=np.copy, gather=lambda a, key: a[key].copy())
+        >>> c[np.array([0, 9])].tolist(), c.copied   # a gather copies only what it picks
+        ([10, 19], False)
+        >>> b = HostMirror(np.arange(3), rebuild=lambda: np.arange(3) * 10, fetch=np.copy)
+        >>> b.detach(); np.asarray(b).tolist()
+        [0, 10, 20]
+    """
+
+    def __init__(self, device_array, rebuild=None, fetch=None, gather=None):
+        self._device, self._rebuild = device_array, rebuild
+        self._fetch, self._gather = fetch or _fetch, gather or _gather
+        self._host = None
+        self._lock = threading.Lock()
+        self.dtype, self.shape = np.dtype(device_array.dtype), tuple(device_array.shape)
+        self.size, self.ndim = int(device_array.size), len(self.shape)
+        self.nbytes = self.size * self.dtype.itemsize
+
+    @property
+    def copied(self) -> bool:
+        """Whether the host copy has been made."""
+        return self._host is not None
+
+    def host(self) -> np.ndarray:
+        """The host copy, made on first use (once, whichever thread asks)."""
+        if self._host is None:
+            with self._lock:
+                if self._host is None:
+                    self._host = self._fetch(self._device) if self._device is not None else self._rebuild()
+                    self._device = self._rebuild = None
+        return self._host
+
+    def detach(self) -> None:
+        """Let go of the device array (its memory goes back once nothing else holds it); copied now
+        where there is nothing to rebuild it from."""
+        if self._rebuild is None:
+            self.host()
+            return
+        with self._lock:
+            self._device = None
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.host()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs = tuple(i.host() if isinstance(i, HostMirror) else i for i in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+    def __getitem__(self, key):
+        if self._host is None and isinstance(key, (np.ndarray, slice)):
+            with self._lock:  # a sample (the model's rows) or a slice: copied alone while the rest stays
+                device = self._device
+            if device is not None:
+                return self._gather(device, key)
+        return self.host()[key]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getattr__(self, name):  # astype, view, sum, ...: the host array's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.host(), name)
