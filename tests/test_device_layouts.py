@@ -173,6 +173,8 @@ def test_a_small_matrix_is_transposed_on_the_host_like_scipy():
     assert not transpose.on_device(A)
     T = transpose.transpose(A)
     assert T.shape == (500, 300) and (T != A.T).nnz == 0 and T.has_sorted_indices
+    wide = transpose.transpose(A, np.float64)
+    assert wide.dtype == np.float64 and (wide != A.T.astype(np.float64)).nnz == 0 and wide.has_canonical_format
 
 
 @pytest.mark.gpu
@@ -189,4 +191,17 @@ def test_the_gpu_transposes_to_the_same_arrays_as_scipy(monkeypatch):
             for field in ("indptr", "indices", "data"):
                 u, v = getattr(expected, field), getattr(got, field)
                 assert np.array_equal(u.astype(v.dtype), v), (name, dtype, field)
+            narrow = transpose.transpose(B, np.float32)
+            assert narrow.dtype == np.float32 and np.array_equal(narrow.data, expected.data.astype(np.float32))
     assert not transpose.on_device(sp.csr_matrix(power_law(300, seed=97), dtype=np.int64))  # cuSPARSE: floats
+
+
+@pytest.mark.gpu
+def test_pinned_transfers_round_trip_arrays_larger_than_their_staging_buffers():
+    pytest.importorskip("cupy")
+    a = np.random.default_rng(7).integers(-2**31, 2**31 - 1, size=3 * device_reorder.STAGE_BYTES // 4 + 12345,
+                                          dtype=np.int32)
+    on_gpu = device_reorder.upload(a)
+    assert np.array_equal(on_gpu.get(), a)
+    back = device_reorder.download(on_gpu)
+    assert back.dtype == a.dtype and np.array_equal(back, a)

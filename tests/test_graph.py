@@ -322,3 +322,37 @@ def test_every_algorithm_leaves_the_callers_unsorted_matrix_as_it_was():
     tuner.simrank(A, threshold=1e-3)
     tuner.betweenness(A)
     assert all(np.array_equal(a, b) for a, b in zip(before, (A.data, A.indices, A.indptr)))
+
+
+def test_edge_weights_of_a_canonical_graph_are_marked_canonical_and_out_weights_are_row_sums():
+    from tuner.graph.pagerank import edge_weights, rank_cache_factors
+    A = abs(power_law(400, seed=31)).tocsr()
+    A.sort_indices()
+    A[5] = 0  # a dangling node
+    A.eliminate_zeros()
+    for weighted in (True, False):
+        W = edge_weights(A, weighted)
+        assert W.dtype == np.float64 and "_has_canonical_format" in W.__dict__ and W.has_canonical_format
+        dangling, inverse = rank_cache_factors(W)
+        sums = np.asarray(W.toarray().sum(axis=1)).ravel()
+        assert dangling.tolist() == (sums == 0).tolist() and dangling[5]
+        assert np.allclose(inverse[~dangling], 1.0 / sums[~dangling], rtol=1e-15, atol=0)
+    unsorted = sp.csr_matrix((A.data[::-1].copy(), A.indices[::-1].copy(), A.indptr), shape=A.shape)
+    unsorted.has_sorted_indices = False
+    W = edge_weights(unsorted)
+    assert not W.has_canonical_format and W.indices is not unsorted.indices
+
+
+@pytest.mark.parametrize("piece", [1 << 22, 1000, 7])
+def test_row_sums_in_pieces_equal_scipys_row_sums_bit_for_bit(monkeypatch, piece):
+    import importlib
+    pr = importlib.import_module("tuner.graph.pagerank")  # the module: the package exports its function
+    monkeypatch.setattr(pr, "ROW_SUM_PIECE", piece)
+    W = abs(power_law(3000, seed=32)).tocsr().astype(np.float64)
+    W[[0, 17, 2999]] = 0  # empty rows, the first and the last among them
+    W.eliminate_zeros()
+    W.data *= np.random.default_rng(3).uniform(0.1, 1e6, W.nnz)
+    got = pr.row_sums(W)
+    assert np.array_equal(got, np.asarray(W.sum(axis=1)).ravel())
+    assert np.allclose(got, W @ np.ones(W.shape[1]), rtol=1e-14, atol=0)
+    assert pr.row_sums(sp.csr_matrix((4, 4))).tolist() == [0.0] * 4

@@ -66,7 +66,7 @@ def pull_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: bool
         >>> spmv = pull_product(A, comm)                                   # doctest: +SKIP
         >>> x = pagerank_on_devices(A, comm, product=spmv)                 # doctest: +SKIP
     """
-    return DistributedSpMV(transpose(edge_weights(A, weighted)).astype(dtype), comm, overlap=overlap, **options)
+    return DistributedSpMV(transpose(edge_weights(A, weighted), dtype), comm, overlap=overlap, **options)
 
 
 def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_iter: int = 100,
@@ -102,7 +102,7 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     p = np.full(n, 1.0 / n) if personalization is None else _node_vector(personalization, n, "personalization")
     d = p if dangling is None else _node_vector(dangling, n, "dangling")
 
-    spmv = product or DistributedSpMV(transpose(W).astype(dtype), comm, **options)
+    spmv = product or DistributedSpMV(transpose(W, dtype), comm, **options)
     if spmv.partition.owner.size != n or spmv.comm is not comm:
         raise ValueError(f"product multiplies {spmv.partition.owner.size} nodes on another communicator: "
                          "make it with pull_product(A, comm) for this graph")

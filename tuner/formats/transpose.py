@@ -28,22 +28,34 @@ def on_device(A: sp.csr_matrix) -> bool:
             and device_reorder.usable(n_cols, n_rows, A.nnz))
 
 
-def transpose(A) -> sp.csr_matrix:
-    """``A``ᵀ as a SciPy CSR matrix with sorted indices (on the GPU where :func:`on_device`).
+def transpose(A, dtype=None) -> sp.csr_matrix:
+    """``A``ᵀ as a SciPy CSR matrix with sorted indices, its values cast to ``dtype`` (default: A's), on
+    the GPU where :func:`on_device`. Both ways cross PCIe through pinned buffers
+    (:func:`~tuner.formats.device_reorder.upload`, :func:`~tuner.formats.device_reorder.download`). When
+    ``A`` is canonical (sorted, no duplicates) the result is marked so, and its users skip SciPy's scan.
 
     Example:
         >>> transpose(sp.csr_matrix(np.array([[0, 1.0], [2.0, 3.0]]))).toarray().tolist()
         [[0.0, 2.0], [1.0, 3.0]]
     """
     A = sp.csr_matrix(A)
-    if on_device(A):
+    dtype = A.dtype if dtype is None else np.dtype(dtype)
+    canonical = A.has_canonical_format
+    if on_device(A) and dtype in DEVICE_DTYPES:
         with device_reorder.on_device() as cupy:
             import cupyx.scipy.sparse as cpsp
-            a = cpsp.csr_matrix((cupy.asarray(A.data), cupy.asarray(A.indices.astype(np.int32, copy=False)),
-                                 cupy.asarray(A.indptr.astype(np.int32, copy=False))), shape=A.shape)
+            up = device_reorder.upload
+            a = cpsp.csr_matrix((up(A.data).astype(dtype, copy=False), up(A.indices.astype(np.int32, copy=False)),
+                                 up(A.indptr.astype(np.int32, copy=False))), shape=A.shape)
             t = a.T.tocsr()  # cuSPARSE csr2csc: every row's columns ascending
-            out = sp.csr_matrix((t.data.get(), t.indices.get(), t.indptr.get()), shape=(A.shape[1], A.shape[0]))
-            del a, t
+            del a
+            down = device_reorder.download
+            out = sp.csr_matrix((down(t.data), down(t.indices), down(t.indptr)), shape=(A.shape[1], A.shape[0]))
+            del t
         device_reorder.release()
-        return out
-    return A.T.tocsr()
+    else:
+        out = A.T.tocsr()
+        out = out if out.dtype == dtype else out.astype(dtype)
+    if canonical:
+        out.has_canonical_format = True
+    return out
