@@ -126,6 +126,28 @@ def test_pagerank_with_iterations_on_the_device_equals_networkx(path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("order", ["degree", "none"])
+def test_pagerank_on_the_device_iterates_in_a_relabelled_plans_order_and_answers_in_the_graphs(order):
+    from tuner.distributed.nccl import SoloDevice
+    from tuner.distributed.pagerank import pagerank_on_devices, pull_product
+    A = graph(3000, 67).tolil()
+    A[11, :] = 0  # a dangling node
+    A = A.tocsr()
+    solo = SoloDevice()
+    spmv = pull_product(A, solo, dtype=np.float64, family="csr_vector",
+                        params={"threads_per_row": 4, "block_size": 128, "order": order})
+    in_plan = spmv.plan_order()
+    assert (in_plan is not None) == (order == "degree")
+    if in_plan is not None:
+        assert sorted(in_plan[0].tolist()) == list(range(3000)) and in_plan[0].tolist() != list(range(3000))
+    p = np.random.default_rng(5).uniform(0.1, 1.0, 3000)
+    x = pagerank_on_devices(A, solo, personalization=p, tol=1e-13, tol_rule="per_node", max_iter=500,
+                            dtype=np.float64, product=spmv)
+    host = tuner.pagerank(A, personalization=p, tol=1e-13, tol_rule="per_node", max_iter=500, backend="scipy")
+    assert np.abs(x - host).max() <= 1e-12  # either may stop an iteration later: they differ by < tol then
+
+
+@pytest.mark.gpu
 def test_rwr_on_the_device_equals_the_host_iteration_and_dangling_nodes_return_to_the_seeds():
     A = graph(2000, 66).tolil()
     A[5, :] = 0  # a dangling node

@@ -108,6 +108,12 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
                          "make it with pull_product(A, comm) for this graph")
     dtype = np.dtype(spmv.dtype)
     rows = spmv.rows
+    in_plan = spmv.plan_order()
+    if in_plan is not None:  # one GPU, a relabelled plan: the vectors live in its order, gathered never
+        rows, inner = in_plan
+        multiply = lambda v, out: inner(v, out=out)  # noqa: E731
+    else:
+        multiply = lambda v, out: spmv(v, out=out)  # noqa: E731
     local = lambda v: cupy.asarray(np.ascontiguousarray(v[rows], dtype=dtype))  # noqa: E731
     x, p_l, d_l, inv_l = local(x0), local(p), local(d), local(inverse)
     dangling_l = cupy.asarray(dangling_nodes[rows].astype(dtype))
@@ -127,7 +133,7 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
 
     error, iteration = float("inf"), 0
     for iteration in range(1, max_iter + 1):
-        spmv(cache, out=pulled)
+        multiply(cache, pulled)
         step(pulled, d_l, p_l, inv_l, dangling_l, x, sums, x_new, cache, mine, alpha, max_rule)
         comm.allgather_into(mine, parts)
         step.combine(parts, sums, max_rule)
@@ -141,7 +147,11 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
                                f"rule {tol_rule!r}, tol {tol})")
     cupy.cuda.Device().synchronize()
     t2 = time.perf_counter()
-    ranks = spmv.gather(x).astype(np.float64)
+    if in_plan is not None:
+        ranks = np.empty(n)
+        ranks[rows] = cupy.asnumpy(x)
+    else:
+        ranks = spmv.gather(x).astype(np.float64)
     info = IterationInfo(iteration, error, {"setup": t1 - t0, "iterations": t2 - t1,
                                             "gather": time.perf_counter() - t2}, f"tuned SpMV on {comm.size} GPU(s)")
     return (ranks, info) if return_info else ranks

@@ -13,6 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import gpu
+from ..formats.xp import host
 from ..matrix import MatrixError, canonicalize
 from .comm import Communicator
 from .partition import RowPartition, bitonic_partition
@@ -107,6 +108,29 @@ class DistributedSpMV:
             self.local = local_compile(mine, **options)
         self._gathered = None  # the device buffer x is gathered into, made at the first device call
         self._overlap_state = None
+
+    def plan_order(self):
+        """``(order, product)`` for iterating in the plan's order on one rank: ``product`` multiplies
+        vectors whose i-th entry is node ``order[i]``'s and returns y in the same order, with none of the
+        two gathers per call that bring x to a relabelled plan's order and y back (the plan relabels rows
+        and columns alike). None where the rows are split among ranks, the product keeps A's order or
+        relabels rows and columns differently.
+
+        Example:
+            >>> from tuner.distributed.comm import LocalGroup
+            >>> LocalGroup(1).run(lambda c: DistributedSpMV(sp.eye(4, format="csr"), c, local_compile=lambda M: M.dot)
+            ...                   .plan_order())  # a product with no order of its own
+            [None]
+        """
+        local = self.local
+        if self.comm.size != 1 or local is None or not hasattr(local, "in_plan_order"):
+            return None
+        if local.col_order is None or local.row_rank is None:
+            return None
+        order, rank = host(local.col_order), host(local.row_rank)
+        if not np.array_equal(rank[order], np.arange(order.size, dtype=rank.dtype)):
+            return None
+        return self.rows[order], local.in_plan_order()
 
     def scatter(self, x: np.ndarray) -> np.ndarray:
         """This rank's entries of a whole vector."""
