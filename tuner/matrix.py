@@ -106,8 +106,10 @@ class CanonicalMatrix(Shaped):
         return lengths, self.indices[at]
 
     def to_scipy(self) -> sp.csr_matrix:
-        """The same matrix as a SciPy CSR matrix (shares the arrays)."""
-        return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape, copy=False)
+        """The same matrix as a SciPy CSR matrix (shares the arrays), marked canonical: SciPy need not scan it."""
+        out = sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape, copy=False)
+        out.has_canonical_format = True
+        return out
 
 
 # Integers up to these magnitudes convert to float32 and float64 without rounding.
