@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import __version__, gpu, layouts, loaders, paths
-from .cache import Cache
+from .cache import cold_plans
 from .compiler import compile as compile_spmv
 from .kernel import copy_bandwidth_gbs, random_vector, time_spmv
 from .matrix import CanonicalMatrix, canonicalize
@@ -251,17 +249,11 @@ def break_even(first_ms: float, per_ms: float, other_first_ms: float | None, oth
 def _time_to_first_ms(A, x: np.ndarray, cache_dir, tune: str) -> float:
     """Host matrix to the first y on the host through a cache that has the compiled kernels but no plan or
     layout of this matrix (a new matrix on a machine that has compiled before)."""
-    cold = Path(tempfile.mkdtemp(prefix="tuner-cold-"))
-    try:
-        for kind in ("cubin", "library"):
-            if (Cache(cache_dir).root / kind).is_dir():
-                (cold / kind).symlink_to(Cache(cache_dir).root / kind, target_is_directory=True)
+    with cold_plans(cache_dir) as cold:
         t0 = time.perf_counter()
         compile_spmv(A, cache_dir=cold, tune=tune)(x)
         first = 1e3 * (time.perf_counter() - t0)
         layouts.wait()
-    finally:
-        shutil.rmtree(cold, ignore_errors=True)  # the links, not what they point to
     return first
 
 

@@ -25,7 +25,9 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import stat
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -347,3 +349,31 @@ def _flock(fd: int, path: Path, kind: str) -> None:
             _reported.add(where)
             log.warning("cannot lock %s (%s): building without the lock, work may be repeated", path,
                         e.strerror or e)
+
+
+COMPILED_KINDS = ("cubin", "library")  # what nvcc made: the same for any matrix
+
+
+@contextlib.contextmanager
+def cold_plans(root: str | os.PathLike | None = None) -> Iterator[Path]:
+    """A fresh cache folder that shares ``root``'s compiled binaries but holds no plan, layout or study: a
+    new matrix on a machine that has compiled before (what the benches' times to a first result assume).
+    Removed on exit; the binaries it links to stay.
+
+    Example:
+        >>> import tempfile
+        >>> warm = Cache(tempfile.mkdtemp())
+        >>> _ = warm.put("cubin", make_key("k"), b"x"); _ = warm.put("plan", make_key("m"), b"{}")
+        >>> with cold_plans(warm.root) as root:
+        ...     Cache(root).get("cubin", make_key("k")), Cache(root).get("plan", make_key("m"))
+        (b'x', None)
+    """
+    warm = Cache(root).root
+    cold = Path(tempfile.mkdtemp(prefix="tuner-cold-"))
+    try:
+        for kind in COMPILED_KINDS:
+            if (warm / kind).is_dir():
+                (cold / kind).symlink_to(warm / kind, target_is_directory=True)
+        yield cold
+    finally:
+        shutil.rmtree(cold, ignore_errors=True)  # the links, not what they point to
