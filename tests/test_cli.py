@@ -63,7 +63,7 @@ def test_bench_without_gpu_covers_the_whole_suite(no_gpu, capsys, tmp_path):
     out = capsys.readouterr().out
     assert code == cli.NO_GPU_EXIT
     assert "rmat:8" in out and "\ng " in out and "No CUDA GPU present" in out
-    assert "The spgemm suite needs a GPU: not run." in out  # --op all: the SpGEMM suite is named, not run
+    assert "The spgemm and spmm suites need a GPU: not run." in out  # --op all: named, not run
     assert cli.main(["bench", "rmat:8", "--op", "spgemm"]) == cli.NO_GPU_EXIT
     assert "The spgemm suite times products on the GPU" in capsys.readouterr().out
 

@@ -148,6 +148,22 @@ def test_pagerank_on_the_device_iterates_in_a_relabelled_plans_order_and_answers
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tol_rule", ["per_node", "networkx"])
+def test_rwr_of_many_seed_sets_walks_them_together_and_equals_each_walk_alone(tol_rule):
+    A = graph(2000, 68).tolil()
+    A[5, :] = 0  # a dangling node
+    A = A.tocsr()
+    sets = [[3], [5, 7], {9: 2.0, 11: 1.0}, [0, 1, 2, 3], [1999]]
+    x, infos = tuner.rwr(A, sets, tol=1e-12, tol_rule=tol_rule, max_iter=500, return_info=True)
+    assert x.shape == (2000, 5) and len(infos) == 5 and infos[0].backend.startswith("multi-vector product")
+    assert len({i.iterations for i in infos}) == 1  # they walk together
+    for c, s in enumerate(sets):
+        alone = tuner.rwr(A, s, tol=1e-12, tol_rule=tol_rule, max_iter=500, backend="scipy")
+        assert np.abs(x[:, c] - alone).max() <= 1e-10, (c, s)
+    assert np.allclose(x.sum(axis=0), 1.0, atol=1e-9)
+
+
+@pytest.mark.gpu
 def test_rwr_on_the_device_equals_the_host_iteration_and_dangling_nodes_return_to_the_seeds():
     A = graph(2000, 66).tolil()
     A[5, :] = 0  # a dangling node

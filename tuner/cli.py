@@ -278,17 +278,19 @@ def cmd_bench(args) -> int:
     ops = [REGISTRY[name] for name in (REGISTRY if args.op == "all" else [args.op])]
     if not gpu.available():
         offline = [op for op in ops if op.bench_without_gpu]
-        later = ", ".join(op.name for op in ops if not op.bench_without_gpu)
+        names = [op.name for op in ops if not op.bench_without_gpu]
+        one = len(names) == 1
+        later = " and ".join(names) + (" suite" if one else " suites")
         if not offline:
-            print(_no_gpu_banner().splitlines()[0] + f"\nThe {later} suite times products on the GPU: there is "
-                  "nothing to do without one.")
+            print(_no_gpu_banner().splitlines()[0] + f"\nThe {later} {'times' if one else 'time'} products on the "
+                  "GPU: there is nothing to do without one.")
             return NO_GPU_EXIT
         suite = args.suite or _default_suite(args.data_dir)
         skipped = [] if args.suite else bench.large_sources(suite)
         note = (f"Skipping the generated matrices of {bench.LARGE_NNZ / 1e6:.0f}M+ non-zeros, built only where a "
                 f"GPU times them: {', '.join(loaders.display_name(s) for s in skipped)}." if skipped else "")
-        if later:
-            note = (note + "\n" if note else "") + f"The {later} suite needs a GPU: not run."
+        if names:
+            note = (note + "\n" if note else "") + f"The {later} {'needs' if one else 'need'} a GPU: not run."
         return _dry_run([s for s in suite if s not in skipped], args.arch, args.cache_dir, note)
     progress = lambda items, desc, unit: tqdm(items, desc=desc, unit=unit, file=sys.stderr)  # noqa: E731
     suite = args.suite or (_default_suite(args.data_dir) if any(op.name == "spmv" for op in ops) else [])
@@ -649,7 +651,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .operations import REGISTRY
     p.add_argument("--op", choices=(*REGISTRY, "all"), default="all",
                    help="which suites: SpMV (y = A x), SpGEMM (C = A·A and A·Aᵀ of each graph, with rmat:16/18/20 "
-                        "and Kronecker-scaled graphs by default) or both (default %(default)s)")
+                        "and Kronecker-scaled graphs by default), SpMM (Y = A X for blocks of 4 and 16 columns) "
+                        "or all of them (default %(default)s)")
+    p.add_argument("--spmm-out", default=None,
+                   help="SpMM's JSON report (default: models/<gpu-slug>/bench-spmm.json)")
     p.add_argument("--spgemm-out", default=None,
                    help="SpGEMM's JSON report (default: models/<gpu-slug>/bench-spgemm.json)")
     p.add_argument("--spgemm-repeats", type=int, default=5,
