@@ -135,3 +135,19 @@ def test_insufficient_memory_error_survives_pickling():
     error = InsufficientMemoryError("kron:g.npz:30", 10**15, 10**9, "49 B per output edge", "use k=3")
     copy = pickle.loads(pickle.dumps(error))
     assert str(copy) == str(error) and copy.how == "49 B per output edge" and copy.hint == "use k=3"
+
+
+def test_peak_rss_counts_memory_held_during_the_call_and_falls_back_to_tracemalloc(monkeypatch, tmp_path):
+    import numpy as np
+    from tuner import memory
+
+    def hold():
+        a = np.ones(3 * 10**7)  # 240 MB touched, then freed before the call returns
+        return float(a.sum())
+    total, peak = memory.peak_rss(hold)
+    assert total == 3e7 and peak > 2 * 10**8
+    small, peak_small = memory.peak_rss(lambda: 1)
+    assert small == 1 and peak_small < 10**8
+    monkeypatch.setattr(memory, "CLEAR_REFS", str(tmp_path / "missing" / "clear_refs"))
+    total, traced = memory.peak_rss(hold)
+    assert total == 3e7 and traced >= 2.4 * 10**8  # tracemalloc sees the NumPy buffer itself

@@ -22,7 +22,7 @@ from .cache import cold_plans
 from .compiler import compile as compile_spmv
 from .kernel import copy_bandwidth_gbs, random_vector, time_spmv
 from .matrix import CanonicalMatrix, canonicalize
-from .memory import traced_peak
+from .memory import peak_rss
 
 GENERATED = ("rmat:20", "rmat:23", "rmat:25")
 # Kronecker-scaled real graphs of 50M+ non-zeros (the default seed about triples nnz per step): 72M-87M
@@ -41,8 +41,9 @@ class BenchRow:
     (``break_even_products``: None where ours is not faster per product). ``cache_hit_ms``: a second compile
     of the same matrix (plan, kernels and layout from the cache). ``layout_s``: the chosen layout built
     again as a compile builds it, relabelling included (``layout_where``: 'device' on the GPU, 'built' on
-    the host). ``compile_host_peak_bytes``: the most host memory the first (cold) compile held at once beyond
-    the caller's matrix (``input_csr_bytes``: its CSR arrays), as tracemalloc sees NumPy's buffers.
+    the host). ``compile_host_peak_bytes``: the most resident host memory the first (cold) compile held at
+    once beyond what the process held before it, the caller's matrix included there (``input_csr_bytes``:
+    its CSR arrays; :func:`~tuner.memory.peak_rss`).
     """
 
     name: str
@@ -186,7 +187,7 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     m = canonicalize(A)
     load_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    spmv, compile_peak = traced_peak(compile_spmv, A, cache_dir=cache_dir, tune=tune)
+    spmv, compile_peak = peak_rss(compile_spmv, A, cache_dir=cache_dir, tune=tune)
     tune_s = time.perf_counter() - t0
     layouts.wait()  # the layout the first compile keeps is on disk before the second looks for it
     t0 = time.perf_counter()
@@ -327,8 +328,8 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
                   "ours_kernel_ms: the kernel alone on the GPU (launches queued behind a hold kernel, so the "
                   "host's issue rate does not count); a relabelled plan's times include its gathers of x "
                   "and y; layout_s: time to build the chosen layout as a compile does (relabelling included; "
-                  "layout_where 'device' on the GPU, 'built' on the host); compile_host_peak_bytes: traced by "
-                  "tracemalloc during the first compile, whose tune_s that slows; plan_s: "
+                  "layout_where 'device' on the GPU, 'built' on the host); compile_host_peak_bytes: the resident "
+                  "set's high-water mark during the first compile beyond the process's before it; plan_s: "
                   "the planner's host time for every candidate and its prediction, beyond the relabelled "
                   "matrix (Plan.seconds['plan'])",
         "suite": list(suite), "rows": [],
