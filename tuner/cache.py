@@ -358,22 +358,25 @@ COMPILED_KINDS = ("cubin", "library")  # what nvcc made: the same for any matrix
 def cold_plans(root: str | os.PathLike | None = None) -> Iterator[Path]:
     """A fresh cache folder that shares ``root``'s compiled binaries but holds no plan, layout or study: a
     new matrix on a machine that has compiled before (what the benches' times to a first result assume).
-    Removed on exit; the binaries it links to stay.
+    Removed on exit; the binaries it links to stay, those compiled inside it too.
 
     Example:
         >>> import tempfile
         >>> warm = Cache(tempfile.mkdtemp())
         >>> _ = warm.put("cubin", make_key("k"), b"x"); _ = warm.put("plan", make_key("m"), b"{}")
         >>> with cold_plans(warm.root) as root:
+        ...     _ = Cache(root).put("library", make_key("l"), b"y")
         ...     Cache(root).get("cubin", make_key("k")), Cache(root).get("plan", make_key("m"))
         (b'x', None)
+        >>> warm.get("library", make_key("l"))
+        b'y'
     """
     warm = Cache(root).root
     cold = Path(tempfile.mkdtemp(prefix="tuner-cold-"))
     try:
-        for kind in COMPILED_KINDS:
-            if (warm / kind).is_dir():
-                (cold / kind).symlink_to(warm / kind, target_is_directory=True)
+        for kind in COMPILED_KINDS:  # made where missing: what the cold compiles build stays for later ones
+            (warm / kind).mkdir(parents=True, exist_ok=True)
+            (cold / kind).symlink_to(warm / kind, target_is_directory=True)
         yield cold
     finally:
         shutil.rmtree(cold, ignore_errors=True)  # the links, not what they point to

@@ -38,7 +38,7 @@ def transpose(A, dtype=None) -> sp.csr_matrix:
         >>> transpose(sp.csr_matrix(np.array([[0, 1.0], [2.0, 3.0]]))).toarray().tolist()
         [[0.0, 2.0], [1.0, 3.0]]
     """
-    A = sp.csr_matrix(A)
+    A = A if sp.issparse(A) and A.format == "csr" else sp.csr_matrix(A)  # A itself keeps SciPy's flags
     dtype = A.dtype if dtype is None else np.dtype(dtype)
     canonical = A.has_canonical_format
     if on_device(A) and dtype in DEVICE_DTYPES:
