@@ -9,7 +9,7 @@ from tuner import codegen, gpu, spmm
 from tuner.cache import Cache
 from tuner.matrix import MatrixError, canonicalize
 from tuner.operations import REGISTRY, operation_of
-from tuner.spmm import SpmmParams, candidates, column_pass, compile_spmm, evaluate
+from tuner.spmm import candidates, column_pass, compile_spmm, evaluate
 
 from .conftest import fixture_matrices, power_law
 
