@@ -182,14 +182,8 @@ class SpMV:
         check_vector_dtype(ov.dtype, self.dtype, "out")
         if ov.readonly:
             raise MatrixError("out is read-only")
-        x_end, o_end = xv.ptr + xv.shape[0] * self.dtype.itemsize, ov.ptr + ov.shape[0] * self.dtype.itemsize
-        if ov.shape[0] and xv.shape[0] and xv.ptr < o_end and ov.ptr < x_end:
-            raise MatrixError("out overlaps x: the kernel reads x while it writes out")
-        gpu.ensure_context()
-        synced = gpu.wait_for_stream(xv.stream)
-        self.launch(xv.ptr, ov.ptr)
-        if synced:
-            gpu.synchronize()
+        size = self.dtype.itemsize
+        launch_on_views(self.launch, xv, ov, xv.shape[0] * size, ov.shape[0] * size, "x")
         return out
 
     def explain(self) -> str:
@@ -208,6 +202,20 @@ class SpMV:
 
 
 GATHER_BLOCK = 256  # the templates' gather kernel is written for blocks of 256 threads
+
+
+def launch_on_views(launch, xv, ov, x_bytes: int, out_bytes: int, name: str) -> None:
+    """``launch(x_ptr, out_ptr)`` on the device arrays of views ``xv`` (the input, ``name``) and ``ov`` (the
+    output), after refusing an output that overlaps the input, in order with the input's producer: its
+    stream waited for, and our work finished before the result goes back to it, unless it is a default stream
+    (which our launches order with)."""
+    if x_bytes and out_bytes and xv.ptr < ov.ptr + out_bytes and ov.ptr < xv.ptr + x_bytes:
+        raise MatrixError(f"out overlaps {name}: the kernel reads {name} while it writes out")
+    gpu.ensure_context()
+    synced = gpu.wait_for_stream(xv.stream)
+    launch(xv.ptr, ov.ptr)
+    if synced:
+        gpu.synchronize()
 
 
 @dataclass(frozen=True)

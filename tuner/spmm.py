@@ -17,6 +17,7 @@ import numpy as np
 from . import codegen, gpu
 from .cache import Cache, make_key
 from .families.base import CTYPES
+from .kernel import launch_on_views
 from .matrix import MatrixError, canonicalize, structure_digest
 
 log = logging.getLogger("tuner.spmm")
@@ -184,14 +185,8 @@ class SpMM:
         ov = gpu.view(out)
         if ov.shape != (self.shape[0], self.k) or ov.dtype != self.dtype or ov.readonly:
             raise MatrixError(f"out must be a writeable ({self.shape[0]}, {self.k}) {self.dtype} device array")
-        nx, ny = xv.shape[0] * self.k * self.dtype.itemsize, ov.shape[0] * self.k * self.dtype.itemsize
-        if nx and ny and xv.ptr < ov.ptr + ny and ov.ptr < xv.ptr + nx:
-            raise MatrixError("out overlaps X: the kernel reads X while it writes out")
-        gpu.ensure_context()
-        synced = gpu.wait_for_stream(xv.stream)
-        self.launch(xv.ptr, ov.ptr)
-        if synced:
-            gpu.synchronize()
+        row = self.k * self.dtype.itemsize
+        launch_on_views(self.launch, xv, ov, xv.shape[0] * row, ov.shape[0] * row, "X")
         return out
 
     def time(self, repeats: int = TIMING_REPEATS, warmup: int = 3, seed: int = 0) -> float:
