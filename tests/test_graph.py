@@ -21,6 +21,13 @@ def graph(n, seed):
     return abs(power_law(n, seed=seed))
 
 
+def graph_with_dangling(n, seed, node):
+    """:func:`graph` with ``node``'s out-edges removed: a dangling node."""
+    A = graph(n, seed).tolil()
+    A[node, :] = 0
+    return A.tocsr()
+
+
 def as_networkx(A, weighted=True):
     G = nx.from_scipy_sparse_array(sp.csr_matrix(A), create_using=nx.DiGraph)
     if not weighted:
@@ -44,10 +51,7 @@ def test_pagerank_equals_networkx_on_real_graphs(path):
 
 
 def test_pagerank_options_follow_networkx():
-    A = graph(400, 61)
-    A = A.tolil()
-    A[5, :] = 0  # a dangling node
-    A = A.tocsr()
+    A = graph_with_dangling(400, 61, 5)
     A.eliminate_zeros()
     G = as_networkx(A)
     rng = np.random.default_rng(0)
@@ -130,9 +134,7 @@ def test_pagerank_with_iterations_on_the_device_equals_networkx(path):
 def test_pagerank_on_the_device_iterates_in_a_relabelled_plans_order_and_answers_in_the_graphs(order):
     from tuner.distributed.nccl import SoloDevice
     from tuner.distributed.pagerank import pagerank_on_devices, pull_product
-    A = graph(3000, 67).tolil()
-    A[11, :] = 0  # a dangling node
-    A = A.tocsr()
+    A = graph_with_dangling(3000, 67, 11)
     solo = SoloDevice()
     spmv = pull_product(A, solo, dtype=np.float64, family="csr_vector",
                         params={"threads_per_row": 4, "block_size": 128, "order": order})
@@ -150,9 +152,7 @@ def test_pagerank_on_the_device_iterates_in_a_relabelled_plans_order_and_answers
 @pytest.mark.gpu
 @pytest.mark.parametrize("tol_rule", ["per_node", "networkx"])
 def test_rwr_of_many_seed_sets_walks_them_together_and_equals_each_walk_alone(tol_rule):
-    A = graph(2000, 68).tolil()
-    A[5, :] = 0  # a dangling node
-    A = A.tocsr()
+    A = graph_with_dangling(2000, 68, 5)
     sets = [[3], [5, 7], {9: 2.0, 11: 1.0}, [0, 1, 2, 3], [1999]]
     x, infos = tuner.rwr(A, sets, tol=1e-12, tol_rule=tol_rule, max_iter=500, return_info=True)
     assert x.shape == (2000, 5) and len(infos) == 5 and infos[0].backend.startswith("multi-vector product")
@@ -165,9 +165,7 @@ def test_rwr_of_many_seed_sets_walks_them_together_and_equals_each_walk_alone(to
 
 @pytest.mark.gpu
 def test_rwr_on_the_device_equals_the_host_iteration_and_dangling_nodes_return_to_the_seeds():
-    A = graph(2000, 66).tolil()
-    A[5, :] = 0  # a dangling node
-    A = A.tocsr()
+    A = graph_with_dangling(2000, 66, 5)
     for tol_rule in ("per_node", "networkx"):
         x = tuner.rwr(A, [3, 5, 7], tol=1e-12, tol_rule=tol_rule, max_iter=500, backend="device")
         host = tuner.rwr(A, [3, 5, 7], tol=1e-12, tol_rule=tol_rule, max_iter=500, backend="scipy")
@@ -378,10 +376,7 @@ def test_every_algorithm_leaves_the_callers_unsorted_matrix_as_it_was():
 
 def test_edge_weights_of_a_canonical_graph_are_marked_canonical_and_out_weights_are_row_sums():
     from tuner.graph.pagerank import edge_weights, rank_cache_factors
-    A = abs(power_law(400, seed=31)).tocsr()
-    A.sort_indices()
-    A[5] = 0  # a dangling node
-    A.eliminate_zeros()
+    A = graph_with_dangling(400, 31, 5)
     for weighted in (True, False):
         W = edge_weights(A, weighted)
         assert W.dtype == np.float64 and "_has_canonical_format" in W.__dict__ and W.has_canonical_format
