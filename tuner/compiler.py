@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import codegen, families, gpu, layouts, paths, planner
+from . import codegen, families, gpu, layouts, paths, planner, tiered
 from .cache import Cache
 from .families.base import Specialization, drop_device_copies, memo_state, ordered_matrix, restore
 from .families.tiles import TILE_ORDER
@@ -212,7 +212,8 @@ def measure(m: CanonicalMatrix, specs: list[Specialization], binaries: list, see
 
 
 def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int = 3, trials: int = 24,
-            family: str | None = None, params: dict | None = None, cache_dir=None, profile=None) -> SpMV:
+            family: str | None = None, params: dict | None = None, cache_dir=None, profile=None,
+            background: bool | None = None) -> SpMV:
     """Plan, render, compile and load an SpMV kernel for ``A`` on this GPU.
 
     Args:
@@ -227,9 +228,15 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
             ``~/.cache/sparse-tuner``). A second compile of the same structure times nothing, runs no nvcc.
         profile: a :class:`~tuner.model.Profile` or a path to one (default: the shipped profile of this GPU).
             Without any, the model modes fall back to 'exhaustive' with a warning.
+        background: tune on a thread while a stand-in kernel answers the first calls
+            (:mod:`tuner.tiered`). Default (None): where it pays, in model mode, for matrices of a million
+            entries or more that leave the device room; True: wherever CuPy and the room are there; False:
+            never (the call returns the tuned kernel).
 
     Returns:
-        an :class:`~tuner.kernel.SpMV`; ``spmv(x)`` computes ``A @ x``, ``spmv.plan`` holds the decision.
+        an :class:`~tuner.kernel.SpMV`, or with ``background`` a :class:`~tuner.tiered.TieredSpMV`:
+        ``spmv(x)`` computes ``A @ x``, ``spmv.plan`` holds the decision (and waits for it), ``spmv.wait()``
+        returns the tuned kernel.
 
     Raises:
         MatrixError: for input the tuner cannot accept (the message names the problem).
@@ -245,12 +252,24 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
         raise ValueError(f"tune must be one of {planner.TUNE_MODES}, got {tune!r}")
     if params is not None and family is None:
         raise ValueError("params= needs family=")
+    if background and (tune != "model" or family is not None):
+        raise ValueError("background= tunes in model mode: the other modes time candidates on the GPU, and "
+                         "family= needs no tuning")
     cache = Cache(cache_dir)
     m = canonicalize(A, dtype, index_dtype)
     info = gpu.device_info()  # raises NoDeviceError before any work that needs the GPU
-    digest = structure_digest(m)
     if family is not None:
-        return _fixed(m, digest, info, family, params or {}, cache)
+        return _fixed(m, structure_digest(m), info, family, params or {}, cache)
+    if background is not False and tune == "model":
+        first = tiered.stand_in(m, info.arch, cache, force=bool(background))
+        if first is not None:
+            return tiered.TieredSpMV(first, lambda: _tuned(m, info, cache, tune, top_k, trials, profile))
+    return _tuned(m, info, cache, tune, top_k, trials, profile)
+
+
+def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials: int, profile) -> SpMV:
+    """The tuned kernel of :func:`compile`: the plan from the cache or made now, its binary and layout."""
+    digest = structure_digest(m)
     prof = _profile(info, profile)
     if prof is None and tune != "exhaustive":
         log.warning("no GPU profile for %s (run `python -m tuner profile`): tune=%r falls back to 'exhaustive'",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import sys
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -174,6 +175,19 @@ def ensure_context() -> None:
     _context()
 
 
+def leave_thread() -> None:
+    """Take the primary context off this thread's stack, where this thread put it: a thread other than the
+    main one that used the GPU calls this before it ends (PyCUDA aborts the process when a thread ends with a
+    context on its stack). Nothing to do in a thread that never used the GPU.
+
+    Example:
+        >>> threading.Thread(target=leave_thread).start()
+    """
+    if getattr(_local, "pushed", False):
+        drv.Context.pop()
+        _local.pushed = False
+
+
 @lru_cache(maxsize=1)
 def device_info() -> DeviceInfo:
     """Properties of the device this process works on (:func:`select_device`).
@@ -263,15 +277,20 @@ def copy_device(dst: int, src: int, nbytes: int) -> None:
 
 def free_memory(release_pool: bool = False) -> int:
     """Bytes of device memory free now (what a result must fit in); with ``release_pool``, after returning
-    the blocks the pool of :func:`alloc_pooled` holds unused.
+    the blocks held unused by the pool of :func:`alloc_pooled` and by CuPy's (where CuPy is in use: the
+    layout builders, a compile's stand-in kernel and the cuSPARSE baselines allocate there).
 
     Example (on a GPU machine):
         >>> free_memory() > 0  # doctest: +SKIP
         True
     """
     _context()
-    if release_pool and "pool" in _state:
-        _state["pool"].free_held()
+    if release_pool:
+        if "pool" in _state:
+            _state["pool"].free_held()
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            cupy.get_default_memory_pool().free_all_blocks()
     return int(drv.mem_get_info()[0])
 
 

@@ -186,6 +186,10 @@ class SpMV:
         launch_on_views(self.launch, xv, ov, xv.shape[0] * size, ov.shape[0] * size, "x")
         return out
 
+    def wait(self, timeout: float | None = None) -> "SpMV":
+        """This kernel: it is the tuned one (a :class:`~tuner.tiered.TieredSpMV` waits for its own)."""
+        return self
+
     def explain(self) -> str:
         """Why this plan: every candidate's timing, fastest first."""
         from .planner import explain

@@ -220,3 +220,49 @@ def evaluate_aligned_coo(parts, x: np.ndarray, n_rows: int, pattern_value: float
         v = v * (pattern_value if vals is None else vals[live])
         y += np.bincount(rows[live].astype(np.int64), weights=v, minlength=n_rows)
     return y
+
+
+FLAT_PIECE = 1 << 26  # entries whose rows are searched at once: bounds the int64 work array (512 MiB)
+
+
+def build_flat(indptr, indices, data, index_dtype=np.int32) -> AlignedCoo:
+    """The ``flat`` layout straight from CSR arrays of either module (NumPy or CuPy): the same arrays as
+    ``build_aligned_coo(..., "flat")``, with each entry's row found by a search of the row pointers, a
+    piece at a time, so that on the device the layout costs its own arrays and one bounded work array.
+
+    Example (the matrix of :func:`build_aligned_coo`'s example):
+        >>> import scipy.sparse as sp
+        >>> A = sp.csr_matrix(np.array([[0, 2, 0, 4, 5], [1, 0, 0, 0, 0], [0, 3, 6, 0, 0], [0, 7, 0, 8, 0],
+        ...                             [0, 0, 0, 9, 0], [10, 0, 0, 0, 0]], dtype=np.float32))
+        >>> f = build_flat(A.indptr, A.indices, A.data)
+        >>> f.flat_rows[:11].tolist(), f.flat_rows.size, f.sizes
+        ([0, 0, 0, 1, 2, 2, 3, 3, 4, 5, -1], 32, Sizes(seg_len=0, lanes=0, n_seg=0, n_flat=10))
+    """
+    from .xp import module
+    xp = module(indices)
+    nnz = int(indptr[-1])
+    slots = -(-nnz // WARP) * WARP
+    ends = indptr[1:]
+    rows = xp.full(slots, -1, dtype=index_dtype)
+    for start in range(0, nnz, FLAT_PIECE):
+        stop = min(start + FLAT_PIECE, nnz)
+        rows[start:stop] = xp.searchsorted(ends, xp.arange(start, stop, dtype=ends.dtype), side="right")
+    cols = xp.full(slots, -1, dtype=index_dtype)
+    cols[:nnz] = indices[:nnz]
+    vals = None
+    if data is not None:
+        vals = xp.zeros(slots, dtype=data.dtype)
+        vals[:nnz] = data[:nnz]
+    empty = xp.zeros(0, dtype=index_dtype)
+    return AlignedCoo(empty, empty, None if data is None else xp.zeros(0, dtype=data.dtype), rows, cols, vals,
+                      Sizes(0, 0, 0, nnz), "flat")
+
+
+def flat_bytes(nnz: int, index_bytes: int, value_bytes: int) -> int:
+    """Bytes of :func:`build_flat`'s arrays for ``nnz`` entries (value_bytes 0: a pattern matrix).
+
+    Example:
+        >>> flat_bytes(100, 4, 4)
+        1536
+    """
+    return -(-nnz // WARP) * WARP * (2 * index_bytes + value_bytes)

@@ -1,0 +1,208 @@
+"""The compile that tunes in the background: the stand-in's layout, the hand-over, failures, the race figure."""
+import sys
+import threading
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from tuner import bench, compiler, tiered
+from tuner.formats.aligned_coo import build_aligned_coo, build_flat, flat_bytes
+from tuner.matrix import canonicalize
+
+from .conftest import power_law
+
+
+@pytest.mark.parametrize("pattern", [False, True])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_the_flat_stand_in_layout_equals_the_host_builders_flat_layout(pattern, index_dtype):
+    A = power_law(2000, seed=5)
+    A = A[np.r_[0:50, 60:2000]]  # ten fewer rows than columns
+    A = sp.vstack([A, sp.csr_matrix((3, A.shape[1]))], format="csr")  # empty rows at the end
+    m = canonicalize(abs(A) > 0 if pattern else A, index_dtype=index_dtype)
+    data = None if m.value_free else m.data
+    expected = build_aligned_coo(m.indptr, m.indices, data, "flat", m.index_dtype)
+    got = build_flat(m.indptr, m.indices, data, m.index_dtype)
+    assert got.sizes == expected.sizes and got.layout == "flat"
+    for (a, b) in zip(got.parts, expected.parts):
+        for x, y in zip(a, b):
+            assert (x is None) == (y is None)
+            if x is not None:
+                assert x.dtype == y.dtype and np.array_equal(x, y)
+    assert got.flat_rows.size % 32 == 0 and got.flat_rows.size >= m.nnz
+
+
+def test_the_flat_stand_in_layout_searches_rows_a_piece_at_a_time(monkeypatch):
+    m = canonicalize(power_law(1500, seed=6))
+    whole = build_flat(m.indptr, m.indices, m.data, m.index_dtype)
+    monkeypatch.setattr("tuner.formats.aligned_coo.FLAT_PIECE", 37)
+    pieces = build_flat(m.indptr, m.indices, m.data, m.index_dtype)
+    assert np.array_equal(whole.flat_rows, pieces.flat_rows)
+    ref = m.to_scipy().tocoo()
+    assert np.array_equal(pieces.flat_rows[:m.nnz], ref.row) and np.array_equal(pieces.flat_cols[:m.nnz], ref.col)
+
+
+def test_the_stand_in_is_left_out_where_it_would_crowd_the_tuned_builds_work_arrays():
+    m = canonicalize(power_law(3000, seed=7))
+    assert m.index_dtype.itemsize == m.value_dtype.itemsize == 4
+    own = flat_bytes(m.nnz, 4, 4)
+    csr = (m.n_rows + 1 + m.nnz) * 4 + m.nnz * 4
+    work = 2 * 64 * m.nnz  # device_reorder.fits
+    assert tiered.stand_in_fits(m, own + csr + work)
+    assert not tiered.stand_in_fits(m, own + csr + work - 1)
+
+
+class FakeKernel:
+    """A kernel stand-in on the host: records its calls, multiplies by a SciPy matrix."""
+
+    def __init__(self, A, name):
+        self.A, self.name = A, name
+        self.shape, self.dtype = A.shape, A.dtype
+        self.calls = 0
+        self.plan = f"plan of {name}"
+
+    def __call__(self, x, out=None):
+        self.calls += 1
+        y = self.A @ x
+        if out is not None:
+            out[:] = y
+            return out
+        return y
+
+
+def test_calls_run_on_the_stand_in_until_the_tuned_kernel_is_ready_and_then_on_it():
+    A = power_law(500, seed=8)
+    first, tuned = FakeKernel(A, "stand-in"), FakeKernel(A, "tuned")
+    go = threading.Event()
+
+    def tune():
+        go.wait(10)
+        return tuned
+    k = tiered.TieredSpMV(first, tune)
+    x = np.random.default_rng(1).standard_normal(A.shape[1])
+    assert np.allclose(k(x), A @ x) and np.allclose(k(x), A @ x)
+    assert (first.calls, tuned.calls, k.stand_in_products) == (2, 0, 2)
+    assert not k.ready and not k.tuned and k.switch_s is None and "tuning" in repr(k)
+    go.set()
+    assert k.plan == "plan of tuned"  # any attribute but a call waits for the tuning
+    assert k.wait() is tuned and k.tuned and k.switch_s > 0
+    out = np.full(A.shape[0], np.nan)
+    assert k(x, out=out) is out and np.allclose(out, A @ x)
+    assert (first.calls, tuned.calls, k.stand_in_products) == (2, 1, 2)
+
+
+def test_a_failed_tuning_leaves_the_stand_in_answering_and_wait_raises_it(caplog):
+    A = power_law(300, seed=9)
+    first = FakeKernel(A, "stand-in")
+
+    def tune():
+        raise RuntimeError("nvcc exploded")
+    k = tiered.TieredSpMV(first, tune)
+    with pytest.raises(RuntimeError, match="nvcc exploded"):
+        k.wait()
+    assert "nvcc exploded" in caplog.text and "failed" in repr(k)
+    x = np.arange(A.shape[1], dtype=float) - 7.5
+    assert np.allclose(k(x), A @ x) and first.calls == 1
+    with pytest.raises(RuntimeError, match="nvcc exploded"):
+        k.plan
+
+
+def test_wait_with_a_timeout_says_the_tuning_is_not_done():
+    release = threading.Event()
+    k = tiered.TieredSpMV(FakeKernel(sp.eye(3, format="csr"), "s"), lambda: release.wait(10))
+    with pytest.raises(TimeoutError, match="did not finish"):
+        k.wait(timeout=0.01)
+    release.set()
+    k.wait()
+
+
+def test_the_gil_is_handed_over_faster_only_while_a_tuning_runs():
+    before = sys.getswitchinterval()
+    seen = []
+    release = threading.Event()
+
+    def tune():
+        seen.append(sys.getswitchinterval())
+        release.wait(10)
+        return FakeKernel(sp.eye(2, format="csr"), "t")
+    ks = [tiered.TieredSpMV(FakeKernel(sp.eye(2, format="csr"), "s"), tune) for _ in range(2)]
+    release.set()
+    for k in ks:
+        k.wait()
+    assert seen == pytest.approx([tiered.SWITCH_S, tiered.SWITCH_S])
+    assert sys.getswitchinterval() == pytest.approx(before)
+
+
+@pytest.mark.parametrize("options", [dict(tune="measure"), dict(family="csr_vector")])
+def test_background_tuning_is_refused_where_it_cannot_apply(options):
+    with pytest.raises(ValueError, match="background= tunes in model mode"):
+        compiler.compile(sp.eye(4, format="csr"), background=True, **options)
+
+
+def test_the_raced_break_even_is_the_first_product_from_which_ours_stays_ahead():
+    # Ahead from the first product, and staying ahead.
+    assert bench.raced_break_even(5.0, [6.0, 7.0], 1.0, 10.0, [12.0, 14.0], 2.0) == 1
+    # Behind while the stand-in runs, ahead after the third product.
+    assert bench.raced_break_even(5.0, [9.0, 11.0, 12.0], 1.0, 4.0, [8.0, 12.0, 16.0], 4.0) == 3
+    # Still behind when the race ends: carried on at the per-product times (3 ms behind, 1 ms a product).
+    assert bench.raced_break_even(5.0, [15.0], 1.0, 4.0, [12.0], 2.0) == 1 + 4
+    # No race (the compile returned the tuned kernel): the closed form.
+    assert bench.raced_break_even(100.0, [], 1.0, 10.0, [], 2.0) == bench.break_even(100.0, 1.0, 10.0, 2.0) == 91
+    assert bench.raced_break_even(5.0, [15.0], 2.0, None, [], None) is None
+
+
+def _rel_error(y, ref):
+    y = np.asarray(y, dtype=np.float64)
+    assert np.isfinite(y).all(), "a row was never written"
+    return np.linalg.norm(y - ref) / np.linalg.norm(ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", [False, True])
+def test_the_stand_in_kernel_matches_scipy(tmp_path, pattern):
+    from tuner import gpu
+    from tuner.cache import Cache
+    from tuner.kernel import random_vector
+    A = power_law(20000, seed=12)
+    m = canonicalize(abs(A) > 0 if pattern else A)
+    k = tiered.stand_in(m, gpu.device_info().arch, Cache(tmp_path), force=True)
+    assert k is not None and k.plan.tune == "stand-in" and k.spec == tiered.stand_in_spec(m)
+    x = random_vector(m.n_cols, m.value_dtype, seed=3)
+    ref = m.to_scipy().astype(np.float64) @ x.astype(np.float64)
+    out = np.full(m.n_rows, np.nan, m.value_dtype)
+    assert _rel_error(k(x, out=out), ref) < 1e-5
+
+
+@pytest.mark.gpu
+def test_a_background_compile_answers_at_once_and_hands_over_to_the_tuned_kernel(tmp_path):
+    import cupy
+    import tuner
+    from tuner.kernel import random_vector
+    A = power_law(30000, seed=13)
+    k = tuner.compile(A, background=True, cache_dir=tmp_path)
+    assert isinstance(k, tiered.TieredSpMV)
+    x = random_vector(A.shape[1], np.float32, seed=4)
+    ref = A.astype(np.float64) @ x.astype(np.float64)
+    assert _rel_error(k(x), ref) < 1e-5  # most likely on the stand-in: the plan takes longer than a call
+    tuned = k.wait()
+    assert k.tuned and tuned.plan.tune == "model" and k.plan is tuned.plan and k.switch_s > 0
+    xd, yd = cupy.asarray(x), cupy.full(A.shape[0], cupy.nan, dtype=np.float32)
+    assert k(xd, out=yd) is yd and _rel_error(yd.get(), ref) < 1e-5
+    again = tuner.compile(A, background=True, cache_dir=tmp_path)  # a plan-cache hit hands over too
+    assert _rel_error(again(x), ref) < 1e-5 and again.wait().plan.family == tuned.plan.family
+
+
+@pytest.mark.gpu
+def test_a_large_matrix_tunes_in_the_background_by_default_and_a_small_one_does_not(tmp_path):
+    import tuner
+    from tuner.generators import rmat
+    from tuner.kernel import random_vector
+    big = rmat(16, edge_factor=20)  # over a million entries: worth tuning in the background
+    assert big.nnz >= 1 << 20
+    k = tuner.compile(big, cache_dir=tmp_path)
+    assert isinstance(k, tiered.TieredSpMV)
+    x = random_vector(big.shape[1], np.float32, seed=5)
+    ref = big.astype(np.float64) @ x.astype(np.float64)
+    assert _rel_error(k(x), ref) < 1e-5 and _rel_error(k.wait()(x), ref) < 1e-5
+    assert not isinstance(tuner.compile(power_law(2000, seed=14), cache_dir=tmp_path), tiered.TieredSpMV)
+    assert not isinstance(tuner.compile(big, cache_dir=tmp_path, background=False), tiered.TieredSpMV)

@@ -1,0 +1,212 @@
+"""A compile that answers at once: the first products run on a stand-in kernel over the uploaded matrix while
+the plan, the relabelling and the tuned layout are made on a thread of their own; the tuned kernel takes over
+the calls as soon as it is ready.
+
+Planning and building a tuned layout of a 100M-entry graph takes about a second, against a fifth of one for
+cuSPARSE to copy the matrix and multiply, so a caller who needs only a few hundred products would be better
+off without tuning. The stand-in is the ``flat`` layout of :mod:`~tuner.families.aligned_coo` in the
+caller's order: every entry with its row, in row order, a warp per 32 entries, so its work is balanced
+whatever the row lengths (as cuSPARSE's CSR kernel balances it) and its layout is a search of the row
+pointers on the device, a few milliseconds. It costs ``flat_bytes`` of device memory until the tuned kernel
+replaces it, and is used only where that leaves the tuned build's work arrays room.
+
+Calls never wait for the tuning; everything else does (``plan``, ``spec``, ``launch``, ``time`` ...: they
+describe the tuned kernel), and :meth:`TieredSpMV.wait` returns the tuned :class:`~tuner.kernel.SpMV`. If
+the tuning fails, calls go on on the stand-in (its results are right, only slower) and ``wait`` raises what
+the tuning raised.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+from typing import Callable
+
+from . import codegen, families, gpu
+from .families.aligned_coo import BLOCK_SIZE, AlignedCooParams, layout_launch
+from .families.base import Specialization
+from .formats import device_reorder
+from .formats.aligned_coo import build_flat, flat_bytes
+from .matrix import CanonicalMatrix
+
+log = logging.getLogger("tuner.tiered")
+
+STAND_IN_FAMILY = "aligned_coo"
+STAND_IN_PARAMS = AlignedCooParams("flat", BLOCK_SIZE, "none")
+# While the tuning thread runs, the interpreter hands the GIL over this often (Python's default is 5 ms):
+# the planner holds it between its NumPy passes, and each of the caller's products waits for it a few
+# times, so at the default a 1 ms product could take several; at 50 us the waits stay a fraction of one.
+SWITCH_S = 0.00005
+
+_switch_lock = threading.Lock()
+_switch_users = [0, None]  # tuning threads running, the interval before the first of them
+
+
+def stand_in_spec(m: CanonicalMatrix) -> Specialization:
+    """The stand-in's specialisation for ``m``'s types.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> stand_in_spec(canonicalize(sp.eye(4, format="csr", dtype="float32"))).label()
+        'aligned_coo(layout=flat,block_size=256,order=none)'
+    """
+    return Specialization(STAND_IN_FAMILY, STAND_IN_PARAMS, m.value_dtype, m.index_dtype, m.value_free)
+
+
+def stand_in_fits(m: CanonicalMatrix, free_bytes: int) -> bool:
+    """Whether the stand-in's layout, the uploaded matrix and the tuned build's device work arrays
+    (:func:`~tuner.formats.device_reorder.fits`) all fit ``free_bytes`` of device memory.
+
+    Example (131M entries of float32: 1.6 GB of stand-in beside 1.05 GB of CSR and the sorts' 17 GB):
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.random(10, 10, density=0.5, format="csr", dtype="float32", random_state=0))
+        >>> stand_in_fits(m, 10**6), stand_in_fits(m, 100)
+        (True, False)
+    """
+    value_bytes = 0 if m.value_free else m.value_dtype.itemsize
+    own = flat_bytes(m.nnz, m.index_dtype.itemsize, value_bytes)
+    csr = (m.n_rows + 1 + m.nnz) * m.index_dtype.itemsize + m.nnz * value_bytes
+    return device_reorder.fits(m.nnz, free_bytes - own - csr)
+
+
+def stand_in(m: CanonicalMatrix, arch: str, cache, force: bool = False):
+    """The stand-in :class:`~tuner.kernel.SpMV` of ``m``, its layout built on the device from the matrix's
+    one upload (which the tuned build then relabels); None where tuning in the background does not pay
+    (a matrix the host plans in a few tens of milliseconds, unless ``force``), or CuPy or the room for it
+    is missing."""
+    from . import planner
+    from .kernel import SpMV
+    if not device_reorder.available():
+        return None
+    if not force and not device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
+        return None
+    with device_reorder.on_device() as cupy:
+        free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
+        if not stand_in_fits(m, free):
+            return None
+        csr = device_reorder.device_csr(m)
+        layout = build_flat(csr.indptr, csr.indices, csr.data, m.index_dtype)
+    spec = stand_in_spec(m)
+    binary = codegen.compile_source(families.render(spec, m), arch, cache=cache)
+    plan = planner.Plan(family=spec.family, params=families.params_dict(spec.params), predicted_ms=None,
+                        measured_ms=None, fingerprint="", value_dtype=m.value_dtype.name,
+                        index_dtype=m.index_dtype.name, value_free=m.value_free, arch=arch,
+                        binary_key=binary.key, tune="stand-in")
+    device_reorder.synchronize()  # the layout is complete before another thread's stream may read it
+    return SpMV(m, spec, binary.cubin, plan, launch=layout_launch(layout, BLOCK_SIZE), layout_source="device")
+
+
+class TieredSpMV:
+    """y = A @ x at once on a stand-in kernel, then on the tuned one as soon as a thread has made it.
+
+    Calls (``spmv(x)``, ``spmv(x, out=y)``, NumPy or device vectors, as :class:`~tuner.kernel.SpMV`) never
+    wait. Any other attribute is the tuned kernel's and waits for it: ``spmv.plan``, ``spmv.spec``,
+    ``spmv.explain()``, ``spmv.launch``, ``spmv.time()``.
+
+    Attributes:
+        shape, dtype: of the matrix.
+        stand_in_products: calls answered by the stand-in.
+        switch_s: seconds from this object's making to the tuned kernel taking over (None before).
+
+    Example (on a GPU machine):
+        >>> spmv = tuner.compile(A)          # a large matrix: returns once the stand-in is ready  # doctest: +SKIP
+        >>> y = spmv(x)                      # at once, on the stand-in                             # doctest: +SKIP
+        >>> spmv.wait().plan.family          # waits for the tuned kernel                           # doctest: +SKIP
+        'tile_composite'
+    """
+
+    def __init__(self, first, tune: Callable[[], object]):
+        self._current = first
+        self._tuned = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self.shape, self.dtype = first.shape, first.dtype
+        self.stand_in_products = 0
+        self.switch_s: float | None = None
+        self._t0 = time.perf_counter()
+        # Not a daemon: the process waits for a tuning under way (its plan and binary go to the cache).
+        self._thread = threading.Thread(target=self._run, args=(tune,), name="tuner-tuning")
+        self._thread.start()
+
+    def _run(self, tune) -> None:
+        _switch_faster()
+        try:
+            # The tuning's device work (sorts, layouts: tens of milliseconds each) goes on a stream of its
+            # own, so that the caller's products run beside it rather than queue behind it; all of it is
+            # finished before the tuned kernel, which reads what it built, takes over.
+            with _side_stream():
+                tuned = tune()
+            device_reorder.synchronize()
+        except BaseException as exc:  # noqa: BLE001 - handed to wait(); calls go on on the stand-in
+            self._error = exc
+            log.warning("tuning failed (%s: %s): products go on on the stand-in kernel", type(exc).__name__, exc)
+        else:
+            self._tuned, self._current = tuned, tuned
+            self.switch_s = time.perf_counter() - self._t0
+            device_reorder.release()  # the stand-in's layout, unless a call still runs on it
+        finally:
+            gpu.leave_thread()
+            _switch_back()
+            self._done.set()
+
+    def __call__(self, x, out=None):
+        current = self._current
+        if current is not self._tuned:
+            self.stand_in_products += 1
+        return current(x, out)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the tuning has finished (the tuned kernel answers the calls, or the tuning failed)."""
+        return self._done.is_set()
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the tuned kernel answers the calls now."""
+        return self._tuned is not None
+
+    def wait(self, timeout: float | None = None):
+        """The tuned :class:`~tuner.kernel.SpMV`, once made; raises what the tuning raised, or TimeoutError."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the tuning did not finish within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._tuned
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.wait(), name)
+
+    def __repr__(self) -> str:
+        if self._tuned is not None:
+            return f"<TieredSpMV, tuned: {self._tuned!r}>"
+        state = "failed" if self._error is not None else "tuning"
+        return f"<TieredSpMV {self.shape[0]}x{self.shape[1]} {self.dtype.name}, {state}, stand-in answering>"
+
+
+@contextlib.contextmanager
+def _side_stream():
+    """CuPy's work in this thread on a stream of its own (nothing to do without CuPy and a GPU)."""
+    if not device_reorder.available():
+        yield
+        return
+    with device_reorder.on_device() as cupy, cupy.cuda.Stream(non_blocking=True):
+        yield
+
+
+def _switch_faster() -> None:
+    with _switch_lock:
+        if _switch_users[0] == 0:
+            _switch_users[1] = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_S)
+        _switch_users[0] += 1
+
+
+def _switch_back() -> None:
+    with _switch_lock:
+        _switch_users[0] -= 1
+        if _switch_users[0] == 0:
+            sys.setswitchinterval(_switch_users[1])
