@@ -349,6 +349,22 @@ def cmd_bench_graph(args) -> int:
     return 0
 
 
+def cmd_bench_stream(args) -> int:
+    from tqdm import tqdm
+
+    from . import bench_stream, paths
+    suite = bench_stream.parse_suite(args.suite) if args.suite else bench_stream.default_suite(args.data_dir)
+    if not gpu.available():
+        print(_no_gpu_banner().splitlines()[0] + "\nbench-stream streams products through the GPU.")
+        return NO_GPU_EXIT
+    out = Path(args.out) if args.out else paths.gpu_results_dir(gpu.device_info().name) / "bench-stream.json"
+    bar = lambda jobs: tqdm(jobs, desc="bench stream", unit="row", file=sys.stderr)  # noqa: E731
+    rows = bench_stream.run(suite, out, args.command_line, ops=tuple(args.op), progress=bar)
+    print(bench_stream.format_table(rows))
+    print(f"wrote {out}")
+    return 0
+
+
 def _default_suite(data_dir, report: bool = False) -> list[str]:
     """The default suite, after checking that a data folder given (--data-dir, $TUNER_DATA_DIR) exists; with
     none at all, says that only generated graphs run."""
@@ -674,6 +690,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
     p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-graph.json)")
     p.set_defaults(func=cmd_bench_graph)
+
+    p = sub.add_parser("bench-stream", help="SpMV and PageRank streamed through a device-memory budget, against PCIe",
+                       description="Multiply graphs larger than a device-memory budget by streaming their rows from "
+                                   "page-locked host memory every product (and PageRank with Aᵀ streamed every "
+                                   "iteration); time them against the host-to-device bandwidth measured in the same "
+                                   "run and the same product in memory; check against SciPy and PageRank in memory. "
+                                   "Writes bench-stream.json after each row.")
+    p.add_argument("suite", nargs="*", help="GRAPH@BUDGET items, e.g. rmat:25@1G (budgets: 512M, 2G, ...); default: "
+                                            "rmat:23@128M, rmat:25@512M and cnr-2000 Kronecker-scaled twice@256M")
+    p.add_argument("--op", nargs="+", choices=("spmv", "pagerank"), default=["spmv", "pagerank"],
+                   help="what to stream (default both)")
+    p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
+    p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-stream.json)")
+    p.set_defaults(func=cmd_bench_stream)
 
     p = sub.add_parser("bench-multigpu", help="SpMV and PageRank across this machine's GPUs (MPI + NCCL) against one",
                        description="Split each graph's rows among the GPUs (one MPI rank each, bitonic partition, a "

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import codegen, families, gpu, layouts, paths, planner, tiered
+from . import codegen, families, gpu, layouts, paths, planner, streaming, tiered
 from .cache import Cache
 from .families.base import Specialization, drop_device_copies, memo_state, ordered_matrix, restore
 from .families.tiles import TILE_ORDER
@@ -213,7 +213,7 @@ def measure(m: CanonicalMatrix, specs: list[Specialization], binaries: list, see
 
 def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int = 3, trials: int = 24,
             family: str | None = None, params: dict | None = None, cache_dir=None, profile=None,
-            background: bool | None = None) -> SpMV:
+            background: bool | None = None, device_memory_limit=None) -> SpMV:
     """Plan, render, compile and load an SpMV kernel for ``A`` on this GPU.
 
     Args:
@@ -232,9 +232,13 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
             (:mod:`tuner.tiered`). Default (None): where it pays, in model mode, for matrices of a million
             entries or more that leave the device room; True: wherever CuPy and the room are there; False:
             never (the call returns the tuned kernel).
+        device_memory_limit: device memory the product may hold (bytes or a figure such as '4G'; default:
+            what is free). A matrix that does not fit it is streamed from host memory every product
+            (:mod:`tuner.streaming`; ``spmv.explain()`` says so and why).
 
     Returns:
-        an :class:`~tuner.kernel.SpMV`, or with ``background`` a :class:`~tuner.tiered.TieredSpMV`:
+        an :class:`~tuner.kernel.SpMV`, a :class:`~tuner.streaming.StreamedSpMV` for a matrix over the
+        device-memory budget, or with ``background`` a :class:`~tuner.tiered.TieredSpMV`:
         ``spmv(x)`` computes ``A @ x``, ``spmv.plan`` holds the decision (and waits for it), ``spmv.wait()``
         returns the tuned kernel.
 
@@ -260,6 +264,9 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
     info = gpu.device_info()  # raises NoDeviceError before any work that needs the GPU
     if family is not None:
         return _fixed(m, structure_digest(m), info, family, params or {}, cache)
+    streamed = streaming.compile_streamed(m, device_memory_limit, info.arch, cache)
+    if streamed is not None:
+        return streamed
     if background is not False and tune == "model":
         first = tiered.stand_in(m, info.arch, cache, force=bool(background))
         if first is not None:

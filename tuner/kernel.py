@@ -30,7 +30,51 @@ class DeviceArrays:
         return int(hit[1])
 
 
-class SpMV:
+class VectorCalls:
+    """``product(x)`` and ``product(x, out=y)`` on NumPy vectors (copied in and out through the product's own
+    ``_x_buf`` and ``_y_buf``) or contiguous device vectors (used in place), checked, around the product's
+    ``launch(x_ptr, y_ptr)``; ``shape`` and ``dtype`` are the matrix's."""
+
+    def __call__(self, x, out=None):
+        if gpu.is_device_array(x):
+            return self._call_device(x, out)
+        if out is not None and not isinstance(out, np.ndarray):
+            raise MatrixError(f"out must be a NumPy array when x is one, got {type(out).__name__}")
+        x = np.asarray(x)
+        check_vector_shape(x.shape, self.shape[1], "x")
+        check_vector_dtype(x.dtype, self.dtype, "x", allow_safe_cast=True)
+        if out is None:
+            out = np.empty(self.shape[0], self.dtype)
+        else:
+            check_vector_shape(out.shape, self.shape[0], "out")
+            check_vector_dtype(out.dtype, self.dtype, "out")
+            if not (out.flags.c_contiguous and out.flags.writeable):
+                raise MatrixError("out must be a contiguous, writeable array")
+        gpu.ensure_context()
+        gpu.copy_to_device(int(self._x_buf), np.ascontiguousarray(x, dtype=self.dtype))
+        self.launch(int(self._x_buf), int(self._y_buf))
+        gpu.copy_to_host(out, int(self._y_buf))
+        return out
+
+    def _call_device(self, x, out):
+        xv = gpu.view(x)
+        check_vector_shape(xv.shape, self.shape[1], "x")
+        check_vector_dtype(xv.dtype, self.dtype, "x")
+        if out is None:
+            out = gpu.empty_like_kind(x, self.shape[0], self.dtype)
+        elif not gpu.is_device_array(out):
+            raise MatrixError(f"out must be a device array when x is one, got {type(out).__name__}")
+        ov = gpu.view(out)
+        check_vector_shape(ov.shape, self.shape[0], "out")
+        check_vector_dtype(ov.dtype, self.dtype, "out")
+        if ov.readonly:
+            raise MatrixError("out is read-only")
+        size = self.dtype.itemsize
+        launch_on_views(self.launch, xv, ov, xv.shape[0] * size, ov.shape[0] * size, "x")
+        return out
+
+
+class SpMV(VectorCalls):
     """y = A @ x on the GPU with one tuned kernel.
 
     Call it with a NumPy vector (copied in and out) or a contiguous device vector of CuPy, PyTorch or
@@ -147,44 +191,6 @@ class SpMV:
     def buffers(self) -> tuple[int, int]:
         """Device pointers of the callable's own x and y buffers (used by the NumPy path and timings)."""
         return int(self._x_buf), int(self._y_buf)
-
-    def __call__(self, x, out=None):
-        if gpu.is_device_array(x):
-            return self._call_device(x, out)
-        if out is not None and not isinstance(out, np.ndarray):
-            raise MatrixError(f"out must be a NumPy array when x is one, got {type(out).__name__}")
-        x = np.asarray(x)
-        check_vector_shape(x.shape, self.shape[1], "x")
-        check_vector_dtype(x.dtype, self.dtype, "x", allow_safe_cast=True)
-        if out is None:
-            out = np.empty(self.shape[0], self.dtype)
-        else:
-            check_vector_shape(out.shape, self.shape[0], "out")
-            check_vector_dtype(out.dtype, self.dtype, "out")
-            if not (out.flags.c_contiguous and out.flags.writeable):
-                raise MatrixError("out must be a contiguous, writeable array")
-        gpu.ensure_context()
-        gpu.copy_to_device(int(self._x_buf), np.ascontiguousarray(x, dtype=self.dtype))
-        self.launch(int(self._x_buf), int(self._y_buf))
-        gpu.copy_to_host(out, int(self._y_buf))
-        return out
-
-    def _call_device(self, x, out):
-        xv = gpu.view(x)
-        check_vector_shape(xv.shape, self.shape[1], "x")
-        check_vector_dtype(xv.dtype, self.dtype, "x")
-        if out is None:
-            out = gpu.empty_like_kind(x, self.shape[0], self.dtype)
-        elif not gpu.is_device_array(out):
-            raise MatrixError(f"out must be a device array when x is one, got {type(out).__name__}")
-        ov = gpu.view(out)
-        check_vector_shape(ov.shape, self.shape[0], "out")
-        check_vector_dtype(ov.dtype, self.dtype, "out")
-        if ov.readonly:
-            raise MatrixError("out is read-only")
-        size = self.dtype.itemsize
-        launch_on_views(self.launch, xv, ov, xv.shape[0] * size, ov.shape[0] * size, "x")
-        return out
 
     def wait(self, timeout: float | None = None) -> "SpMV":
         """This kernel: it is the tuned one (a :class:`~tuner.tiered.TieredSpMV` waits for its own)."""

@@ -156,18 +156,19 @@ def rank_cache_factors(W: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
     return dangling, np.divide(1.0, out_weight, out=np.zeros(W.shape[0]), where=~dangling)
 
 
-def _multiply(At: sp.csr_matrix, backend: str, dtype):
+def _multiply(At: sp.csr_matrix, backend: str, dtype, device_memory_limit=None):
     if backend == "scipy":
         return lambda v: At @ v
     if backend == "tuned":
         from ..operations import compile as compile_product
-        return compile_product(At, dtype=dtype)
+        return compile_product(At, dtype=dtype, device_memory_limit=device_memory_limit)
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
 def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, tol: float = 1e-6,
              nstart=None, dangling=None, weighted: bool = True, tol_rule: str = "networkx",
-             backend: str = "tuned", dtype=np.float64, return_info: bool = False, comm=None):
+             backend: str = "tuned", dtype=np.float64, return_info: bool = False, comm=None,
+             device_memory_limit=None):
     """PageRank of the graph whose edge u -> v is ``A[u, v]``, as ``networkx.pagerank`` defines it.
 
     ``personalization``, ``nstart`` and ``dangling``: arrays of one value per node or {node: value} dicts
@@ -175,6 +176,9 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
     edge weighs 1). ``tol_rule``: 'networkx' (L1 change < N x tol) or 'per_node' (every node's change < tol).
     ``backend``: 'tuned', 'device' or 'scipy' (module docstring); ``comm``: with 'device', the GPUs to split
     the graph over (a :mod:`tuner.distributed` device communicator; default this GPU alone).
+    ``device_memory_limit``: with 'tuned' or 'device', the device memory each GPU's product may hold (bytes or a figure
+    such as '2G'; default what is free): a graph over it is streamed from host memory every iteration
+    (:mod:`tuner.streaming`), the rank vectors staying on the GPU.
     Returns the ranks (float64, summing to 1), and with ``return_info`` an :class:`IterationInfo` too.
     Raises :class:`ConvergenceError` after ``max_iter`` iterations without meeting ``tol``.
 
@@ -195,12 +199,12 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
         return pagerank_on_devices(A, comm if comm is not None else SoloDevice(), alpha=alpha,
                                    personalization=personalization, max_iter=max_iter, tol=tol, nstart=nstart,
                                    dangling=dangling, weighted=weighted, tol_rule=tol_rule, dtype=dtype,
-                                   return_info=return_info)
+                                   return_info=return_info, device_memory_limit=device_memory_limit)
     W = edge_weights(A, weighted)
     n = W.shape[0]
     t0 = time.perf_counter()
     dangling_nodes, inverse = rank_cache_factors(W)
-    multiply = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype)
+    multiply = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype, device_memory_limit)
     x = np.full(n, 1.0 / n) if nstart is None else _node_vector(nstart, n, "nstart")
     p = np.full(n, 1.0 / n) if personalization is None else _node_vector(personalization, n, "personalization")
     d = p if dangling is None else _node_vector(dangling, n, "dangling")

@@ -1,0 +1,209 @@
+"""``python -m tuner bench-stream``: products over graphs larger than a device-memory budget, streamed from
+page-locked host memory (:mod:`tuner.streaming`), against the host-to-device bandwidth measured in the same
+run and the same product in memory.
+
+Rows (models/<gpu-slug>/bench-stream.json), one per (op, graph, budget):
+
+* ``spmv``: y = A x streamed; ``ours_s`` the median wall time of a product between device synchronisations.
+* ``pagerank``: :func:`tuner.pagerank` on the device with the budget (Aᵀ streamed every iteration, the rank
+  vectors on the GPU), to a per-node change below ``bench_graph.TOL``; ``ours_s`` per iteration.
+
+``fraction_of_h2d`` is the bytes streamed a product over its time over ``h2d_gbs_measured`` (copies from
+page-locked memory, CUDA events): how close a product comes to PCIe's floor. ``in_memory_s``: the same
+product tuned in memory (no budget), where it fits.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, gpu, loaders
+from .bench_graph import TOL
+from .matrix import canonicalize
+
+# (graph, budget): each graph's CSR at least 4 times its budget.
+GENERATED = (("rmat:23", "128M"), ("rmat:25", "512M"))  # pattern graphs: 4 bytes an entry, 0.56 and 2.25 GB
+KRONECKER = (("cnr-2000.npz", 4, "256M"),)  # 260M entries, 1.04 GB
+REPEATS = 10
+
+
+def default_suite(data_dir=None) -> list[tuple[str, str]]:
+    """The generated graphs and, where the data folder has its graph, the Kronecker-scaled one, each with
+    its budget.
+
+    Example:
+        >>> default_suite("/nonexistent")
+        [('rmat:23', '128M'), ('rmat:25', '512M')]
+    """
+    by_name = {p.name: p for p in loaders.real_matrices(data_dir)}
+    kron = [(f"kron:{by_name[n]}:{k}", limit) for n, k, limit in KRONECKER if n in by_name]
+    return list(GENERATED) + kron
+
+
+@dataclass(frozen=True)
+class StreamRow:
+    """One (op, graph, budget); seconds, bytes and GB/s (10^9 bytes a second).
+
+    Attributes:
+        op, name, nnz: what ran on which graph.
+        budget_bytes: the device-memory limit; data_bytes: the matrix's CSR (indices, values, row pointers).
+        streamed_bytes: bytes that cross PCIe a product; parts: the parts a product is cut into.
+        passes: products (or iterations) timed.
+        ours_s: a streamed product (PageRank: an iteration), median.
+        h2d_gbs_measured: copies from page-locked memory in this run; fraction_of_h2d: streamed_bytes /
+            ours_s / h2d_gbs_measured.
+        in_memory_s: the tuned product in device memory (None where it does not fit).
+        rel_error: against SciPy in float64 (SpMV), or the largest difference from PageRank in memory.
+        correct: rel_error within float32's tolerance (SpMV: 1e-5), or ``PAGERANK_AGREEMENT``.
+    """
+
+    op: str
+    name: str
+    nnz: int
+    budget_bytes: int
+    data_bytes: int
+    streamed_bytes: int
+    parts: int
+    passes: int
+    ours_s: float
+    h2d_gbs_measured: float
+    fraction_of_h2d: float
+    in_memory_s: float | None
+    rel_error: float
+    correct: bool
+
+
+def _median_wall_s(fn, repeats: int) -> float:
+    fn()  # warm-up: page-locks, first launches
+    gpu.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        gpu.synchronize()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def spmv_row(source: str, limit: str, h2d: float, repeats: int = REPEATS) -> StreamRow:
+    """A streamed SpMV of one graph under one budget."""
+    import cupy
+
+    from .compiler import compile as compile_spmv
+    from .kernel import random_vector
+    from .streaming import StreamedSpMV, budget_of
+    A = loaders.load(source)
+    m = canonicalize(A)
+    spmv = compile_spmv(A, device_memory_limit=limit)
+    if not isinstance(spmv, StreamedSpMV):
+        raise ValueError(f"{source} fits the budget {limit}: choose a budget under a third of its CSR")
+    x = random_vector(m.n_cols, m.value_dtype, seed=2)
+    xd, yd = cupy.asarray(x), cupy.full(m.n_rows, cupy.nan, m.value_dtype)
+    ours = _median_wall_s(lambda: spmv(xd, out=yd), repeats)
+    ref = m.to_scipy().astype(np.float64) @ x.astype(np.float64)
+    err = float(np.linalg.norm(yd.get() - ref) / np.linalg.norm(ref))
+    plan = spmv.plan
+    del spmv, yd
+    in_memory = _in_memory_s(A, xd, repeats)
+    return StreamRow(op="spmv", name=loaders.display_name(source), nnz=m.nnz, budget_bytes=budget_of(limit, 0),
+                     data_bytes=plan.matrix_bytes, streamed_bytes=plan.streamed_bytes, parts=plan.parts, passes=repeats,
+                     ours_s=ours, h2d_gbs_measured=h2d, fraction_of_h2d=plan.streamed_bytes / ours / 1e9 / h2d,
+                     in_memory_s=in_memory, rel_error=err, correct=err < 1e-5)
+
+
+def _in_memory_s(A, xd, repeats: int) -> float | None:
+    import cupy
+
+    from .compiler import compile as compile_spmv
+    from .formats import device_reorder
+    try:
+        spmv = compile_spmv(A, background=False)
+        yd = cupy.empty(A.shape[0], xd.dtype)
+        return _median_wall_s(lambda: spmv(xd, out=yd), repeats)
+    except MemoryError:
+        return None
+    finally:
+        device_reorder.release()
+
+
+def pagerank_row(source: str, limit: str, h2d: float) -> StreamRow:
+    """PageRank on the device with Aᵀ streamed each iteration, against PageRank in memory."""
+    from .distributed.nccl import SoloDevice
+    from .distributed.pagerank import pagerank_on_devices, pull_product
+    from .formats import device_reorder
+    from .streaming import StreamedSpMV, budget_of
+    A = abs(loaders.load(source))
+    solo = SoloDevice()
+    product = pull_product(A, solo, dtype=np.float32, device_memory_limit=limit)
+    if not isinstance(product.local, StreamedSpMV):
+        raise ValueError(f"{source} fits the budget {limit}: choose a budget under a third of its CSR")
+    options = dict(tol=TOL, tol_rule="per_node", max_iter=1000, dtype=np.float32, return_info=True)
+    ranks, info = pagerank_on_devices(A, solo, product=product, **options)
+    plan = product.local.plan
+    del product
+    device_reorder.release()
+    ref, ref_info = pagerank_on_devices(A, solo, **options)
+    per_iter = info.seconds["iterations"] / info.iterations
+    err = float(np.abs(ranks - ref).max())
+    return StreamRow(op="pagerank", name=loaders.display_name(source), nnz=int(A.nnz), budget_bytes=budget_of(limit, 0),
+                     data_bytes=plan.matrix_bytes, streamed_bytes=plan.streamed_bytes,
+                     parts=plan.parts, passes=info.iterations, ours_s=per_iter, h2d_gbs_measured=h2d,
+                     fraction_of_h2d=plan.streamed_bytes / per_iter / 1e9 / h2d,
+                     in_memory_s=ref_info.seconds["iterations"] / ref_info.iterations, rel_error=err,
+                     correct=err <= PAGERANK_AGREEMENT)
+
+
+# Each run stops once no rank changes by TOL, within about TOL / (1 - alpha) of the fixed point: two runs
+# that sum in different orders agree to some multiple of TOL.
+PAGERANK_AGREEMENT = 10 * TOL
+OPS = {"spmv": spmv_row, "pagerank": pagerank_row}
+
+
+def run(suite, out: Path, command: str, ops=("spmv", "pagerank"), progress=None) -> list[StreamRow]:
+    """Every op of every (graph, budget), written to ``out`` after each row."""
+    from .formats import device_reorder
+    h2d = gpu.pinned_copy_gbs()
+    jobs = [(op, source, limit) for source, limit in suite for op in ops]
+    rows = []
+    for op, source, limit in (progress(jobs) if progress else jobs):
+        rows.append(OPS[op](source, limit, h2d))
+        device_reorder.release()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({
+            "tool": f"sparse-tuner {__version__}", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": command, "gpu": {"name": gpu.device_info().name},
+            "timing": "wall seconds between device synchronisations, median of products after a warm-up "
+                      "(PageRank: an iteration, its loop's total over its iterations); float32",
+            "rows": [asdict(r) for r in rows]}, indent=1))
+    return rows
+
+
+def format_table(rows: list[StreamRow]) -> str:
+    lines = [f"{'op':<9}{'graph':<24}{'nnz':>13}{'budget':>8}{'parts':>7}{'ours ms':>9}{'in mem ms':>10}"
+             f"{'GB/s':>7}{'of H2D':>8}  ok"]
+    for r in rows:
+        mem = f"{1e3 * r.in_memory_s:10.2f}" if r.in_memory_s is not None else f"{'-':>10}"
+        lines.append(f"{r.op:<9}{r.name[:23]:<24}{r.nnz:>13,}{r.budget_bytes / 2**30:7.2f}G{r.parts:>7}"
+                     f"{1e3 * r.ours_s:9.2f}{mem}{r.streamed_bytes / r.ours_s / 1e9:7.1f}"
+                     f"{100 * r.fraction_of_h2d:7.1f}%  {'yes' if r.correct else 'NO'}")
+    return "\n".join(lines)
+
+
+def parse_suite(items: list[str]) -> list[tuple[str, str]]:
+    """GRAPH@BUDGET items as (graph, budget) pairs.
+
+    Example:
+        >>> parse_suite(["rmat:25@1G", "kron:cnr-2000.npz:4@512M"])
+        [('rmat:25', '1G'), ('kron:cnr-2000.npz:4', '512M')]
+    """
+    out = []
+    for item in items:
+        source, sep, limit = item.rpartition("@")
+        if not sep or not source or not limit:
+            raise ValueError(f"{item!r}: give a graph and a device-memory budget as GRAPH@BUDGET, e.g. rmat:25@1G")
+        out.append((source, limit))
+    return out
