@@ -97,6 +97,50 @@ def test_warps_of_every_group_size_equal_rows_grouped_directly():
             assert h.size.tolist() == np.bincount(w, weights=size)[np.unique(w)].tolist()
 
 
+def _rows_of_lengths(L, n_cols=1000):
+    """A pattern-free CSR whose row i holds columns 0 .. L[i] - 1."""
+    indptr = np.concatenate([[0], np.cumsum(L)])
+    cols = np.arange(indptr[-1]) - np.repeat(indptr[:-1], L)
+    vals = np.random.default_rng(0).uniform(1, 2, cols.size).astype(np.float32)
+    return canonicalize(sp.csr_matrix((vals, cols, indptr), shape=(L.size, n_cols)))
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
+def test_short_row_lane_groups_of_a_large_matrix_are_counted_on_a_sample_within_a_percent(monkeypatch, group):
+    # Rows in no order, in regions of different mixes (as a crawl's sites): the sample's runs span them.
+    from tuner.model import warps
+    rng = np.random.default_rng(7)
+    n = 400_000
+    L = np.concatenate([rng.zipf(1.8, n // 2) % 200, rng.integers(0, 40, n // 2)])
+    m = _rows_of_lengths(L)
+    exact = {c: warps.group_histograms(warps.class_lengths(m, *c))[group] for c in ((0, 8), (4, 96), (0, None))}
+    monkeypatch.setattr(warps, "SAMPLE_ROWS", 1 << 16)  # a sixth of the rows (the default: a sixteenth of rmat:25's)
+    monkeypatch.setattr(warps, "SAMPLE_RUNS", 64)
+    assert warps.row_sample(m).n_rows == 1 << 16
+    for c, h in exact.items():
+        got = warps.lane_groups(m, *c, (group,))[group]
+        if c[1] is None:  # open to long rows: counted whole
+            assert np.array_equal(got.count, h.count) and np.array_equal(got.size, h.size)
+            continue
+        assert abs(got.count.sum() / h.count.sum() - 1) < 0.01
+        assert abs(got.size.sum() / h.size.sum() - 1) < 0.01
+        # What the model sums: warps weighted by their shape's width.
+        assert abs((got.w * got.count).sum() / (h.w * h.count).sum() - 1) < 0.02
+
+
+def test_sorted_and_small_matrices_are_never_sampled(monkeypatch):
+    from tuner.model import warps
+    L = np.random.default_rng(8).integers(0, 50, 5000)
+    monkeypatch.setattr(warps, "SAMPLE_ROWS", 1000)
+    assert warps.row_sample(_rows_of_lengths(np.sort(L)[::-1])) is None
+    assert warps.row_sample(_rows_of_lengths(L)) is not None
+    monkeypatch.setattr(warps, "SAMPLE_ROWS", 5000)
+    m = _rows_of_lengths(L)
+    assert warps.row_sample(m) is None
+    h = warps.lane_groups(m, 0, None, (4,))[4]
+    assert h.warps == -(-L.size // 8) and h.size.sum() == L.sum()
+
+
 def test_narrow_and_sorted_row_classes_give_the_warps_of_the_plain_pass():
     # Short-row classes keep their lengths in uint8 (rows of 255 and more clip to 255, so a class ending at
     # 255 must not take them), and rows sorted by decreasing length give each class as a slice.

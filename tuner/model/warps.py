@@ -394,14 +394,79 @@ def class_groups(m: CanonicalMatrix, segments: list[SegmentSpec], rows=None) -> 
 def lane_groups(m: CanonicalMatrix, lo: int, hi: int | None, groups) -> dict[int, WarpHistogram]:
     """:func:`group_histograms` of the rows with lo <= length < hi for the lane groups ``groups``: from the
     row-length histogram when the rows are sorted by decreasing length (a degree-ordered view), else by a
-    pass over the class's rows in order."""
+    pass over the class's rows in order, or, for a class of short rows (hi <= ``NARROW``) of a large matrix,
+    over its :func:`row_sample`'s, scaled to the class's rows. Classes open to long rows are always counted
+    whole: a warp takes its longest row's time, and the few hubs of a power-law graph, which a sample holds
+    or misses by chance, would swing the estimate by tens of percent."""
     if rows_descending(m):
         count, _ = row_histogram(m)
         top = count.size if hi is None else min(hi, count.size)
         part = np.zeros(max(top, 0))
         part[max(lo, 0):top] = count[max(lo, 0):top]
         return descending_group_histograms(part, groups)
+    sample = row_sample(m) if hi is not None and hi <= NARROW else None
+    if sample is not None:
+        share = class_rows(sample, lo, hi)
+        if share:  # a class the sample misses (a few rows of some rare length) is counted whole
+            scale = class_rows(m, lo, hi) / share
+            return {g: scaled(h, scale) for g, h in group_histograms(class_lengths(sample, lo, hi), groups).items()}
     return group_histograms(class_lengths(m, lo, hi), groups)
+
+
+# Beyond SAMPLE_ROWS rows in no particular order, the lane groups of short-row classes are counted on a
+# sample: SAMPLE_RUNS runs of consecutive rows at evenly spaced starts, SAMPLE_ROWS in all. A warp's shape
+# depends only on the rows beside it, so runs of thousands of rows keep the whole matrix's mix of
+# neighbours, and their spread covers regions that differ (a crawl's sites, a generator's blocks); each
+# class's warps are scaled by its rows in the whole matrix over those in the sample (both exact, from the
+# row-length histograms). Short rows are common, so two million rows hold each class's shapes many times
+# over, where a pass over every row of a 30M-row graph costs tenths of a second per class.
+SAMPLE_ROWS = 1 << 21
+SAMPLE_RUNS = 256
+
+
+def row_sample(m: CanonicalMatrix):
+    """The lengths-only view of :data:`SAMPLE_RUNS` evenly spaced runs of ``m``'s rows (:data:`SAMPLE_ROWS`
+    rows), once per matrix; None where every row is counted (no more rows than that, or rows sorted by
+    length, whose histograms come from the length counts).
+
+    Example (a sample of 4 runs of 2 rows from 20 rows of lengths 0..19):
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> from unittest import mock
+        >>> m = canonicalize(sp.csr_matrix(np.tril(np.ones((20, 20), np.float32), -1)))
+        >>> with mock.patch.multiple("tuner.model.warps", SAMPLE_ROWS=8, SAMPLE_RUNS=4):
+        ...     row_sample(m).row_lengths.tolist()
+        [0, 1, 6, 7, 12, 13, 18, 19]
+    """
+    def build():
+        n = m.n_rows
+        if n <= SAMPLE_ROWS or rows_descending(m):
+            return (None,)
+        from ..formats.reorder import Structure
+        run = SAMPLE_ROWS // SAMPLE_RUNS
+        starts = np.linspace(0, n - run, SAMPLE_RUNS).astype(np.int64)
+        lengths = m.row_lengths[(starts[:, None] + np.arange(run)).ravel()]
+        return (Structure(shape=(lengths.size, m.n_cols), nnz=int(lengths.sum()), index_dtype=m.index_dtype,
+                          value_dtype=m.value_dtype, value_free=m.value_free, row_lengths=lengths,
+                          col_lengths=np.zeros(0, np.int64)),)
+    return shared_layout(m, ("row_sample", SAMPLE_ROWS, SAMPLE_RUNS), build)[0]
+
+
+def class_rows(m: CanonicalMatrix, lo: int, hi: int | None) -> float:
+    """Rows of ``m`` with lo <= length < hi, from its row-length histogram."""
+    count, _ = row_histogram(m)
+    return float(count[max(lo, 0):count.size if hi is None else min(hi, count.size)].sum())
+
+
+def scaled(h: WarpHistogram, factor: float) -> WarpHistogram:
+    """``h`` with its warps and entries multiplied by ``factor`` (a sample's histogram for the whole).
+
+    Example:
+        >>> h = scaled(WarpHistogram(np.array([3]), np.array([2.0]), np.array([6.0])), 2.5)
+        >>> h.count.tolist(), h.size.tolist()
+        ([5.0], [15.0])
+    """
+    rounds = None if h.rounds is None else (h.rounds[0] * factor, h.rounds[1])
+    return WarpHistogram(h.w, h.count * factor, h.size * factor, rounds)
 
 
 def rows_descending(m: CanonicalMatrix) -> bool:
@@ -432,7 +497,7 @@ def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | Non
         if known_layout(m, ("warps",) + s.ident) is None:  # built before (predicted_candidates): skipped
             tasks.setdefault(_built_by(s), []).append(s)
     classes = {(g[0].lo, g[0].hi) for g in tasks.values() if _few_lanes(g[0])}
-    outer = {} if rows_descending(m) else outer_classes(classes)
+    outer = {} if rows_descending(m) or row_sample(m) is not None else outer_classes(classes)  # sampled: short passes
     holders = set(outer.values())
     kept: dict[tuple, np.ndarray] = {}  # an outer class's rows, for the classes inside it
 
