@@ -17,7 +17,8 @@ from .matrix import MatrixError, canonicalize, fingerprint  # noqa: E402
 from .memory import InsufficientMemoryError  # noqa: E402
 from .operations import compile  # noqa: E402
 from .planner import Plan  # noqa: E402
+from .streaming import DeviceBudgetError  # noqa: E402
 
 __all__ = ["compile", "pagerank", "hits", "rwr", "simrank", "betweenness", "prepare", "plan_offline", "load", "model", "canonicalize", "fingerprint", "Plan",
            "MatrixError", "MatrixFileError", "InsufficientMemoryError", "CacheError", "NoDeviceError",
-           "ConvergenceError", "__version__"]
+           "ConvergenceError", "DeviceBudgetError", "__version__"]

@@ -180,7 +180,8 @@ def cmd_pagerank(args) -> int:
         return NO_GPU_EXIT
     A = load(args.graph)
     x, info = pagerank(A, alpha=args.alpha, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
-                       weighted=not args.unweighted, backend=backend, dtype=args.dtype, return_info=True, comm=comm)
+                       weighted=not args.unweighted, backend=backend, dtype=args.dtype, return_info=True, comm=comm,
+                       device_memory_limit=args.device_memory_limit)
     if comm is None or comm.rank == 0:
         print(f"PageRank of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
               f"{info.iterations} iterations, last change {info.error:.3g} ({args.tol_rule} rule), setup "
@@ -585,6 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "per_node: when every node's change < tol (default %(default)s)")
     p.add_argument("--unweighted", action="store_true", help="every edge weighs 1 (default: A's values)")
     _iteration_options(p)
+    p.add_argument("--device-memory-limit", default=None,
+                   help="device memory each GPU's product may hold (e.g. 2G; default: what is free): a graph over "
+                        "it is streamed from host memory every iteration (backends tuned and device)")
     _results_options(p, "top nodes", "every node's rank: .npy, or .csv", cmd_pagerank)
 
     p = sub.add_parser("rwr", help="random walk with restart from seed nodes; top nodes, all to a file",

@@ -38,6 +38,9 @@ BLOCK = 256
 IN_MEMORY_FACTOR = 3
 
 
+_ADDRESSES = 1 << 64
+
+
 class DeviceBudgetError(MemoryError):
     """A device-memory budget too small for even one part of a streamed product."""
 
@@ -213,10 +216,12 @@ class StreamedSpMV(VectorCalls):
             r0, r1 = int(p.row_cuts[k]), int(p.row_cuts[k + 1])
             e0, e1 = int(p.entry_cuts[k]), int(p.entry_cuts[k + 1])
             stream.copy_to_device(int(idx), self._indices[e0:e1])
-            args = [np.uintp(indptr + r0 * ib), np.uintp(int(idx) - e0 * ib)]
+            # The slot's pointer moved back by the part's first entry, in the GPU's 64-bit arithmetic (it
+            # wraps; the kernel only ever adds the part's own entries back).
+            args = [np.uintp(indptr + r0 * ib), np.uintp((int(idx) - e0 * ib) % _ADDRESSES)]
             if val is not None:
                 stream.copy_to_device(int(val), self._data[e0:e1])
-                args.append(np.uintp(int(val) - e0 * vb))
+                args.append(np.uintp((int(val) - e0 * vb) % _ADDRESSES))
             grid = -(-(r1 - r0) * p.threads_per_row // BLOCK)
             self._kernel.launch_on(stream, grid, BLOCK, *args, np.uintp(x_ptr),
                                    np.uintp(y_ptr + r0 * self.dtype.itemsize), np.int64(r1 - r0), self._pattern)

@@ -26,6 +26,7 @@ from ..families.tile_composite import TileCompositeParams
 from ..families.tile_coo import TileCooParams
 from ..families.tiles import bounds
 from ..formats.aligned_coo import sizes, split_lengths
+from ..formats.reorder import Structure
 from ..matrix import CanonicalMatrix
 from .profile_data import kernel_key
 
@@ -441,7 +442,6 @@ def row_sample(m: CanonicalMatrix):
         n = m.n_rows
         if n <= SAMPLE_ROWS or rows_descending(m):
             return (None,)
-        from ..formats.reorder import Structure
         run = SAMPLE_ROWS // SAMPLE_RUNS
         starts = np.linspace(0, n - run, SAMPLE_RUNS).astype(np.int64)
         lengths = m.row_lengths[(starts[:, None] + np.arange(run)).ravel()]
