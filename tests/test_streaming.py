@@ -127,3 +127,19 @@ def test_pagerank_over_a_streamed_graph_equals_pagerank_in_memory(tmp_path, monk
     ref = tuner.pagerank(A, backend="device", dtype=np.float32, tol=1e-7, tol_rule="per_node")
     assert info.iterations > 5 and abs(ranks.sum() - 1) < 1e-5
     assert np.abs(ranks - ref).max() < 1e-6
+
+
+@pytest.mark.gpu
+def test_hits_and_rwr_over_a_streamed_graph_equal_them_on_the_host(tmp_path, monkeypatch):
+    import tuner
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    A = abs(power_law(20000, seed=38))
+    m = canonicalize(A)
+    limit = budget_for(m, 3 * int(max(m.row_lengths.max(), m.col_lengths.max())))
+    h, a = tuner.hits(A, device_memory_limit=limit)
+    h_ref, a_ref = tuner.hits(A, backend="scipy")
+    assert np.abs(h - h_ref).max() < 1e-9 and np.abs(a - a_ref).max() < 1e-9
+    seeds = [[0, 1], [5]]
+    x = tuner.rwr(A, seeds, tol=1e-10, device_memory_limit=limit)
+    ref = tuner.rwr(A, seeds, tol=1e-10, backend="scipy")
+    assert x.shape == (A.shape[0], 2) and np.abs(x - ref).max() < 1e-8

@@ -19,13 +19,15 @@ from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, 
 
 
 def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: bool = True,
-         backend: str = "tuned", dtype=np.float64, return_info: bool = False):
+         backend: str = "tuned", dtype=np.float64, return_info: bool = False, device_memory_limit=None):
     """(hubs, authorities) of the graph whose edge u -> v is ``A[u, v]``, as ``networkx.hits`` computes them.
 
     ``max_iter`` and ``tol`` are ARPACK's (as in NetworkX); ``nstart``: its starting vector (array or
     {node: value} dict). ``normalized``: both vectors sum to 1 (else as ARPACK returns them). With
     ``return_info``, an :class:`~tuner.graph.pagerank.IterationInfo` whose ``iterations`` counts the products
-    by A and by Aᵀ. Raises :class:`~tuner.graph.pagerank.ConvergenceError` where ARPACK does not converge.
+    by A and by Aᵀ. ``device_memory_limit`` (backend 'tuned'): as :func:`~tuner.graph.pagerank.pagerank`'s,
+    each of the two products streamed from host memory where it does not fit. Raises
+    :class:`~tuner.graph.pagerank.ConvergenceError` where ARPACK does not converge.
 
     Example:
         >>> A = sp.csr_matrix(np.array([[0, 1, 1], [0, 0, 1], [1, 0, 0]], dtype=float))
@@ -42,8 +44,8 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds  # ARPACK: loaded on first use
 
     t0 = time.perf_counter()
-    forward = _multiply(W, backend, dtype)
-    backward = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype)
+    forward = _multiply(W, backend, dtype, device_memory_limit)
+    backward = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype, device_memory_limit)
     start = None if nstart is None else _node_vector(nstart, n, "nstart")
     t1 = time.perf_counter()
     calls = [0]

@@ -33,7 +33,8 @@ def _seed_vector(seeds, n: int):
 
 
 def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6, weighted: bool = True,
-        tol_rule: str = "per_node", backend: str = "tuned", return_info: bool = False, comm=None):
+        tol_rule: str = "per_node", backend: str = "tuned", return_info: bool = False, comm=None,
+        device_memory_limit=None):
     """Random walk with restart from ``seeds`` on the graph whose edge u -> v is ``A[u, v]``.
 
     ``seeds``: a node, a sequence of nodes (restarting uniformly among them), a {node: weight} dict, or a list
@@ -42,7 +43,9 @@ def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
     set is iterated on its own). Returns the visiting
     probabilities (n,) or (n, number of sets); with ``return_info`` also the :class:`IterationInfo` of each
     set. ``tol_rule`` defaults to 'per_node' (no node's probability changes by ``tol``): NetworkX has no RWR
-    whose rule to follow. Other arguments (``backend``, ``comm``) as :func:`~tuner.graph.pagerank.pagerank`'s.
+    whose rule to follow. Other arguments (``backend``, ``comm``, ``device_memory_limit``) as
+    :func:`~tuner.graph.pagerank.pagerank`'s; with a ``device_memory_limit`` several seed sets walk one after
+    another, each through the (possibly streamed) SpMV, since the multi-vector product is not streamed.
 
     Example:
         >>> import scipy.sparse as sp
@@ -54,13 +57,14 @@ def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
         raise ValueError(f"restart must be in (0, 1], got {restart}")
     n = A.shape[0]
     sets = list(seeds) if _is_many(seeds) else [seeds]
-    if _is_many(seeds) and backend in ("tuned", "device") and comm is None:
+    if _is_many(seeds) and backend in ("tuned", "device") and comm is None and device_memory_limit is None:
         P = np.column_stack([_node_vector(_seed_vector(s, n), n, "seeds") for s in sets])
         x, infos = rwr_block(A, P, restart=restart, max_iter=max_iter, tol=tol, weighted=weighted,
                              tol_rule=tol_rule)
         return (x, infos) if return_info else x
     results = [pagerank(A, alpha=1 - restart, personalization=_seed_vector(s, n), max_iter=max_iter, tol=tol,
-                        weighted=weighted, tol_rule=tol_rule, backend=backend, return_info=True, comm=comm)
+                        weighted=weighted, tol_rule=tol_rule, backend=backend, return_info=True, comm=comm,
+                        device_memory_limit=device_memory_limit)
                for s in sets]
     x = np.column_stack([r[0] for r in results]) if _is_many(seeds) else results[0][0]
     if not return_info:
