@@ -205,7 +205,7 @@ def cmd_rwr(args) -> int:
         raise ValueError(f"--seeds takes node numbers separated by commas, got {args.seeds!r}") from None
     A = load(args.graph)
     x, info = rwr(A, seeds, restart=args.restart, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
-                  backend=backend, return_info=True, comm=comm)
+                  backend=backend, return_info=True, comm=comm, device_memory_limit=args.device_memory_limit)
     if comm is None or comm.rank == 0:
         print(f"random walk with restart {args.restart} from {len(seeds)} seed(s) on "
               f"{loaders.display_name(args.graph)}: {info.iterations} iterations, last change {info.error:.3g} "
@@ -263,7 +263,8 @@ def cmd_hits(args) -> int:
     if backend is None:
         return NO_GPU_EXIT
     A = load(args.graph)
-    (h, a), info = hits(A, max_iter=args.max_iter, tol=args.tol, backend=backend, return_info=True)
+    (h, a), info = hits(A, max_iter=args.max_iter, tol=args.tol, backend=backend, return_info=True,
+                        device_memory_limit=args.device_memory_limit)
     print(f"HITS of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
           f"{info.iterations} products, setup {info.seconds['setup']:.2f} s, iterations "
           f"{info.seconds['iterations']:.2f} s, {backend}")
@@ -509,6 +510,13 @@ def _iteration_options(p) -> None:
                         "--distributed)")
 
 
+def _memory_option(p) -> None:
+    """A graph command's device-memory budget (its products streamed from host memory beyond it)."""
+    p.add_argument("--device-memory-limit", default=None,
+                   help="device memory each GPU's product may hold (e.g. 2G; default: what is free): a graph over "
+                        "it is streamed from host memory every iteration (on the GPU backends)")
+
+
 def _results_options(p, printed: str, written: str, func) -> None:
     """What every graph command ends with: how many of its ``printed`` results to show, the file its whole
     result is ``written`` to, and its handler."""
@@ -586,9 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "per_node: when every node's change < tol (default %(default)s)")
     p.add_argument("--unweighted", action="store_true", help="every edge weighs 1 (default: A's values)")
     _iteration_options(p)
-    p.add_argument("--device-memory-limit", default=None,
-                   help="device memory each GPU's product may hold (e.g. 2G; default: what is free): a graph over "
-                        "it is streamed from host memory every iteration (backends tuned and device)")
+    _memory_option(p)
     _results_options(p, "top nodes", "every node's rank: .npy, or .csv", cmd_pagerank)
 
     p = sub.add_parser("rwr", help="random walk with restart from seed nodes; top nodes, all to a file",
@@ -604,6 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol-rule", choices=["networkx", "per_node"], default="per_node",
                    help="per_node: stop when every node's change < tol (default); networkx: the L1 change < N x tol")
     _iteration_options(p)
+    _memory_option(p)
     _results_options(p, "top nodes", "every node's probability: .npy, or .csv", cmd_rwr)
 
     p = sub.add_parser("hits", help="HITS hubs and authorities (NetworkX's semantics); top nodes, all to a file",
@@ -616,6 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=1e-8, help="ARPACK's tolerance (default %(default)s)")
     p.add_argument("--backend", choices=["tuned", "scipy"], default=None,
                    help="tuned: the tuned SpMV on the GPU (default with a GPU); scipy: on the host")
+    _memory_option(p)
     _results_options(p, "top nodes", "hub and authority of every node: .npy, or .csv", cmd_hits)
 
     p = sub.add_parser("simrank", help="SimRank similarities (NetworkX's semantics) by two SpGEMMs an iteration",
