@@ -285,7 +285,7 @@ class Stream:
         self.stream = drv.Stream()
 
     def copy_to_device(self, ptr: int, array: np.ndarray) -> None:
-        """Queue a copy of ``array`` (page-locked: see :func:`pin`) to device memory at ``ptr``."""
+        """Queue a copy of ``array`` (page-locked: see :class:`Pinned`) to device memory at ``ptr``."""
         if array.nbytes:
             drv.memcpy_htod_async(ptr, array, self.stream)
 
