@@ -21,7 +21,7 @@ def no_gpu(monkeypatch):
 @pytest.mark.parametrize("args", [["--help"], ["tune", "--help"], ["bench", "--help"], ["spgemm", "--help"],
                                   ["pagerank", "--help"], ["hits", "--help"], ["rwr", "--help"],
                                   ["bench-multigpu", "--help"], ["simrank", "--help"], ["betweenness", "--help"],
-                                  ["bench-graph", "--help"]])
+                                  ["bench-graph", "--help"], ["bench-stream", "--help"]])
 def test_every_command_explains_itself(args):
     proc = subprocess.run([sys.executable, "-m", "tuner", *args], capture_output=True, text=True)
     assert proc.returncode == 0
@@ -243,10 +243,15 @@ def test_simrank_and_betweenness_commands_print_the_top_and_write_every_value(no
     assert "from 50 sources" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", ["bench-multigpu", "bench-graph"])
+@pytest.mark.parametrize("command", ["bench-multigpu", "bench-graph", "bench-stream"])
 def test_gpu_benches_without_gpu_say_so(no_gpu, capsys, command):
-    assert cli.main([command, "rmat:9"]) == cli.NO_GPU_EXIT
+    assert cli.main([command, "rmat:9@1M" if command == "bench-stream" else "rmat:9"]) == cli.NO_GPU_EXIT
     assert "NO CUDA GPU PRESENT" in capsys.readouterr().out
+
+
+def test_bench_stream_refuses_a_graph_without_a_budget(no_gpu, capsys):
+    assert cli.main(["bench-stream", "rmat:9"]) == 2
+    assert "GRAPH@BUDGET" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

@@ -709,8 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "iteration); time them against the host-to-device bandwidth measured in the same "
                                    "run and the same product in memory; check against SciPy and PageRank in memory. "
                                    "Writes bench-stream.json after each row.")
-    p.add_argument("suite", nargs="*", help="GRAPH@BUDGET items, e.g. rmat:25@1G (budgets: 512M, 2G, ...); default: "
-                                            "rmat:23@128M, rmat:25@512M and cnr-2000 Kronecker-scaled twice@256M")
+    p.add_argument("suite", nargs="*", help=f"GRAPH@BUDGET items, e.g. rmat:25@512M (GRAPH: {MATRIX_HELP}; "
+                                            "BUDGET: bytes or 512M, 2G, ...); default: rmat:23@128M, "
+                                            "rmat:25@512M and cnr-2000 Kronecker-scaled twice@256M")
     p.add_argument("--op", nargs="+", choices=("spmv", "pagerank"), default=["spmv", "pagerank"],
                    help="what to stream (default both)")
     p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
