@@ -206,3 +206,49 @@ def test_a_large_matrix_tunes_in_the_background_by_default_and_a_small_one_does_
     assert _rel_error(k(x), ref) < 1e-5 and _rel_error(k.wait()(x), ref) < 1e-5
     assert not isinstance(tuner.compile(power_law(2000, seed=14), cache_dir=tmp_path), tiered.TieredSpMV)
     assert not isinstance(tuner.compile(big, cache_dir=tmp_path, background=False), tiered.TieredSpMV)
+
+
+def _fake_device(monkeypatch, free_bytes):
+    """compile's decisions on a CPU: a device of ``free_bytes`` free, kernels recorded rather than built."""
+    from tuner import gpu, streaming
+    info = gpu.DeviceInfo(name="NVIDIA H100 80GB HBM3", capability=(9, 0), sm_count=132, l2_bytes=50 << 20,
+                          memory_bytes=80 << 30, driver_version=13000)
+    monkeypatch.setattr(gpu, "device_info", lambda: info)
+    monkeypatch.setattr(gpu, "free_memory", lambda release_pool=False: free_bytes)
+    made = []
+
+    class Streamed:
+        def __init__(self, m, plan, arch, cache=None):
+            made.append(("streamed", plan))
+
+    monkeypatch.setattr(streaming, "StreamedSpMV", Streamed)
+    monkeypatch.setattr(compiler, "_tuned", lambda m, *a: made.append(("tuned", m)) or FakeKernel(m.to_scipy(), "t"))
+    return made
+
+
+@pytest.mark.parametrize("background", [None, False])
+def test_compile_streams_what_exceeds_the_budget_and_multiplies_the_rest_in_memory(monkeypatch, background):
+    from tuner import streaming
+    A = power_law(3000, seed=41)
+    m = canonicalize(A)
+    made = _fake_device(monkeypatch, 10**12)
+    monkeypatch.setattr(tiered, "stand_in", lambda *a, **k: None)  # no CuPy here
+    small = streaming.resident_bytes(m) + streaming.SLOTS * 8 * (int(m.row_lengths.max()) + 10)
+    assert not streaming.fits_in_memory(m, small)
+    compiler.compile(A, device_memory_limit=small, background=background)
+    assert made[-1][0] == "streamed" and made[-1][1].budget_bytes == small and "device-memory limit" in made[-1][1].reason
+    compiler.compile(A, background=background)  # a terabyte free: in memory
+    assert made[-1][0] == "tuned"
+
+
+def test_compile_hands_a_stand_in_over_to_the_tuned_kernel_where_it_has_one(monkeypatch):
+    A = power_law(3000, seed=42)
+    _fake_device(monkeypatch, 10**12)
+    first = FakeKernel(A, "stand-in")
+    asked = []
+    monkeypatch.setattr(tiered, "stand_in", lambda m, arch, cache, force=False: asked.append(force) or first)
+    k = compiler.compile(A)
+    assert isinstance(k, tiered.TieredSpMV) and asked == [False]
+    assert k.wait().name == "t"
+    assert compiler.compile(A, background=True).wait().name == "t" and asked == [False, True]
+    assert not isinstance(compiler.compile(A, background=False), tiered.TieredSpMV) and len(asked) == 2
