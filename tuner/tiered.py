@@ -2,9 +2,9 @@
 the plan, the relabelling and the tuned layout are made on a thread of their own; the tuned kernel takes over
 the calls as soon as it is ready.
 
-Planning and building a tuned layout of a 100M-entry graph takes about a second, against a fifth of one for
-cuSPARSE to copy the matrix and multiply, so a caller who needs only a few hundred products would be better
-off without tuning. The stand-in is the ``flat`` layout of :mod:`~tuner.families.aligned_coo` in the
+Planning and building a tuned layout of a 100M-entry graph takes about a second, against a tenth to a fifth
+of one for cuSPARSE to copy the matrix and multiply, so a caller who needs only a few hundred products would
+be better off without tuning. The stand-in is the ``flat`` layout of :mod:`~tuner.families.aligned_coo` in the
 caller's order: every entry with its row, in row order, a warp per 32 entries, so its work is balanced
 whatever the row lengths (as cuSPARSE's CSR kernel balances it) and its layout is a search of the row
 pointers on the device, a few milliseconds. It costs ``flat_bytes`` of device memory until the tuned kernel
