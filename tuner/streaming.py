@@ -89,6 +89,17 @@ def entry_bytes(m: CanonicalMatrix) -> int:
     return m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
 
 
+def csr_bytes(m: CanonicalMatrix) -> int:
+    """The matrix's CSR: every entry's index and value, and the row pointers.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> csr_bytes(canonicalize(sp.random(10, 10, density=0.5, format="csr", dtype="float32", random_state=0)))
+        444
+    """
+    return m.nnz * entry_bytes(m) + (m.n_rows + 1) * m.index_dtype.itemsize
+
+
 def resident_bytes(m: CanonicalMatrix) -> int:
     """x, y and the row pointers: what a streamed product keeps on the device."""
     return (m.n_rows + m.n_cols) * m.value_dtype.itemsize + (m.n_rows + 1) * m.index_dtype.itemsize
@@ -104,8 +115,7 @@ def fits_in_memory(m: CanonicalMatrix, budget: int) -> bool:
         >>> fits_in_memory(m, 10**6), fits_in_memory(m, 100_000)
         (True, False)
     """
-    return IN_MEMORY_FACTOR * (m.nnz * entry_bytes(m) + (m.n_rows + 1) * m.index_dtype.itemsize) \
-        + (m.n_rows + m.n_cols) * m.value_dtype.itemsize <= budget
+    return IN_MEMORY_FACTOR * csr_bytes(m) + (m.n_rows + m.n_cols) * m.value_dtype.itemsize <= budget
 
 
 def lanes_per_row(mean_length: float) -> int:
@@ -155,8 +165,7 @@ def stream_plan(m: CanonicalMatrix, budget: int, slots: int = SLOTS, reason: str
     row_cuts = np.array(cuts, dtype=np.int64)
     return StreamPlan(budget_bytes=int(budget), resident_bytes=resident, slot_entries=int(slot_entries),
                       slots=slots, row_cuts=row_cuts, entry_cuts=indptr[row_cuts],
-                      streamed_bytes=m.nnz * per_entry,
-                      matrix_bytes=m.nnz * per_entry + (m.n_rows + 1) * m.index_dtype.itemsize,
+                      streamed_bytes=m.nnz * per_entry, matrix_bytes=csr_bytes(m),
                       threads_per_row=lanes_per_row(m.nnz / max(m.n_rows, 1)), reason=reason)
 
 
@@ -272,7 +281,6 @@ def compile_streamed(m: CanonicalMatrix, limit, arch: str, cache=None) -> Stream
         free = budget = gpu.free_memory(release_pool=True)
         if fits_in_memory(m, budget):
             return None
-    matrix = m.nnz * entry_bytes(m) + (m.n_rows + 1) * m.index_dtype.itemsize
-    reason = (f"{IN_MEMORY_FACTOR} x its {matrix:,} bytes of CSR and the vectors exceed the "
+    reason = (f"{IN_MEMORY_FACTOR} x its {csr_bytes(m):,} bytes of CSR and the vectors exceed the "
               f"{'free device memory' if limit is None else 'device-memory limit'} of {budget:,} bytes")
     return StreamedSpMV(m, stream_plan(m, min(budget, free), reason=reason), arch, cache)

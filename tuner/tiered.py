@@ -30,6 +30,7 @@ from .families.base import Specialization
 from .formats import device_reorder
 from .formats.aligned_coo import build_flat, flat_bytes
 from .matrix import CanonicalMatrix
+from .streaming import csr_bytes
 
 log = logging.getLogger("tuner.tiered")
 
@@ -65,10 +66,8 @@ def stand_in_fits(m: CanonicalMatrix, free_bytes: int) -> bool:
         >>> stand_in_fits(m, 10**6), stand_in_fits(m, 100)
         (True, False)
     """
-    value_bytes = 0 if m.value_free else m.value_dtype.itemsize
-    own = flat_bytes(m.nnz, m.index_dtype.itemsize, value_bytes)
-    csr = (m.n_rows + 1 + m.nnz) * m.index_dtype.itemsize + m.nnz * value_bytes
-    return device_reorder.fits(m.nnz, free_bytes - own - csr)
+    own = flat_bytes(m.nnz, m.index_dtype.itemsize, 0 if m.value_free else m.value_dtype.itemsize)
+    return device_reorder.fits(m.nnz, free_bytes - own - csr_bytes(m))
 
 
 def stand_in(m: CanonicalMatrix, arch: str, cache, force: bool = False):
@@ -82,10 +81,9 @@ def stand_in(m: CanonicalMatrix, arch: str, cache, force: bool = False):
         return None
     if not force and not device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
         return None
-    with device_reorder.on_device() as cupy:
-        free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
-        if not stand_in_fits(m, free):
-            return None
+    if not stand_in_fits(m, device_reorder.free_bytes()):
+        return None
+    with device_reorder.on_device():
         csr = device_reorder.device_csr(m)
         layout = build_flat(csr.indptr, csr.indices, csr.data, m.index_dtype)
     spec = stand_in_spec(m)

@@ -55,9 +55,13 @@ def usable(n_rows: int, n_cols: int, nnz: int) -> bool:
     """
     if nnz < MIN_NNZ or n_rows >= 1 << 31 or n_cols >= 1 << 32 or not available():
         return False
+    return fits(nnz, free_bytes())
+
+
+def free_bytes() -> int:
+    """Device memory CuPy can have: what the device has free and what CuPy's pool holds unused."""
     with on_device() as cupy:
-        pool = cupy.get_default_memory_pool()
-        return fits(nnz, cupy.cuda.runtime.memGetInfo()[0] + pool.free_bytes())
+        return cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
 
 
 @contextmanager
