@@ -28,6 +28,23 @@ def test_bitonic_partition_balances_rows_and_non_zeros(parts):
     assert np.array_equal(p.position()[p.order], np.arange(5000))
 
 
+def test_bitonic_partition_orders_each_ranks_slots_by_decreasing_key_without_moving_rows_between_ranks():
+    A = power_law(3000, seed=57)
+    lengths = np.diff(A.indptr)
+    key = lengths + np.bincount(A.indices, minlength=3000)
+    plain, keyed = bitonic_partition(lengths, 4), bitonic_partition(lengths, 4, order_by=key)
+    assert np.array_equal(plain.owner, keyed.owner) and np.array_equal(plain.weight, keyed.weight)
+    for asc, by_key in zip(plain.rows, keyed.rows):
+        assert np.array_equal(np.sort(by_key), asc)
+        assert np.all(np.diff(key[by_key]) <= 0)  # hottest first
+        ties = np.diff(key[by_key]) == 0
+        assert np.all(np.diff(by_key)[ties] > 0)  # ties by row index
+    for i, rows in enumerate(keyed.rows):  # a rank's slots follow its rows' order
+        assert np.array_equal(keyed.slots()[rows], i * keyed.width + np.arange(rows.size))
+    with pytest.raises(ValueError, match="order_by must be one per row"):
+        bitonic_partition(lengths, 4, order_by=key[:-1])
+
+
 def test_bitonic_partition_refuses_bad_weights_and_counts():
     with pytest.raises(ValueError, match="positive integer"):
         bitonic_partition(np.ones(4), 0)

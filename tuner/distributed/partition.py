@@ -4,6 +4,10 @@ Rows are sorted by weight (their length, or the model's predicted time), heavies
 ranks P at a time, the direction reversed every round: the rank that got the heaviest row of one round gets
 the lightest of the next. Each rank ends with the same number of rows (within one), which balances the
 vector each gathers, and about the same weight, which balances its product.
+
+A rank's rows are also its slots of x gathered from every rank. Ordered by decreasing degree (``order_by``),
+each rank's part of the gathered x starts with its hot entries, so a rank's kernel reads x as the one-GPU
+plan relabelled by degree does: from few cached sectors, with no permutation of x or y per product.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ class RowPartition:
     Attributes:
         parts: the number of ranks.
         owner: the rank of every row.
-        rows: each rank's rows, ascending (int64).
+        rows: each rank's rows in the order of its slots (int64): ascending, or by decreasing ``order_by``.
         weight: each rank's total weight.
     """
 
@@ -47,6 +51,8 @@ class RowPartition:
             >>> bitonic_partition(np.array([5, 1, 9]), 2).slots().tolist()  # rank 0: row 2; rank 1: rows 0, 1
             [2, 3, 0]
         """
+        if self.parts == 1:
+            return np.arange(self.owner.size, dtype=np.int64)
         slot = np.empty(self.owner.size, np.int64)
         for r, rows in enumerate(self.rows):
             slot[rows] = r * self.width + np.arange(rows.size, dtype=np.int64)
@@ -59,8 +65,9 @@ class RowPartition:
         return where
 
 
-def bitonic_partition(weights: np.ndarray, parts: int) -> RowPartition:
-    """Deal the rows to ``parts`` ranks in bitonic order of their ``weights`` (ties by row index).
+def bitonic_partition(weights: np.ndarray, parts: int, order_by: np.ndarray | None = None) -> RowPartition:
+    """Deal the rows to ``parts`` ranks in bitonic order of their ``weights`` (ties by row index); each
+    rank's rows ascending, or by decreasing ``order_by`` (ties by row index) where given and ``parts`` > 1.
 
     Example:
         >>> p = bitonic_partition(np.array([5, 1, 9, 3, 7, 2]), 2)
@@ -68,6 +75,8 @@ def bitonic_partition(weights: np.ndarray, parts: int) -> RowPartition:
         ([[2, 3, 5], [0, 1, 4]], [14.0, 13.0])
         >>> p.order.tolist(), p.position().tolist()
         ([2, 3, 5, 0, 1, 4], [3, 4, 0, 1, 5, 2])
+        >>> [r.tolist() for r in bitonic_partition(np.array([5, 1, 9, 3, 7, 2]), 2, order_by=np.arange(6)).rows]
+        [[5, 3, 2], [4, 1, 0]]
     """
     weights = np.asarray(weights)
     if weights.ndim != 1:
@@ -76,14 +85,24 @@ def bitonic_partition(weights: np.ndarray, parts: int) -> RowPartition:
         raise ValueError(f"parts must be a positive integer, got {parts!r}")
     if np.any(weights < 0) or not np.all(np.isfinite(weights)):
         raise ValueError("row weights must be finite and non-negative")
-    if parts == 1:  # one rank deals itself every row: no order to find
-        owner = np.zeros(weights.size, np.int64)
+    if parts == 1:  # one rank deals itself every row, in order: nothing to sort, pick or count
+        return RowPartition(parts=1, owner=np.zeros(weights.size, np.int64),
+                            rows=(np.arange(weights.size, dtype=np.int64),),
+                            weight=np.array([weights.sum(dtype=np.float64)]))
+    order = np.argsort(-weights.astype(np.float64), kind="stable")  # heaviest first, ties by row index
+    slot = np.arange(weights.size)
+    rank_in_round, round_ = slot % parts, slot // parts
+    owner = np.empty(weights.size, np.int64)
+    owner[order] = np.where(round_ % 2 == 0, rank_in_round, parts - 1 - rank_in_round)
+    if order_by is None:
+        rows = tuple(np.flatnonzero(owner == r) for r in range(parts))
     else:
-        order = np.argsort(-weights.astype(np.float64), kind="stable")  # heaviest first, ties by row index
-        slot = np.arange(weights.size)
-        rank_in_round, round_ = slot % parts, slot // parts
-        owner = np.empty(weights.size, np.int64)
-        owner[order] = np.where(round_ % 2 == 0, rank_in_round, parts - 1 - rank_in_round)
-    rows = tuple(np.flatnonzero(owner == r) for r in range(parts))
+        order_by = np.asarray(order_by)
+        if order_by.shape != weights.shape:
+            raise ValueError(f"order_by must be one per row like the weights {weights.shape}, got {order_by.shape}")
+        # One stable sort by decreasing key, then each rank's rows picked from it in that order.
+        by_key = np.argsort(-order_by.astype(np.float64), kind="stable")
+        rank_of = owner[by_key]
+        rows = tuple(by_key[rank_of == r] for r in range(parts))
     weight = np.bincount(owner, weights=weights.astype(np.float64), minlength=parts)
     return RowPartition(parts=int(parts), owner=owner, rows=rows, weight=weight)

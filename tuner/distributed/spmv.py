@@ -90,14 +90,21 @@ class DistributedSpMV:
         if m.n_rows != m.n_cols:
             raise MatrixError(f"the distributed SpMV splits x like A's rows: A must be square, got {m.shape}")
         self.comm = comm
-        self.partition = partition or bitonic_partition(m.row_lengths, comm.size)
+        # Slots by row + column length: the key of the one-GPU plan's relabelling by degree (square A). One
+        # rank keeps every row in order and counts no column.
+        key = m.row_lengths + m.col_lengths if partition is None and comm.size > 1 else None
+        self.partition = partition or bitonic_partition(m.row_lengths, comm.size, order_by=key)
         if self.partition.parts != comm.size or self.partition.owner.size != m.n_rows:
             raise ValueError(f"the partition has {self.partition.parts} parts of {self.partition.owner.size} rows; "
                              f"the communicator {comm.size} ranks and A {m.n_rows} rows")
         self.rows = self.partition.rows[comm.rank]
         tuned = local_compile is None
+        # What multiplies, for reports: the generic kernel (tune='none'), the tuned one, or the caller's.
+        self.kernel_kind = ("generic" if options.get("tune") == "none" else "tuned") if tuned else "given"
         if tuned:
             from ..operations import compile as local_compile
+            # The ranks run in step: a stand-in on one would hold every other at the next exchange.
+            options.setdefault("background", False)
         # One rank multiplies all of A: the tuned compile takes the canonical matrix as it is, unchecked again.
         mine = m if tuned and comm.size == 1 else local_rows(m.to_scipy(), self.partition, comm.rank)
         self.local_nnz, self.dtype = int(mine.nnz), m.value_dtype
