@@ -171,3 +171,20 @@ def test_planning_calls_no_blas_routine(monkeypatch):
     specs, predicted, _ = compiler.plan_candidates(m, Profile.from_json(fake_profile_json()))
     assert called == []
     assert len(specs) > 20 and all(p is not None and p > 0 for p in predicted)
+
+
+def test_an_offline_plan_lists_the_binary_of_every_ranked_candidate_tiled_ones_included(monkeypatch):
+    from tuner import compiler
+    from tuner.generators import rmat
+    from tuner.model import load_profile
+    made = []
+
+    def fake_compile_many(sources, arch, cache):  # no nvcc: one stand-in binary per source, in order
+        made.extend(sources)
+        return [type("Binary", (), {"key": f"k{i}"})() for i in range(len(sources))]
+    monkeypatch.setattr(compiler.codegen, "compile_many", fake_compile_many)
+    plan, binaries = compiler.plan_offline(rmat(16), load_profile("NVIDIA H100 80GB HBM3"), cache=Cache(None))
+    families_ranked = {t.family for t in plan.ranking}
+    assert "tile_composite" in families_ranked  # a tuple of workloads in its parameters
+    assert len(binaries) == len(made) == len(plan.ranking) and plan.binary_key == "k0"
+    assert plan.family == plan.ranking[0].family

@@ -85,7 +85,8 @@ def plan_offline(A, profile: Profile, *, dtype=None, index_dtype=None, arch: str
     specs, predicted, seconds = plan_candidates(m, profile)
     specs, predicted = predictable(specs, predicted, profile.gpu.get("name", "profiled"))
     best, ranking = planner.select("model", specs, predicted, benchmark=None)
-    by_label = {s.label(): s for s in specs}
+    # Keyed as the ranking labels them (parameters as dicts: a long tuple of workloads in full).
+    by_label = {planner.Timing(s.family, families.params_dict(s.params), None).label(): s for s in specs}
     ranked = [by_label[t.label()] for t in ranking]
     binaries = codegen.compile_many([families.render(s, m) for s in ranked], arch=arch, cache=cache)
     plan = planner.Plan(family=best.family, params=families.params_dict(best.params),
@@ -211,6 +212,10 @@ def measure(m: CanonicalMatrix, specs: list[Specialization], binaries: list, see
     return [t[0] for t in measure_each(m, specs, binaries, seed)]
 
 
+NO_TUNING = "none"
+COMPILE_TUNE_MODES = planner.TUNE_MODES + (NO_TUNING,)
+
+
 def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int = 3, trials: int = 24,
             family: str | None = None, params: dict | None = None, cache_dir=None, profile=None,
             background: bool | None = None, device_memory_limit=None) -> SpMV:
@@ -222,7 +227,9 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
         index_dtype: force int64 indices (default: int32 when the matrix fits).
         tune: 'model' (default) takes the model's first choice and times nothing; 'measure' times the
             model's ``top_k``; 'exhaustive' times every candidate; 'optuna' runs an Optuna study of
-            ``trials`` trials per fingerprint, seeded with the model's ``top_k`` and resumable.
+            ``trials`` trials per fingerprint, seeded with the model's ``top_k`` and resumable; 'none'
+            plans nothing: the generic kernel of :mod:`tuner.tiered` in the caller's order, ready in
+            milliseconds (for a few hundred products or fewer, which a tuning never pays back).
         family, params: skip tuning and build exactly this family with these parameters.
         cache_dir: plan, binary and study cache (default ``$TUNER_CACHE_DIR``, ``cache/`` of a checkout, or
             ``~/.cache/sparse-tuner``). A second compile of the same structure times nothing, runs no nvcc.
@@ -252,10 +259,12 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
         >>> spmv.plan.family in ("csr_vector", "binned")  # doctest: +SKIP
         True
     """
-    if tune not in planner.TUNE_MODES:
-        raise ValueError(f"tune must be one of {planner.TUNE_MODES}, got {tune!r}")
+    if tune not in COMPILE_TUNE_MODES:
+        raise ValueError(f"tune must be one of {COMPILE_TUNE_MODES}, got {tune!r}")
     if params is not None and family is None:
         raise ValueError("params= needs family=")
+    if tune == NO_TUNING and family is not None:
+        raise ValueError("tune='none' builds the generic kernel: family= names another")
     if background and (tune != "model" or family is not None):
         raise ValueError("background= tunes in model mode: the other modes time candidates on the GPU, and "
                          "family= needs no tuning")
@@ -267,6 +276,9 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
     streamed = streaming.compile_streamed(m, device_memory_limit, info.arch, cache)
     if streamed is not None:
         return streamed
+    if tune == NO_TUNING:
+        return tiered.stand_in(m, info.arch, cache, force=True) or _fixed(
+            m, structure_digest(m), info, tiered.STAND_IN_FAMILY, families.params_dict(tiered.STAND_IN_PARAMS), cache)
     if background is not False and tune == "model":
         first = tiered.stand_in(m, info.arch, cache, force=bool(background))
         if first is not None:
