@@ -174,6 +174,24 @@ def test_the_stand_in_kernel_matches_scipy(tmp_path, pattern):
 
 
 @pytest.mark.gpu
+def test_compile_without_tuning_returns_the_generic_kernel_and_plans_nothing(tmp_path):
+    import tuner
+    from tuner.cache import Cache
+    from tuner.kernel import random_vector
+    A = power_law(5000, seed=14)  # small: below the size a background tuning starts at
+    k = tuner.compile(A, tune="none", cache_dir=tmp_path)
+    assert k.plan.tune == "stand-in" and k.spec == tiered.stand_in_spec(canonicalize(A))
+    assert not list(Cache(tmp_path).root.glob("plan/**/*.entry"))  # no plan made, none stored
+    x = random_vector(A.shape[1], np.float32, seed=5)
+    assert _rel_error(k(x, out=np.full(A.shape[0], np.nan, np.float32)), A.astype(np.float64) @ x) < 1e-5
+
+
+def test_compile_without_tuning_refuses_a_named_family():
+    with pytest.raises(ValueError, match="tune='none' builds the generic kernel"):
+        compiler.compile(power_law(100, seed=1), tune="none", family="csr_vector")
+
+
+@pytest.mark.gpu
 def test_a_background_compile_answers_at_once_and_hands_over_to_the_tuned_kernel(tmp_path):
     import cupy
     import tuner

@@ -122,11 +122,13 @@ def cmd_spgemm(args) -> int:
 
 
 def _graph_backend(args, doing: str) -> str | None:
-    """The graph command's backend: --backend, else the tuned SpMV with a GPU and SciPy without one (said on
-    stderr); None (after saying why) when --backend tuned is asked for without a GPU."""
+    """The graph command's backend: --backend, else with a GPU the iterations on it ('device', or 'tuned' where
+    CuPy is missing) and SciPy without one (said on stderr); None (after saying why) when a GPU backend is
+    asked for without a GPU."""
     if getattr(args, "distributed", False):
         return "device"
-    backend = args.backend or ("tuned" if gpu.available() else "scipy")
+    from .graph.pagerank import default_backend
+    backend = args.backend or (default_backend(None) if gpu.available() else "scipy")
     if backend != "scipy" and not gpu.available():
         print(_no_gpu_banner().splitlines()[0] + f"\n--backend {backend} multiplies on a GPU: use --backend scipy.")
         return None
@@ -181,7 +183,7 @@ def cmd_pagerank(args) -> int:
     A = load(args.graph)
     x, info = pagerank(A, alpha=args.alpha, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
                        weighted=not args.unweighted, backend=backend, dtype=args.dtype, return_info=True, comm=comm,
-                       device_memory_limit=args.device_memory_limit)
+                       device_memory_limit=args.device_memory_limit, tune=args.tune)
     if comm is None or comm.rank == 0:
         print(f"PageRank of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
               f"{info.iterations} iterations, last change {info.error:.3g} ({args.tol_rule} rule), setup "
@@ -205,7 +207,8 @@ def cmd_rwr(args) -> int:
         raise ValueError(f"--seeds takes node numbers separated by commas, got {args.seeds!r}") from None
     A = load(args.graph)
     x, info = rwr(A, seeds, restart=args.restart, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
-                  backend=backend, return_info=True, comm=comm, device_memory_limit=args.device_memory_limit)
+                  backend=backend, return_info=True, comm=comm, device_memory_limit=args.device_memory_limit,
+                  tune=args.tune)
     if comm is None or comm.rank == 0:
         print(f"random walk with restart {args.restart} from {len(seeds)} seed(s) on "
               f"{loaders.display_name(args.graph)}: {info.iterations} iterations, last change {info.error:.3g} "
@@ -495,9 +498,14 @@ def report_dir() -> Path:
 
 def _iteration_options(p) -> None:
     """Where an iterative graph command multiplies: backend, precision, several GPUs."""
+    from .compiler import COMPILE_TUNE_MODES
     p.add_argument("--backend", choices=["tuned", "device", "scipy"], default=None,
-                   help="tuned: the tuned SpMV on the GPU, the host driving the loop (default with a GPU); device: "
-                        "the iterations stay on the GPU; scipy: on the host")
+                   help="device: the iterations stay on the GPU (default with a GPU and CuPy); tuned: the host "
+                        "drives the loop, the product on the GPU (default with a GPU but no CuPy); scipy: on the host")
+    p.add_argument("--tune", choices=COMPILE_TUNE_MODES, default="none",
+                   help="how the product by A^T is compiled: none (default): the generic kernel, ready in "
+                        "milliseconds, since tuning repays itself only after hundreds to thousands of products; "
+                        "model: the model's tuned kernel (for long runs); measure, exhaustive, optuna: as compile")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float64",
                    help="precision of the matrix and vectors on the GPU (default %(default)s; float32 moves half "
                         "the bytes)")
@@ -581,8 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pagerank", help="PageRank of a graph (NetworkX's semantics); top nodes, full result to a file",
                        description="PageRank of the graph whose edge u -> v is A[u, v], as networkx.pagerank "
-                                   "defines it, through the tuned SpMV on this GPU (--backend device keeps the "
-                                   "iterations there; --gpus N splits the graph over N GPUs), or with SciPy on the "
+                                   "defines it, on this GPU (the iterations stay there; --tune model tunes the "
+                                   "product; --gpus N splits the graph over N GPUs), or with SciPy on the "
                                    "host (--backend scipy; the default without a GPU). Prints the iterations, times and the top nodes; --out writes every "
                                    "node's rank (.npy, or .csv with node,pagerank).")
     p.add_argument("graph", help=MATRIX_HELP)

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import codegen, gpu
 from ..formats.transpose import transpose
+from ..graph.device_pull import pull_on_device
 from ..graph.pagerank import (TOL_RULES, ConvergenceError, IterationInfo, _node_vector, edge_weights,
                               rank_cache_factors)
 from .spmv import DistributedSpMV
@@ -66,7 +67,8 @@ def pull_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: bool
         >>> spmv = pull_product(A, comm)                                   # doctest: +SKIP
         >>> x = pagerank_on_devices(A, comm, product=spmv)                 # doctest: +SKIP
     """
-    return DistributedSpMV(transpose(edge_weights(A, weighted), dtype), comm, overlap=overlap, **options)
+    return DistributedSpMV(transpose(edge_weights(A, weighted, keep_float=True), dtype), comm, overlap=overlap,
+                           **options)
 
 
 def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_iter: int = 100,
@@ -95,17 +97,22 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     if max_iter < 1 or tol <= 0 or check_every < 1:
         raise ValueError(f"max_iter, tol and check_every must be positive, got {max_iter}, {tol}, {check_every}")
     t0 = time.perf_counter()
-    W = edge_weights(A, weighted)
-    n = W.shape[0]
-    dangling_nodes, inverse = rank_cache_factors(W)
-    x0 = np.full(n, 1.0 / n) if nstart is None else _node_vector(nstart, n, "nstart")
-    p = np.full(n, 1.0 / n) if personalization is None else _node_vector(personalization, n, "personalization")
+    # One GPU: Wᵀ and the rank-cache factors made on the device from one upload (None: on the host instead).
+    on_device = pull_on_device(A, weighted, dtype) if product is None and comm.size == 1 else None
+    if on_device is not None:
+        Wt, dangling_nodes, inverse = on_device
+        spmv = DistributedSpMV(Wt, comm, **options)
+    else:
+        W = edge_weights(A, weighted, keep_float=True)  # cast to dtype on the GPU
+        dangling_nodes, inverse = rank_cache_factors(W)
+        spmv = product or DistributedSpMV(transpose(W, dtype), comm, **options)
+    n = spmv.partition.owner.size
+    if (product is not None and n != A.shape[0]) or spmv.comm is not comm:
+        raise ValueError(f"product multiplies {n} nodes on another communicator: make it with "
+                         "pull_product(A, comm) for this graph")
+    x0 = None if nstart is None else _node_vector(nstart, n, "nstart")
+    p = None if personalization is None else _node_vector(personalization, n, "personalization")
     d = p if dangling is None else _node_vector(dangling, n, "dangling")
-
-    spmv = product or DistributedSpMV(transpose(W, dtype), comm, **options)
-    if spmv.partition.owner.size != n or spmv.comm is not comm:
-        raise ValueError(f"product multiplies {spmv.partition.owner.size} nodes on another communicator: "
-                         "make it with pull_product(A, comm) for this graph")
     dtype = np.dtype(spmv.dtype)
     rows = spmv.rows
     in_plan = spmv.plan_order()
@@ -114,9 +121,17 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
         multiply = lambda v, out: inner(v, out=out)  # noqa: E731
     else:
         multiply = lambda v, out: spmv(v, out=out)  # noqa: E731
-    local = lambda v: cupy.asarray(np.ascontiguousarray(v[rows], dtype=dtype))  # noqa: E731
-    x, p_l, d_l, inv_l = local(x0), local(p), local(d), local(inverse)
-    dangling_l = cupy.asarray(dangling_nodes[rows].astype(dtype))
+    in_order = in_plan is None and comm.size == 1  # the rank's vectors are in A's order: nothing to pick
+    picks = None if in_order else cupy.asarray(rows)
+
+    def local(v):
+        """This rank's entries of a node vector in A's order (None: uniform), on the device in ``dtype``."""
+        if v is None:
+            return cupy.full(rows.size, 1.0 / n, dtype)
+        v = cupy.asarray(v)
+        return (v if in_order else v[picks]).astype(dtype)
+    x, p_l, inv_l, dangling_l = local(x0), local(p), local(inverse), local(dangling_nodes)
+    d_l = p_l if d is p else local(d)
     x_new, pulled = cupy.empty_like(x), cupy.empty_like(x)
     cache = spmv.padded(x * inv_l)[:rows.size]  # this rank's slice of the buffer NCCL gathers into
     # Every rank's [dangling sum, change], gathered in one collective a step and combined on each GPU.
@@ -150,8 +165,11 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     if in_plan is not None:
         ranks = np.empty(n)
         ranks[rows] = cupy.asnumpy(x)
+    elif in_order:
+        ranks = cupy.asnumpy(x).astype(np.float64)
     else:
         ranks = spmv.gather(x).astype(np.float64)
     info = IterationInfo(iteration, error, {"setup": t1 - t0, "iterations": t2 - t1,
-                                            "gather": time.perf_counter() - t2}, f"tuned SpMV on {comm.size} GPU(s)")
+                                            "gather": time.perf_counter() - t2},
+                         f"{spmv.kernel_kind} SpMV on {comm.size} GPU(s)")
     return (ranks, info) if return_info else ranks

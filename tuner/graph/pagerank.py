@@ -68,13 +68,14 @@ def _node_vector(values, n: int, what: str) -> np.ndarray:
     return v / total
 
 
-def adjacency(A) -> sp.csr_matrix:
+def adjacency(A, keep_float: bool = False) -> sp.csr_matrix:
     """``A`` as a float64 CSR adjacency matrix, after the checks every algorithm needs: square, with nodes,
-    finite weights.
+    finite weights. ``keep_float``: float32 values stay float32 (for products cast to float32 on the GPU
+    anyway: no float64 copy of every weight on the host).
 
     Example:
-        >>> adjacency(np.eye(2)).dtype
-        dtype('float64')
+        >>> adjacency(np.eye(2)).dtype, adjacency(np.eye(2, dtype=np.float32), keep_float=True).dtype
+        (dtype('float64'), dtype('float32'))
     """
     # The caller's CSR itself where it is one: SciPy remembers on it what its scan for sorted, distinct
     # indices found, so several algorithms on one graph scan it once.
@@ -86,7 +87,9 @@ def adjacency(A) -> sp.csr_matrix:
     # float64 values over A's own index arrays where nothing will sort them in place (canonical: sorted, no
     # duplicates); astype would copy them either way. Checked on several threads.
     shared = A.has_canonical_format
-    W = sp.csr_matrix((A.data.astype(np.float64), A.indices if shared else A.indices.copy(),
+    kept = keep_float and A.dtype in (np.float32, np.float64)
+    # Kept values are A's own array too: the algorithms read weights, never write them.
+    W = sp.csr_matrix((A.data if kept else A.data.astype(np.float64), A.indices if shared else A.indices.copy(),
                        A.indptr if shared else A.indptr.copy()), shape=A.shape)
     if shared:  # known: spares every later user SciPy's scan of the indices
         W.has_canonical_format = True
@@ -98,17 +101,18 @@ def adjacency(A) -> sp.csr_matrix:
 BACKENDS = ("tuned", "device", "scipy")
 
 
-def edge_weights(A, weighted: bool = True) -> sp.csr_matrix:
-    """:func:`adjacency`, every edge weighing 1 unless ``weighted``; negative weights refused.
+def edge_weights(A, weighted: bool = True, keep_float: bool = False) -> sp.csr_matrix:
+    """:func:`adjacency` (``keep_float`` as there), every edge weighing 1 unless ``weighted``; negative
+    weights refused.
 
     Example:
         >>> edge_weights(np.array([[0, 2.0], [3.0, 0]]), weighted=False).data.tolist()
         [1.0, 1.0]
     """
-    W = adjacency(A)
+    W = adjacency(A, keep_float)
     if not weighted:
         canonical = W.has_canonical_format
-        W = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
+        W = sp.csr_matrix((np.ones(W.nnz, W.dtype), W.indices, W.indptr), shape=W.shape)
         W.has_canonical_format = canonical
     if W.nnz and extrema(W.data)[0] < 0:
         raise MatrixError("edge weights must be finite and non-negative")
@@ -136,7 +140,8 @@ def row_sums(W: sp.csr_matrix) -> np.ndarray:
         starts, ends = indptr[lo:hi], indptr[lo + 1:hi + 1]
         full = np.flatnonzero(ends > starts)  # reduceat sums from each start to the next: empty rows skipped
         if full.size:
-            out[lo + full] = np.add.reduceat(data[indptr[lo]:indptr[hi]], starts[full] - indptr[lo])
+            out[lo + full] = np.add.reduceat(data[indptr[lo]:indptr[hi]], starts[full] - indptr[lo],
+                                             dtype=out.dtype)  # float32 weights summed in float64
     with ThreadPoolExecutor(max_workers=k) as pool:
         list(pool.map(piece, cuts[:-1], cuts[1:]))
     return out
@@ -156,26 +161,60 @@ def rank_cache_factors(W: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
     return dangling, np.divide(1.0, out_weight, out=np.zeros(W.shape[0]), where=~dangling)
 
 
-def _multiply(At: sp.csr_matrix, backend: str, dtype, device_memory_limit=None):
+def _multiply(At: sp.csr_matrix, backend: str, dtype, device_memory_limit=None, tune: str = "model"):
     if backend == "scipy":
         return lambda v: At @ v
     if backend == "tuned":
         from ..operations import compile as compile_product
-        return compile_product(At, dtype=dtype, device_memory_limit=device_memory_limit)
+        return compile_product(At, dtype=dtype, device_memory_limit=device_memory_limit, tune=tune)
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def default_backend(backend: str | None) -> str:
+    """``backend``, or where None the fastest this machine has: 'device' (iterations on the GPU) where CuPy
+    reaches one, else 'tuned' (the host drives the loop; PyCUDA alone).
+
+    Example:
+        >>> default_backend("scipy")
+        'scipy'
+    """
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        return backend
+    from ..formats import device_reorder
+    return "device" if device_reorder.available() else "tuned"
+
+
+def check_tune(tune: str) -> str:
+    """``tune`` if the product's compile takes it (:func:`tuner.compile`'s modes, 'none' included).
+
+    Example:
+        >>> check_tune("none")
+        'none'
+    """
+    from ..compiler import COMPILE_TUNE_MODES
+    if tune not in COMPILE_TUNE_MODES:
+        raise ValueError(f"tune must be one of {COMPILE_TUNE_MODES}, got {tune!r}")
+    return tune
 
 
 def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, tol: float = 1e-6,
              nstart=None, dangling=None, weighted: bool = True, tol_rule: str = "networkx",
-             backend: str = "tuned", dtype=np.float64, return_info: bool = False, comm=None,
-             device_memory_limit=None):
+             backend: str | None = None, dtype=np.float64, return_info: bool = False, comm=None,
+             device_memory_limit=None, tune: str = "none"):
     """PageRank of the graph whose edge u -> v is ``A[u, v]``, as ``networkx.pagerank`` defines it.
 
     ``personalization``, ``nstart`` and ``dangling``: arrays of one value per node or {node: value} dicts
     (normalised; nodes missing from a dict get 0). ``weighted``: edge weights are A's values (False: every
     edge weighs 1). ``tol_rule``: 'networkx' (L1 change < N x tol) or 'per_node' (every node's change < tol).
-    ``backend``: 'tuned', 'device' or 'scipy' (module docstring); ``comm``: with 'device', the GPUs to split
-    the graph over (a :mod:`tuner.distributed` device communicator; default this GPU alone).
+    ``backend``: 'tuned', 'device' or 'scipy' (module docstring; default 'device' where CuPy reaches a GPU,
+    else 'tuned'); ``comm``: with 'device', the GPUs to split the graph over (a :mod:`tuner.distributed`
+    device communicator; default this GPU alone). ``tune``: how the product by Aᵀ is compiled
+    (:func:`tuner.compile`'s modes). The default, 'none', multiplies with the generic kernel, ready in
+    milliseconds: a tuned kernel repays its planning and layout only after hundreds to thousands of products
+    (``break_even_products`` in bench-spmv.json), more than a PageRank's iterations; 'model' tunes it (for
+    long runs; to reuse one tuned product across calls see :func:`tuner.distributed.pagerank.pull_product`).
     ``device_memory_limit``: with 'tuned' or 'device', the device memory each GPU's product may hold (bytes or a figure
     such as '2G'; default what is free): a graph over it is streamed from host memory every iteration
     (:mod:`tuner.streaming`), the rank vectors staying on the GPU.
@@ -193,18 +232,20 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
         raise ValueError(f"tol_rule must be one of {TOL_RULES}, got {tol_rule!r}")
     if max_iter < 1 or tol <= 0:
         raise ValueError(f"max_iter must be positive and tol positive, got {max_iter} and {tol}")
-    if backend == "device" or comm is not None:
+    backend, tune = default_backend(backend if comm is None else "device"), check_tune(tune)
+    if backend == "device":
         from ..distributed.nccl import SoloDevice
         from ..distributed.pagerank import pagerank_on_devices
         return pagerank_on_devices(A, comm if comm is not None else SoloDevice(), alpha=alpha,
                                    personalization=personalization, max_iter=max_iter, tol=tol, nstart=nstart,
                                    dangling=dangling, weighted=weighted, tol_rule=tol_rule, dtype=dtype,
-                                   return_info=return_info, device_memory_limit=device_memory_limit)
+                                   return_info=return_info, device_memory_limit=device_memory_limit, tune=tune)
     W = edge_weights(A, weighted)
     n = W.shape[0]
     t0 = time.perf_counter()
     dangling_nodes, inverse = rank_cache_factors(W)
-    multiply = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype, device_memory_limit)
+    multiply = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype, device_memory_limit,
+                         tune)
     x = np.full(n, 1.0 / n) if nstart is None else _node_vector(nstart, n, "nstart")
     p = np.full(n, 1.0 / n) if personalization is None else _node_vector(personalization, n, "personalization")
     d = p if dangling is None else _node_vector(dangling, n, "dangling")

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from .pagerank import (TOL_RULES, ConvergenceError, IterationInfo, _node_vector, edge_weights, pagerank,
-                       rank_cache_factors)
+from .pagerank import (TOL_RULES, ConvergenceError, IterationInfo, _node_vector, default_backend, edge_weights,
+                       pagerank, rank_cache_factors)
 
 
 def _is_many(seeds) -> bool:
@@ -33,8 +33,8 @@ def _seed_vector(seeds, n: int):
 
 
 def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6, weighted: bool = True,
-        tol_rule: str = "per_node", backend: str = "tuned", return_info: bool = False, comm=None,
-        device_memory_limit=None):
+        tol_rule: str = "per_node", backend: str | None = None, return_info: bool = False, comm=None,
+        device_memory_limit=None, tune: str = "none"):
     """Random walk with restart from ``seeds`` on the graph whose edge u -> v is ``A[u, v]``.
 
     ``seeds``: a node, a sequence of nodes (restarting uniformly among them), a {node: weight} dict, or a list
@@ -43,7 +43,7 @@ def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
     set is iterated on its own). Returns the visiting
     probabilities (n,) or (n, number of sets); with ``return_info`` also the :class:`IterationInfo` of each
     set. ``tol_rule`` defaults to 'per_node' (no node's probability changes by ``tol``): NetworkX has no RWR
-    whose rule to follow. Other arguments (``backend``, ``comm``, ``device_memory_limit``) as
+    whose rule to follow. Other arguments (``backend``, ``comm``, ``device_memory_limit``, ``tune``) as
     :func:`~tuner.graph.pagerank.pagerank`'s; with a ``device_memory_limit`` several seed sets walk one after
     another, each through the (possibly streamed) SpMV, since the multi-vector product is not streamed.
 
@@ -57,6 +57,7 @@ def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
         raise ValueError(f"restart must be in (0, 1], got {restart}")
     n = A.shape[0]
     sets = list(seeds) if _is_many(seeds) else [seeds]
+    backend = default_backend(backend if comm is None else "device")
     if _is_many(seeds) and backend in ("tuned", "device") and comm is None and device_memory_limit is None:
         P = np.column_stack([_node_vector(_seed_vector(s, n), n, "seeds") for s in sets])
         x, infos = rwr_block(A, P, restart=restart, max_iter=max_iter, tol=tol, weighted=weighted,
@@ -64,7 +65,7 @@ def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
         return (x, infos) if return_info else x
     results = [pagerank(A, alpha=1 - restart, personalization=_seed_vector(s, n), max_iter=max_iter, tol=tol,
                         weighted=weighted, tol_rule=tol_rule, backend=backend, return_info=True, comm=comm,
-                        device_memory_limit=device_memory_limit)
+                        device_memory_limit=device_memory_limit, tune=tune)
                for s in sets]
     x = np.column_stack([r[0] for r in results]) if _is_many(seeds) else results[0][0]
     if not return_info:
@@ -95,7 +96,7 @@ def rwr_block(A, P: np.ndarray, restart: float = 0.15, max_iter: int = 100, tol:
     if max_iter < 1 or tol <= 0:
         raise ValueError(f"max_iter must be positive and tol positive, got {max_iter} and {tol}")
     t0 = time.perf_counter()
-    W = edge_weights(A, weighted)
+    W = edge_weights(A, weighted, keep_float=True)  # cast to float64 on the GPU
     n, k = W.shape[0], P.shape[1]
     if P.shape[0] != n:
         raise ValueError(f"the restart distributions have {P.shape[0]} rows, the graph {n} nodes")
