@@ -142,6 +142,9 @@ def row_sums(W: sp.csr_matrix) -> np.ndarray:
         if full.size:
             out[lo + full] = np.add.reduceat(data[indptr[lo]:indptr[hi]], starts[full] - indptr[lo],
                                              dtype=out.dtype)  # float32 weights summed in float64
+    if k == 1:  # a small graph: starting a thread costs more than its sums
+        piece(0, n)
+        return out
     with ThreadPoolExecutor(max_workers=k) as pool:
         list(pool.map(piece, cuts[:-1], cuts[1:]))
     return out
