@@ -2,9 +2,10 @@
 
 Each iteration is paper 002's pull formulation: x_new = alpha (Aᵀ (x / outdeg) + (sum of x over dangling
 nodes) d) + (1 - alpha) p, with the rank cache x / outdeg computed once per iteration and Aᵀ multiplied by the
-tuned SpMV. ``backend='tuned'``: the host drives the loop, each iteration copying x to the GPU and the
-product back; ``'device'``: the iterations stay on the GPU, or on the GPUs of a communicator (``comm``, see
-:mod:`tuner.distributed.pagerank`); ``'scipy'``: the same iteration with SciPy on the host.
+tuner's SpMV. ``backend='device'`` (the default where CuPy reaches a GPU): the iterations stay on the GPU, or
+on the GPUs of a communicator (``comm``, see :mod:`tuner.distributed.pagerank`); ``'tuned'`` (the default
+with PyCUDA alone): the host drives the loop, each iteration copying x to the GPU and the product back;
+``'scipy'``: the same iteration with SciPy on the host.
 
 Stopping: NetworkX stops when the L1 change is below N x tol. Since x sums to 1 the L1 change is at most 2, so
 for N >= 2 / tol (two million nodes at the default tol) that rule holds after the first iteration, whatever
