@@ -46,6 +46,7 @@ def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
     whose rule to follow. Other arguments (``backend``, ``comm``, ``device_memory_limit``, ``tune``) as
     :func:`~tuner.graph.pagerank.pagerank`'s; with a ``device_memory_limit`` several seed sets walk one after
     another, each through the (possibly streamed) SpMV, since the multi-vector product is not streamed.
+    ``tune`` applies to the SpMV of a walk on its own; the multi-vector product is always tuned.
 
     Example:
         >>> import scipy.sparse as sp
