@@ -316,6 +316,22 @@ def test_betweenness_on_a_real_graph_equals_networkx_and_batches_do_not_matter(p
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("endpoints", [False, True])
+def test_betweenness_on_the_gpu_equals_the_host_one(endpoints):
+    pytest.importorskip("cupy")
+    A = abs(tuner.load("rmat:10"))
+    host = tuner.betweenness(A, k=300, seed=4, endpoints=endpoints, backend="scipy", batch=64)
+    ours, info = tuner.betweenness(A, k=300, seed=4, endpoints=endpoints, batch=64, return_info=True)
+    assert info.backend == "cuSPARSE SpMM on 1 GPU" and info.iterations >= 2
+    assert np.abs(ours - host).max() <= 1e-12 * max(1.0, host.max())
+
+
+def test_betweenness_refuses_an_unknown_backend():
+    with pytest.raises(ValueError, match="backend must be one of"):
+        tuner.betweenness(graph(50, 2), backend="tuned")
+
+
+@pytest.mark.gpu
 def test_simrank_through_the_tuned_spgemm_equals_the_host_products():
     A = graph(400, 75)
     assert abs(tuner.simrank(A, backend="tuned") - tuner.simrank(A)).max() <= 1e-12

@@ -251,10 +251,10 @@ def cmd_betweenness(args) -> int:
     A = load(args.graph)
     bar = lambda items: tqdm(items, desc="source batches", unit="batch", file=sys.stderr)  # noqa: E731
     b, info = betweenness(A, k=args.k, normalized=not args.unnormalized, endpoints=args.endpoints, seed=args.seed,
-                          progress=bar, return_info=True)
+                          progress=bar, return_info=True, backend=args.backend)
     print(f"betweenness of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges) from "
           f"{args.k or A.shape[0]:,} sources: deepest BFS level {info.iterations}, "
-          f"{info.seconds['iterations']:.2f} s on the host")
+          f"{info.seconds['iterations']:.2f} s, {info.backend}")
     _report_scores(args, {"betweenness": b})
     return 0
 
@@ -655,13 +655,17 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Betweenness centrality of every node of the graph whose edge u -> v is A[u, v] "
                                    "(unweighted shortest paths), as networkx.betweenness_centrality computes it: "
                                    "Brandes' algorithm with a batch of sources per breadth-first search, each "
-                                   "level one sparse product, on the host. --k samples sources as NetworkX does "
-                                   "(with --seed). Prints the top nodes; --out writes every node's value.")
+                                   "level one sparse product, on the GPU (CuPy) or the host. --k samples sources "
+                                   "as NetworkX does (with --seed). Prints the top nodes; --out writes every "
+                                   "node's value.")
     p.add_argument("graph", help=MATRIX_HELP)
     p.add_argument("--k", type=int, default=None, help="sampled sources (default: every node)")
     p.add_argument("--seed", type=int, default=None, help="seed of the sample (default: random)")
     p.add_argument("--unnormalized", action="store_true", help="path counts, not divided by the node pairs")
     p.add_argument("--endpoints", action="store_true", help="count a path's end nodes too")
+    p.add_argument("--backend", choices=["device", "scipy"], default=None,
+                   help="device: the products on the GPU through CuPy (default where CuPy reaches one); scipy: on "
+                        "the host")
     _results_options(p, "top nodes", "every node's value: .npy, or .csv", cmd_betweenness)
 
     p = sub.add_parser("bench", help="time tuned kernels against cuSPARSE on a suite; print a table, write JSON",

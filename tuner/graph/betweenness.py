@@ -5,8 +5,9 @@ product Aᵀ F, which also counts the shortest paths (sigma). The dependencies a
 level backwards, again one product per level: delta_v += sigma_v sum over out-neighbours w one level deeper of
 (1 + delta_w) / sigma_w. Shortest paths are unweighted and follow the edges' direction (edge u -> v is
 A[u, v]), as NetworkX's ``betweenness_centrality`` computes on a ``DiGraph`` with ``weight=None``; the
-scaling (``normalized``, ``endpoints``, ``k`` sampled sources) is NetworkX 3.6's. The products run on the
-host (SciPy); the GPU version is not written yet.
+scaling (``normalized``, ``endpoints``, ``k`` sampled sources) is NetworkX 3.6's. The same code runs on the
+host (NumPy and SciPy, ``backend='scipy'``) or on the GPU (CuPy; each level's product is cuSPARSE's SpMM of
+the graph by the n x b frontier, ``backend='device'``, the default where CuPy reaches a GPU).
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import scipy.sparse as sp
 
 from .pagerank import IterationInfo, adjacency
 
-BATCH_BYTES = 1 << 30  # host memory of one batch's n x b arrays (seven of them, float64 or int32)
+BATCH_BYTES = 1 << 30  # memory of one batch's n x b arrays (seven of them, float64 or int32)
+BACKENDS = ("device", "scipy")
 
 
 def _sources(n: int, k, seed) -> tuple[np.ndarray, bool]:
@@ -30,13 +32,14 @@ def _sources(n: int, k, seed) -> tuple[np.ndarray, bool]:
     return np.array(random.Random(seed).sample(range(n), int(k)), dtype=np.int64), True
 
 
-def _batch(P: sp.csr_matrix, PT: sp.csr_matrix, sources: np.ndarray, endpoints: bool) -> tuple[np.ndarray, int]:
-    """Every node's summed dependency on the sources of one batch, and the BFS depth reached."""
+def _batch(xp, P, PT, sources, endpoints: bool) -> tuple[object, int]:
+    """Every node's summed dependency on the sources of one batch (distinct nodes), and the BFS depth
+    reached; ``xp``: NumPy with SciPy matrices, or CuPy with CuPy's."""
     n, b = P.shape[0], sources.size
-    cols = np.arange(b)
-    sigma = np.zeros((n, b))
+    cols = xp.arange(b)
+    sigma = xp.zeros((n, b))
     sigma[sources, cols] = 1.0
-    depth = np.full((n, b), -1, np.int32)
+    depth = xp.full((n, b), -1, np.int32)
     depth[sources, cols] = 0
     frontier, level = sigma.copy(), 0
     while True:
@@ -48,16 +51,16 @@ def _batch(P: sp.csr_matrix, PT: sp.csr_matrix, sources: np.ndarray, endpoints: 
         depth[nxt > 0] = level
         sigma += nxt
         frontier = nxt
-    delta = np.zeros((n, b))
-    safe_sigma = np.where(sigma > 0, sigma, 1.0)
+    delta = xp.zeros((n, b))
+    safe_sigma = xp.where(sigma > 0, sigma, 1.0)
     for d in range(level, 0, -1):
-        coef = np.where(depth == d, (1.0 + delta) / safe_sigma, 0.0)
-        delta += np.where(depth == d - 1, sigma * (P @ coef), 0.0)
+        coef = xp.where(depth == d, (1.0 + delta) / safe_sigma, 0.0)
+        delta += xp.where(depth == d - 1, sigma * (P @ coef), 0.0)
     reached = depth > 0  # neither the source nor unreached
     if not endpoints:
         return (delta * reached).sum(axis=1), level
     out = ((delta + 1.0) * reached).sum(axis=1)
-    np.add.at(out, sources, (depth >= 0).sum(axis=0) - 1)
+    out[sources] += (depth >= 0).sum(axis=0) - 1  # each source once: the sources are distinct
     return out, level
 
 
@@ -77,8 +80,23 @@ def _rescale(bc: np.ndarray, n: int, normalized: bool, endpoints: bool, sources:
     return out
 
 
+def _backend(backend: str | None) -> str:
+    """``backend``, or where None 'device' if CuPy reaches a GPU, else 'scipy'.
+
+    Example:
+        >>> _backend("scipy")
+        'scipy'
+    """
+    if backend is None:
+        from ..formats import device_reorder
+        return "device" if device_reorder.available() else "scipy"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
 def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: bool = False, seed=None,
-                batch: int | None = None, progress=None, return_info: bool = False):
+                batch: int | None = None, progress=None, return_info: bool = False, backend: str | None = None):
     """Betweenness centrality of every node of the graph whose edge u -> v is ``A[u, v]`` (unweighted shortest
     paths), as ``networkx.betweenness_centrality(G, k, normalized, endpoints=endpoints, seed=seed)`` gives it
     for the ``DiGraph`` of A.
@@ -86,31 +104,41 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     ``k``: that many sources sampled as NetworkX samples them (``random.Random(seed)``), the result scaled up as
     NetworkX does; ``batch``: sources per BFS (default: as many as 1 GiB of n x batch arrays allows). Returns
     a float64 array, and with ``return_info`` an :class:`~tuner.graph.pagerank.IterationInfo` (iterations:
-    the deepest BFS level). ``progress``: wraps the iterable of batches (e.g. ``tqdm.tqdm``).
+    the deepest BFS level). ``progress``: wraps the iterable of batches (e.g. ``tqdm.tqdm``). ``backend``:
+    'device' (CuPy and cuSPARSE on the GPU; the default where CuPy reaches one) or 'scipy' (the host).
 
     Example:
         >>> A = sp.csr_matrix(np.array([[0, 1, 0], [0, 0, 1], [0, 0, 0]]))  # the path 0 -> 1 -> 2
-        >>> betweenness(A).tolist()                                        # 1 lies on 0 -> 2, of 2 pairs
+        >>> betweenness(A, backend="scipy").tolist()                       # 1 lies on 0 -> 2, of 2 pairs
         [0.0, 0.5, 0.0]
     """
     W = adjacency(A)
     n = W.shape[0]
+    backend = _backend(backend)
     t0 = time.perf_counter()
     P = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
     P.sum_duplicates()
     P.data[:] = 1.0
     PT = P.T.tocsr()
+    xp = np
+    if backend == "device":
+        import cupy
+        import cupyx.scipy.sparse as cpsp
+        xp, P, PT = cupy, cpsp.csr_matrix(P), cpsp.csr_matrix(PT)
     sources, sampled = _sources(n, k, seed)
     if batch is None:
         batch = max(1, min(sources.size, BATCH_BYTES // (56 * n)))
     elif batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
-    bc, deepest = np.zeros(n), 0
+    bc, deepest = xp.zeros(n), 0
     starts = range(0, sources.size, batch)
+    picked = xp.asarray(sources)
     for start in (progress(starts) if progress else starts):
-        part, level = _batch(P, PT, sources[start:start + batch], endpoints)
+        part, level = _batch(xp, P, PT, picked[start:start + batch], endpoints)
         bc += part
         deepest = max(deepest, level)
+    bc = bc if xp is np else bc.get()
     bc = _rescale(bc, n, normalized, endpoints, sources if sampled else None)
-    info = IterationInfo(deepest, 0.0, {"setup": 0.0, "iterations": time.perf_counter() - t0}, "scipy")
+    info = IterationInfo(deepest, 0.0, {"setup": 0.0, "iterations": time.perf_counter() - t0},
+                         "cuSPARSE SpMM on 1 GPU" if backend == "device" else "scipy")
     return (bc, info) if return_info else bc
