@@ -6,8 +6,8 @@ level backwards, again one product per level: delta_v += sigma_v sum over out-ne
 (1 + delta_w) / sigma_w. Shortest paths are unweighted and follow the edges' direction (edge u -> v is
 A[u, v]), as NetworkX's ``betweenness_centrality`` computes on a ``DiGraph`` with ``weight=None``; the
 scaling (``normalized``, ``endpoints``, ``k`` sampled sources) is NetworkX 3.6's. The same code runs on the
-host (NumPy and SciPy, ``backend='scipy'``) or on the GPU (CuPy; each level's product is cuSPARSE's SpMM of
-the graph by the n x b frontier, ``backend='device'``, the default where CuPy reaches a GPU).
+host (NumPy and SciPy, ``backend='scipy'``, the default) or on the GPU (CuPy; each level's product is
+cuSPARSE's SpMM of the graph by the n x b frontier, ``backend='device'``).
 """
 from __future__ import annotations
 
@@ -80,23 +80,20 @@ def _rescale(bc: np.ndarray, n: int, normalized: bool, endpoints: bool, sources:
     return out
 
 
-def _backend(backend: str | None) -> str:
-    """``backend``, or where None 'device' if CuPy reaches a GPU, else 'scipy'.
+def _backend(backend: str) -> str:
+    """``backend`` if it is one of :data:`BACKENDS`.
 
     Example:
         >>> _backend("scipy")
         'scipy'
     """
-    if backend is None:
-        from ..formats import device_reorder
-        return "device" if device_reorder.available() else "scipy"
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     return backend
 
 
 def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: bool = False, seed=None,
-                batch: int | None = None, progress=None, return_info: bool = False, backend: str | None = None):
+                batch: int | None = None, progress=None, return_info: bool = False, backend: str = "scipy"):
     """Betweenness centrality of every node of the graph whose edge u -> v is ``A[u, v]`` (unweighted shortest
     paths), as ``networkx.betweenness_centrality(G, k, normalized, endpoints=endpoints, seed=seed)`` gives it
     for the ``DiGraph`` of A.
@@ -105,7 +102,7 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     NetworkX does; ``batch``: sources per BFS (default: as many as 1 GiB of n x batch arrays allows). Returns
     a float64 array, and with ``return_info`` an :class:`~tuner.graph.pagerank.IterationInfo` (iterations:
     the deepest BFS level). ``progress``: wraps the iterable of batches (e.g. ``tqdm.tqdm``). ``backend``:
-    'device' (CuPy and cuSPARSE on the GPU; the default where CuPy reaches one) or 'scipy' (the host).
+    'scipy' (the host, the default) or 'device' (CuPy and cuSPARSE on the GPU).
 
     Example:
         >>> A = sp.csr_matrix(np.array([[0, 1, 0], [0, 0, 1], [0, 0, 0]]))  # the path 0 -> 1 -> 2
