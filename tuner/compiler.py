@@ -216,6 +216,18 @@ NO_TUNING = "none"
 COMPILE_TUNE_MODES = planner.TUNE_MODES + (NO_TUNING,)
 
 
+def check_tune(tune: str) -> str:
+    """``tune`` if :func:`compile` takes it (its modes, 'none' included); else ValueError naming them.
+
+    Example:
+        >>> check_tune("none")
+        'none'
+    """
+    if tune not in COMPILE_TUNE_MODES:
+        raise ValueError(f"tune must be one of {COMPILE_TUNE_MODES}, got {tune!r}")
+    return tune
+
+
 def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int = 3, trials: int = 24,
             family: str | None = None, params: dict | None = None, cache_dir=None, profile=None,
             background: bool | None = None, device_memory_limit=None) -> SpMV:
@@ -259,8 +271,7 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
         >>> spmv.plan.family in ("csr_vector", "binned")  # doctest: +SKIP
         True
     """
-    if tune not in COMPILE_TUNE_MODES:
-        raise ValueError(f"tune must be one of {COMPILE_TUNE_MODES}, got {tune!r}")
+    check_tune(tune)
     if params is not None and family is None:
         raise ValueError("params= needs family=")
     if tune == NO_TUNING and family is not None:

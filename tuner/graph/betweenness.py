@@ -80,18 +80,6 @@ def _rescale(bc: np.ndarray, n: int, normalized: bool, endpoints: bool, sources:
     return out
 
 
-def _backend(backend: str) -> str:
-    """``backend`` if it is one of :data:`BACKENDS`.
-
-    Example:
-        >>> _backend("scipy")
-        'scipy'
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return backend
-
-
 def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: bool = False, seed=None,
                 batch: int | None = None, progress=None, return_info: bool = False, backend: str = "scipy"):
     """Betweenness centrality of every node of the graph whose edge u -> v is ``A[u, v]`` (unweighted shortest
@@ -111,7 +99,8 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     """
     W = adjacency(A)
     n = W.shape[0]
-    backend = _backend(backend)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     t0 = time.perf_counter()
     P = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
     P.sum_duplicates()

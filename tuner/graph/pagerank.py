@@ -190,19 +190,6 @@ def default_backend(backend: str | None) -> str:
     return "device" if device_reorder.available() else "tuned"
 
 
-def check_tune(tune: str) -> str:
-    """``tune`` if the product's compile takes it (:func:`tuner.compile`'s modes, 'none' included).
-
-    Example:
-        >>> check_tune("none")
-        'none'
-    """
-    from ..compiler import COMPILE_TUNE_MODES
-    if tune not in COMPILE_TUNE_MODES:
-        raise ValueError(f"tune must be one of {COMPILE_TUNE_MODES}, got {tune!r}")
-    return tune
-
-
 def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, tol: float = 1e-6,
              nstart=None, dangling=None, weighted: bool = True, tol_rule: str = "networkx",
              backend: str | None = None, dtype=np.float64, return_info: bool = False, comm=None,
@@ -236,6 +223,7 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
         raise ValueError(f"tol_rule must be one of {TOL_RULES}, got {tol_rule!r}")
     if max_iter < 1 or tol <= 0:
         raise ValueError(f"max_iter must be positive and tol positive, got {max_iter} and {tol}")
+    from ..compiler import check_tune
     backend, tune = default_backend(backend if comm is None else "device"), check_tune(tune)
     if backend == "device":
         from ..distributed.nccl import SoloDevice
