@@ -50,6 +50,8 @@ class MultiGpuRow:
             splits each rank's rows into the columns of its own part of x, multiplied during the exchange,
             and the rest).
         rows_per_rank, nnz_per_rank: how the bitonic partition split the work.
+        rank_kernel: how each rank multiplied (:class:`~tuner.distributed.spmv.DistributedSpMV`'s
+            ``kernel_kind``: 'tiled', the one-GPU plan's tiles; 'tuned', its rows compiled on their own).
     """
 
     op: str
@@ -72,6 +74,7 @@ class MultiGpuRow:
     single_kernel_s: float | None
     rows_per_rank: list
     nnz_per_rank: list
+    rank_kernel: str
 
 
 def _median_seconds(run, comm, trials: int = TRIALS, repeats: int = PRODUCTS) -> float:
@@ -125,6 +128,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
     pr, info = pagerank_on_devices(A, comm, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, product=spmv,
                                    return_info=True)
     per_rank = [(int(p[0]), int(p[1])) for p in comm.allgather(np.array([spmv.rows.size, spmv.local_nnz]))]
+    kind = spmv.kernel_kind
     del spmv
     if comm.rank != 0:
         comm.allgather(np.zeros(1))  # wait while rank 0 runs the one-GPU side
@@ -159,18 +163,18 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
             setup_s=setup, one_gpu_setup_s=setup1, allgather_s=gather if op == "spmv" else None,
             local_s=local if op == "spmv" else None, single_kernel_s=single_kernel if op == "spmv" else None,
             rows_per_rank=[r for r, _ in per_rank],
-            nnz_per_rank=[z for _, z in per_rank]))
+            nnz_per_rank=[z for _, z in per_rank], rank_kernel=kind))
     return rows
 
 
 def format_table(rows: list[MultiGpuRow]) -> str:
     lines = [f"{'op':<9}{'graph':<12}{'nnz':>13}{'gpus':>5}{'ours ms':>10}{'1 GPU ms':>10}{'speedup':>8}"
-             f"{'eff':>6}{'gather ms':>10}{'local ms':>9}{'1 kernel':>9}  check"]
+             f"{'eff':>6}{'gather ms':>10}{'local ms':>9}{'1 kernel':>9}  {'rank':<8}check"]
     for r in rows:
         ms = lambda v: "-" if v is None else f"{1e3 * v:.3f}"  # noqa: E731
         lines.append(f"{r.op:<9}{r.name:<12}{r.nnz:>13,}{r.gpus:>5}{ms(r.ours_s):>10}{ms(r.one_gpu_s):>10}"
                      f"{r.speedup:>8.2f}{r.efficiency:>6.2f}{ms(r.allgather_s):>10}{ms(r.local_s):>9}"
-                     f"{ms(r.single_kernel_s):>9}  "
+                     f"{ms(r.single_kernel_s):>9}  {r.rank_kernel:<8}"
                      f"{'ok' if r.correct else 'WRONG'} (vs 1 GPU {r.max_rel_diff_vs_one_gpu:.1e})")
     return "\n".join(lines)
 

@@ -97,6 +97,27 @@ def plan_offline(A, profile: Profile, *, dtype=None, index_dtype=None, arch: str
     return plan, binaries
 
 
+def model_choice(A, profile=None) -> Specialization | None:
+    """The candidate model mode picks for ``A`` on this machine's GPU (or ``profile``'s), predicted only:
+    nothing is compiled, timed or stored. None where no profile is found.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> from tuner.model import load_profile
+        >>> s = model_choice(sp.random(300, 300, density=0.05, format="csr", random_state=0),
+        ...                  load_profile("NVIDIA H100 80GB HBM3"))
+        >>> s.family in families.REGISTRY
+        True
+    """
+    m = canonicalize(A)
+    prof = profile if isinstance(profile, Profile) else _profile(gpu.device_info(), profile)
+    if prof is None:
+        return None
+    specs, predicted = _plan(m, prof)
+    specs, predicted = predictable(specs, predicted, prof.gpu.get("name", "profiled"))
+    return planner.select("model", specs, predicted, benchmark=None)[0]
+
+
 PLAN_REPEATS = 3  # the report's plans per matrix: their median is its planning seconds
 
 

@@ -18,6 +18,8 @@ from ..matrix import MatrixError, canonicalize
 from .comm import Communicator
 from .partition import RowPartition, bitonic_partition
 
+RANK_KERNELS = ("auto", "tiles", "compile")
+
 
 def local_rows(A, partition: RowPartition, rank: int) -> sp.csr_matrix:
     """Rank ``rank``'s rows of square ``A`` with their columns renumbered to the partition's slots (the order
@@ -69,9 +71,17 @@ class DistributedSpMV:
     kernel; any ``M -> (x -> M x)`` will do); ``options`` go to it.
 
     With a device communicator (:class:`~tuner.distributed.nccl.NcclComm`) and a CuPy ``x_local``, x is
-    gathered on the GPUs by NCCL into a buffer the kernel reads in place, and y stays on the device. With
-    ``overlap`` (the default) and several GPUs, each rank compiles two kernels, one for the columns of its own
-    part of x and one for the rest: the first runs while NCCL gathers the other parts on a side stream.
+    gathered on the GPUs by NCCL into a buffer the kernel reads in place, and y stays on the device.
+
+    ``rank_kernel`` says how a rank multiplies on several GPUs:
+
+    * 'tiles' (where the model plans tile_composite for the whole matrix, under 'auto', the default): the
+      rank's rows in the one-GPU plan's tiles, reading x where NCCL gathers it
+      (:mod:`~tuner.distributed.rank_tiles`); with ``overlap``, the tiles of the hub columns run while NCCL
+      gathers the rest of x.
+    * 'compile' (otherwise, and with a ``local_compile``): the rank's rows planned and compiled on their own;
+      with ``overlap``, two kernels, one for the columns of its own part of x, which runs while NCCL gathers
+      the other parts on a side stream, and one for the rest.
 
     Example:
         >>> from tuner.distributed.comm import LocalGroup
@@ -85,7 +95,10 @@ class DistributedSpMV:
     """
 
     def __init__(self, A, comm: Communicator, partition: RowPartition | None = None,
-                 local_compile: Callable | None = None, overlap: bool = True, **options):
+                 local_compile: Callable | None = None, overlap: bool = True, rank_kernel: str = "auto",
+                 **options):
+        if rank_kernel not in RANK_KERNELS:
+            raise ValueError(f"rank_kernel must be one of {RANK_KERNELS}, got {rank_kernel!r}")
         m = canonicalize(A)
         if m.n_rows != m.n_cols:
             raise MatrixError(f"the distributed SpMV splits x like A's rows: A must be square, got {m.shape}")
@@ -105,18 +118,54 @@ class DistributedSpMV:
             from ..operations import compile as local_compile
             # The ranks run in step: a stand-in on one would hold every other at the next exchange.
             options.setdefault("background", False)
-        # One rank multiplies all of A: the tuned compile takes the canonical matrix as it is, unchecked again.
-        mine = m if tuned and comm.size == 1 else local_rows(m.to_scipy(), self.partition, comm.rank)
-        self.local_nnz, self.dtype = int(mine.nnz), m.value_dtype
-        self.local = self._own = self._rest = None
-        if overlap and comm.size > 1 and hasattr(comm, "allgather_into"):
-            own, rest = split_own_columns(mine, comm.rank, self.partition.width)
-            if own.nnz and rest.nnz:
-                self._own, self._rest = local_compile(own, **options), local_compile(rest, **options)
-        if self._own is None:
-            self.local = local_compile(mine, **options)
+        self.dtype = m.value_dtype
+        self.local = self._own = self._rest = self._tiles = None
+        self._overlap = overlap
+        device_comm = comm.size > 1 and hasattr(comm, "allgather_into")
+        tiles = self._tile_params(m, rank_kernel, tuned, options) if device_comm else None
+        if tiles is not None:
+            self._tiles = self._rank_tiles(m, tiles)
+            self.kernel_kind, self.local_nnz = "tiled", self._tiles.tiles.nnz
+        else:
+            # One rank multiplies all of A: the tuned compile takes the canonical matrix as it is, unchecked.
+            mine = m if tuned and comm.size == 1 else local_rows(m.to_scipy(), self.partition, comm.rank)
+            self.local_nnz = int(mine.nnz)
+            if overlap and device_comm:
+                own, rest = split_own_columns(mine, comm.rank, self.partition.width)
+                if own.nnz and rest.nnz:
+                    self._own, self._rest = local_compile(own, **options), local_compile(rest, **options)
+            if self._own is None:
+                self.local = local_compile(mine, **options)
         self._gathered = None  # the device buffer x is gathered into, made at the first device call
+        self._send = None  # with tiles: this rank's part of x, gathered from there chunk by chunk
         self._overlap_state = None
+
+    @staticmethod
+    def _tile_params(m, rank_kernel: str, tuned: bool, options: dict):
+        """The one-GPU plan's tile_composite parameters (tile width, workload size of every tile) for the
+        rank kernel in its tiles, or None for a compiled one."""
+        if rank_kernel == "compile" or not tuned:
+            return None
+        from ..compiler import model_choice
+        from ..families import tile_composite
+        planned = options.get("tune") != "none" and "family" not in options
+        choice = model_choice(m, options.get("profile")) if planned else None
+        if choice is not None and choice.family == "tile_composite":
+            return choice.params
+        if rank_kernel == "auto":
+            return None
+        return tile_composite.space(m)[0]  # forced: the L1's first tiling, Algorithm 2's bounds
+
+    def _rank_tiles(self, m, params):
+        import cupy
+        from ..families.base import ordering
+        from ..families.tiles import TILE_ORDER
+        from .rank_kernel import RankKernel
+        from .rank_tiles import rank_tiles
+        order = host(ordering(m, TILE_ORDER).col_order)
+        tiles = rank_tiles(m.to_scipy(), self.partition, self.comm.rank, order, m.col_lengths, params.tile_width,
+                           m.index_dtype, values=not m.value_free, workloads=params.workloads, xp=cupy)
+        return RankKernel(tiles, m.value_dtype, m.index_dtype, m.value_free, m.pattern_value)
 
     def plan_order(self):
         """``(order, product)`` for iterating in the plan's order on one rank: ``product`` multiplies
@@ -155,7 +204,9 @@ class DistributedSpMV:
             if self._gathered is None or self._gathered.dtype != x_local.dtype:
                 import cupy
                 self._gathered = cupy.zeros(width * self.comm.size, x_local.dtype)
-            part = self._gathered[self.comm.rank * width:(self.comm.rank + 1) * width]
+                self._send = cupy.zeros(width, x_local.dtype) if self._tiles is not None else None
+            part = self._send if self._tiles is not None else \
+                self._gathered[self.comm.rank * width:(self.comm.rank + 1) * width]
             if gpu.view(x_local).ptr != part.data.ptr:  # an iterative caller may write its slice in place
                 part[:self.rows.size] = x_local
             return part
@@ -166,6 +217,12 @@ class DistributedSpMV:
     def gather_x(self, x_local):
         """x in the partition's slots, every rank's part gathered (every rank calls it at once)."""
         part = self.padded(x_local)
+        if self._tiles is not None:
+            if not gpu.is_device_array(part):
+                return self._tiles.tiles.chunks.arrange(self.comm.allgather(part))
+            for lo, hi, at in self._tiles.tiles.chunks.pieces():
+                self.comm.allgather_into(part[lo:hi], self._gathered[at:at + self.comm.size * (hi - lo)])
+            return self._gathered
         if gpu.is_device_array(part):
             # NCCL reads the rank's own part from the buffer it writes: in place, as its all-gather allows.
             self.comm.allgather_into(part, self._gathered)
@@ -174,12 +231,19 @@ class DistributedSpMV:
 
     def __call__(self, x_local, out=None):
         """This rank's entries of A x, from this rank's entries of x (every rank calls it at once)."""
+        if self._tiles is not None:
+            return self._tiled(x_local, out)
         if self._own is not None and gpu.is_device_array(x_local):
             return self._overlapped(self.padded(x_local), out)
         return self.local_product(self.gather_x(x_local), out)
 
     def local_product(self, x, out=None):
         """This rank's rows times an x already gathered into the partition's slots (no exchange)."""
+        if self._tiles is not None:
+            import cupy
+            y = cupy.empty(self.rows.size, self.dtype) if out is None else out
+            self._tiles(x, y)
+            return y
         if self._own is None:
             return self.local(x) if out is None else self.local(x, out=out)
         width, r = self.partition.width, self.comm.rank
@@ -207,6 +271,37 @@ class DistributedSpMV:
         self._rest(self._gathered, out=out)
         out += y_own
         return out
+
+    def _tiled(self, x_local, out):
+        import cupy
+        if not gpu.is_device_array(x_local):  # a host vector: through the device and back
+            y = self._tiled(cupy.asarray(np.asarray(x_local), self.dtype), None).get()
+            if out is None:
+                return y
+            out[...] = y
+            return out
+        part = self.padded(x_local)
+        y = cupy.empty(self.rows.size, self.dtype) if out is None else out
+        if not self._overlap:
+            return self.local_product(self.gather_x(part), y)
+        pieces = self._tiles.tiles.chunks.pieces()
+        if self._overlap_state is None:  # NCCL's side stream at the highest priority, as in _overlapped
+            self._overlap_state = (cupy.cuda.Stream(non_blocking=True, priority=-1000),
+                                   cupy.cuda.Event(disable_timing=True),
+                                   [cupy.cuda.Event(disable_timing=True) for _ in pieces])
+        side, ready, arrived = self._overlap_state
+        null = cupy.cuda.Stream.null
+        ready.record(null)  # the part is written
+        side.wait_event(ready)
+        for (lo, hi, at), event in zip(pieces, arrived):
+            self.comm.allgather_into(part[lo:hi], self._gathered[at:at + self.comm.size * (hi - lo)],
+                                     stream=side.ptr)
+            event.record(side)
+        self._tiles.zero(y)
+        for j, event in enumerate(arrived):  # phase j reads chunks 0 .. j only
+            null.wait_event(event)
+            self._tiles.phase(j, self._gathered, y)
+        return y
 
     def gather(self, y_local) -> np.ndarray:
         """The whole vector in A's order, from every rank's entries (every rank calls it at once)."""

@@ -1,0 +1,187 @@
+"""A rank's rows cut into the one-GPU plan's tiles, reading x where NCCL gathers it (no permutation a product).
+
+The one-GPU tile_composite kernel is fast because each tile (a range of columns by decreasing degree, as
+wide as the L1 holds) is dense enough that x is read from L1. A rank planning its own rows anew relabels
+its columns its own way, so x must be permuted into that order every product, and its tiles come out thinner
+and cut differently. Here a rank keeps the whole matrix's plan order and tiles: its rows of each tile become
+its workloads (packed with the plan's workload sizes), and each entry's column is rewritten, once, to
+where that node's x lands in the gathered buffer. So the kernel reads x straight from NCCL's buffer.
+
+The buffer is gathered in chunks (:class:`GatherChunks`): the first holds the hottest slots of every rank,
+those of the leading tiles within a small share of the columns. Only that chunk's gather is waited for: a
+rank multiplies those tiles while NCCL gathers the long, cold rest of x. On a power-law graph the hub
+columns carry most entries, so that phase outlasts the rest's gather; elsewhere it is simply shorter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..families.tile_composite import NOMINAL_ACTIVE_WARPS, fill_workload
+from ..formats.tile_composite import TileComposite, build_tile_composite
+from ..formats.tiles import tile_bounds, tile_entries
+from ..formats.xp import host
+from .partition import RowPartition
+
+FIRST_COLUMNS = 1 / 16  # share of x in the first chunk: the gather that is not hidden
+
+
+@dataclass(frozen=True)
+class GatherChunks:
+    """Where every rank's slots sit in the gathered x: each rank's part (``width`` slots, its nodes by
+    decreasing degree) is cut at ``cuts``, and chunk j holds slots ``cuts[j]`` .. ``cuts[j+1] - 1`` of every
+    rank, rank after rank. One NCCL all-gather per chunk then lands in one contiguous piece of the buffer.
+
+    Attributes:
+        parts: ranks.
+        cuts: (0, ..., width), increasing.
+
+    Example (2 ranks of 3 slots, chunks of 1 and 2 slots):
+        >>> c = GatherChunks(2, (0, 1, 3))
+        >>> c.offsets(np.array([0, 1, 0, 1]), np.array([0, 0, 2, 2])).tolist(), c.pieces()
+        ([0, 1, 3, 5], [(0, 1, 0), (1, 3, 2)])
+    """
+
+    parts: int
+    cuts: tuple
+
+    def __post_init__(self):
+        cuts = tuple(int(c) for c in self.cuts)
+        if len(cuts) < 2 or cuts[0] != 0 or any(b <= a for a, b in zip(cuts, cuts[1:])):
+            raise ValueError(f"cuts must rise strictly from 0 to the width, got {self.cuts!r}")
+        object.__setattr__(self, "cuts", cuts)
+
+    @property
+    def width(self) -> int:
+        return self.cuts[-1]
+
+    def offsets(self, rank: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Buffer position of slot ``k`` of rank ``rank`` (arrays of equal shape)."""
+        cuts = np.asarray(self.cuts, np.int64)
+        k = np.asarray(k, np.int64)
+        j = np.searchsorted(cuts, k, side="right") - 1
+        return self.parts * cuts[j] + np.asarray(rank, np.int64) * (cuts[j + 1] - cuts[j]) + (k - cuts[j])
+
+    def pieces(self) -> list[tuple[int, int, int]]:
+        """Per chunk: (first slot, end slot) of each rank's part and where the chunk starts in the buffer."""
+        return [(lo, hi, self.parts * lo) for lo, hi in zip(self.cuts, self.cuts[1:])]
+
+    def arrange(self, parts: list) -> np.ndarray:
+        """The buffer from every rank's part (each ``width`` long, NumPy): what the chunked gathers write.
+
+        Example:
+            >>> GatherChunks(2, (0, 1, 3)).arrange([np.array([1, 2, 3]), np.array([4, 5, 6])]).tolist()
+            [1, 4, 2, 3, 5, 6]
+        """
+        return np.concatenate([p[lo:hi] for lo, hi, _ in self.pieces() for p in parts])
+
+
+@dataclass(frozen=True)
+class RankTiles:
+    """A rank's rows in the one-GPU plan's tiles.
+
+    Attributes:
+        layout: the TILE-Composite layout of the rank's rows (rows numbered as the rank's slots, columns as
+            positions in the gathered buffer).
+        chunks: how x is gathered.
+        phase_warps: (0, w1, ..., warps): the workloads of phase j read only chunks 0 .. j of x.
+        tile_width: the plan's tile width; workloads: the workload size of each tile for this rank.
+        n_rows: the rank's rows.
+    """
+
+    layout: TileComposite
+    chunks: GatherChunks
+    phase_warps: tuple
+    tile_width: int
+    workloads: tuple
+    n_rows: int
+
+    @property
+    def nnz(self) -> int:
+        return int(host(self.layout.cols >= 0).sum())
+
+
+def first_tiles(bounds: np.ndarray, share: float = FIRST_COLUMNS) -> int:
+    """How many leading tiles (column ``bounds``) lie within ``share`` of the columns: at least one, every
+    tile when there is one.
+
+    Example (tiles of 2, 2 and 4 of 8 columns):
+        >>> b = np.array([0, 2, 4, 8])
+        >>> first_tiles(b, 1 / 16), first_tiles(b, 0.5), first_tiles(np.array([0, 8]))
+        (1, 2, 1)
+    """
+    n_tiles = bounds.size - 1
+    return int(min(max(np.searchsorted(bounds, share * bounds[-1], side="right") - 1, 1), n_tiles))
+
+
+def gather_chunks(partition: RowPartition, order: np.ndarray, bounds: np.ndarray, t1: int) -> GatherChunks:
+    """Chunks of the gathered x such that the columns of the first ``t1`` tiles (``bounds`` over the nodes
+    in ``order``, the plan's) all lie in the first one: its cut is past every rank's last such slot."""
+    width = partition.width
+    if t1 >= bounds.size - 1 or width <= 1:
+        return GatherChunks(partition.parts, (0, max(width, 1)))
+    hot = order[:bounds[t1]]
+    k = partition.slots()[hot] - partition.owner[hot] * width
+    cut = int(k.max()) + 1 if k.size else 1
+    return GatherChunks(partition.parts, (0, cut, width) if cut < width else (0, width))
+
+
+def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_lengths: np.ndarray,
+               tile_width: int, index_dtype=np.int32, values: bool = True, workloads: tuple | None = None,
+               active_warps: int = NOMINAL_ACTIVE_WARPS, share: float = FIRST_COLUMNS, xp=np) -> RankTiles:
+    """Rank ``rank``'s rows of square ``Wt`` (SciPy CSR) in the tiles of ``tile_width`` columns that the
+    one-GPU plan cuts over the nodes in ``order`` (by decreasing degree), given the columns' ``col_lengths``;
+    without ``values`` (a pattern matrix, every value the same) the layout holds none. ``workloads``: the
+    workload size of every tile, best the one-GPU plan's (a rank's share of a tile then runs as that plan
+    runs it, in a quarter of the warps with 4 ranks); without, Algorithm 2's bounds for the rank's share of
+    each tile (:func:`~tuner.families.tile_composite.fill_workload`). With ``xp`` CuPy the layout is built on the GPU (its arrays CuPy arrays, equal to the host build's).
+
+    Example (4 nodes, 2 ranks):
+        >>> from tuner.distributed.partition import bitonic_partition
+        >>> from tuner.formats.tile_composite import evaluate_tile_composite
+        >>> W = sp.csr_matrix(np.array([[0, 1, 2, 0], [3, 0, 0, 4], [5, 6, 0, 0], [0, 0, 7, 0.]]))
+        >>> p = bitonic_partition(np.diff(W.indptr), 2)
+        >>> order, lengths = np.array([0, 2, 1, 3]), np.bincount(W.indices, minlength=4)
+        >>> t = rank_tiles(W, p, 0, order, lengths, tile_width=2)
+        >>> x = np.array([1.0, 10, 100, 1000])
+        >>> buf = t.chunks.arrange([np.pad(x[r], (0, p.width - r.size)) for r in p.rows])
+        >>> evaluate_tile_composite(t.layout, buf, t.n_rows).tolist() == (W @ x)[p.rows[0]].tolist()
+        True
+    """
+    n = Wt.shape[0]
+    order = np.asarray(order, np.int64)
+    position = np.empty(n, np.int64)
+    position[order] = np.arange(n, dtype=np.int64)
+    bounds = tile_bounds(np.asarray(col_lengths)[order], tile_width)
+    t1 = first_tiles(bounds, share)
+    chunks = gather_chunks(partition, order, bounds, t1)
+    # Where each node's x lands in the buffer, by its plan position.
+    width = partition.width
+    k = partition.slots() - partition.owner * width
+    at = chunks.offsets(partition.owner, k)
+    if index_dtype == np.int32 and partition.parts * width > np.iinfo(np.int32).max:
+        raise OverflowError(f"the gathered x has {partition.parts * width} slots: more than int32 indices hold; "
+                            "use index_dtype=np.int64")
+
+    mine = sp.csr_matrix(Wt)[partition.rows[rank]]
+    indptr, plan_cols = xp.asarray(mine.indptr.astype(np.int64)), xp.asarray(position[mine.indices])
+    tiled = tile_entries(indptr, plan_cols, n, bounds)
+    del plan_cols
+    if workloads is None:
+        lengths, runs = host(tiled.run_lengths), tiled.tile_runs
+        workloads = []
+        for t in range(tiled.n_tiles):
+            seg = lengths[runs[t]:runs[t + 1]]
+            workloads.append(fill_workload(int(seg.max()) if seg.size else 0, int(seg.sum()), active_warps))
+    elif len(workloads) != tiled.n_tiles:
+        raise ValueError(f"tiles of {tile_width} columns cut this matrix into {tiled.n_tiles} tiles, but "
+                         f"{len(workloads)} workload sizes were given")
+    buffer_cols = xp.asarray(at.astype(index_dtype)[mine.indices])
+    data = xp.asarray(mine.data) if values else None
+    layout = build_tile_composite(buffer_cols, data, tiled, tuple(workloads), False, index_dtype)
+    tw = layout.tile_warps
+    phases = (0, int(tw[t1]), layout.warps) if len(chunks.cuts) > 2 else (0, layout.warps)
+    return RankTiles(layout=layout, chunks=chunks, phase_warps=phases, tile_width=int(tile_width),
+                     workloads=tuple(workloads), n_rows=int(partition.rows[rank].size))
