@@ -1,12 +1,13 @@
 """``python -m tuner bench-multigpu``: SpMV and PageRank across the GPUs of one machine against one GPU.
 
 Started with ``--gpus P`` it runs itself as P MPI ranks (``--distributed``), one per GPU. Per graph, every
-rank loads it and compiles its rows of Aᵀ (bitonic partition, tuned kernel per rank); then
+rank loads it and builds its rows of Aᵀ (bitonic partition; the one-GPU plan's tiles, or a kernel compiled
+for the rank's rows where the model plans another family); then
 
 * ``spmv``: a product is NCCL's all-gather of x and the rank's kernel; ``ours_s`` is the slowest rank's
-  median per product. The same DistributedSpMV on rank 0's GPU alone (a group of one, the whole matrix in
-  one tuned kernel, no exchange) gives ``one_gpu_s``. Results are compared with SciPy in float64 and with
-  the one-GPU product.
+  median per product, vectors in the rank's slots' order. The same DistributedSpMV on rank 0's GPU alone
+  (a group of one, the whole matrix in one tuned kernel, no exchange), vectors in its plan's order, gives
+  ``one_gpu_s``. Results are compared with SciPy in float64 and with the one-GPU product.
 * ``pagerank``: :func:`~tuner.distributed.pagerank.pagerank_on_devices` on P GPUs and on one, to the same
   per-node tolerance; ``ours_s`` and ``one_gpu_s`` are seconds per iteration.
 
@@ -26,6 +27,7 @@ from . import __version__, gpu, loaders
 SUITE = ("rmat:21", "rmat:23", "rmat:25")
 SCIPY_CHECK_NNZ = 60_000_000  # above this a float64 SciPy reference costs more than the run it checks
 PAGERANK_TOL = 1e-9  # per node; float32 ranks of hubs (1e-4) still resolve it
+CHECK_EVERY = 8  # iterations between the host's reads of the change: the iterations stay on the GPUs
 AGREE = 1e-4  # float32 results against float64 ones, relative to the largest entry
 TRIALS, PRODUCTS = 7, 20
 
@@ -106,6 +108,22 @@ def _spmv_times(spmv, x, comm) -> tuple[float, float, float, np.ndarray]:
     return whole, gather, local, spmv.gather(y)
 
 
+def _plan_order_times(spmv, x, comm) -> tuple[float, np.ndarray]:
+    """Per product on one GPU, vectors in the plan's order as the ranks' are in their slots' (none of the
+    permutations a call in A's order adds), and y in A's order."""
+    import cupy
+    in_plan = spmv.plan_order()
+    if in_plan is None:
+        whole, _, _, y = _spmv_times(spmv, x, comm)
+        return whole, y
+    order, product = in_plan
+    xp, yp = cupy.asarray(x[order]), cupy.empty(order.size, x.dtype)
+    seconds = _median_seconds(lambda: product(xp, out=yp), comm)
+    y = np.empty(order.size, np.float64)
+    y[order] = cupy.asnumpy(product(xp, out=yp))
+    return seconds, y
+
+
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), np.finfo(np.float64).tiny))
 
@@ -126,6 +144,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
     single_kernel = _spmv_times(single, x.astype(dtype), comm)[0]
     del single
     pr, info = pagerank_on_devices(A, comm, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, product=spmv,
+                                   check_every=CHECK_EVERY,
                                    return_info=True)
     per_rank = [(int(p[0]), int(p[1])) for p in comm.allgather(np.array([spmv.rows.size, spmv.local_nnz]))]
     kind = spmv.kernel_kind
@@ -138,8 +157,9 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
     t0 = time.perf_counter()
     spmv1 = pull_product(A, solo, dtype=dtype)
     setup1 = time.perf_counter() - t0
-    whole1, _, _, y1 = _spmv_times(spmv1, x.astype(dtype), solo)
+    whole1, y1 = _plan_order_times(spmv1, x.astype(dtype), solo)
     pr1, info1 = pagerank_on_devices(A, solo, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500,
+                                     check_every=CHECK_EVERY,
                                      product=spmv1, return_info=True)
     del spmv1
     ref_y = ref_pr = None
@@ -194,8 +214,10 @@ def run_ranks(suite: list[str], out: Path, comm, command: str, progress=print) -
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "command": command,
                 "gpu": {"name": info.name, "memory_bytes": info.memory_bytes, "count": comm.size},
                 "timing": (f"wall seconds between device synchronisations, per product or iteration: median of "
-                           f"{TRIALS} runs of {PRODUCTS} products after a warm-up, the slowest rank's; float32 "
-                           f"values; PageRank to a per-node change below {PAGERANK_TOL}"),
+                           f"{TRIALS} runs of {PRODUCTS} products after a warm-up, the slowest rank's; vectors "
+                           f"in each rank's slots' order and, on one GPU, in the plan's order; float32 values; "
+                           f"PageRank to a per-node change below {PAGERANK_TOL}, read by the host every "
+                           f"{CHECK_EVERY} iterations"),
                 "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
             progress(format_table(rows[-2:]))
     comm.close()
