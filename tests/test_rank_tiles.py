@@ -83,9 +83,23 @@ def test_first_tiles_counts_the_leading_tiles_within_the_share_of_columns():
     assert first_tiles(np.array([0, 1600])) == 1
 
 
+def test_x_that_no_row_reads_is_not_gathered():
+    W = power_law(6000, seed=65).T.tocsr()  # most columns empty, as a graph's dangling nodes in Aᵀ
+    rows, cols, order = plan_inputs(W)
+    key = rows + cols + (rows + cols).max() * (cols > 0)  # DistributedSpMV's slots: read columns first
+    p = bitonic_partition(rows, 3, order_by=key)
+    x = np.random.default_rng(7).uniform(0.5, 1.5, 6000)
+    read_per_rank = np.bincount(p.owner[cols > 0], minlength=3)
+    for r in range(3):
+        t = rank_tiles(W, p, r, order, cols, 64)
+        assert t.chunks.width == read_per_rank.max() < 0.6 * p.width
+        y = evaluate_tile_composite(t.layout, buffer_of(x, p, t.chunks), t.n_rows)
+        assert np.allclose(y, (W.astype(np.float64) @ x)[p.rows[r]], rtol=1e-12)
+
+
 def test_one_tile_means_one_chunk_and_one_phase():
     W = sp.random(300, 300, density=0.02, format="csr", random_state=5)
     rows, cols, order = plan_inputs(W)
     p = bitonic_partition(rows, 2, order_by=rows + cols)
     t = rank_tiles(W, p, 0, order, cols, 0)
-    assert t.chunks.cuts == (0, p.width) and t.phase_warps == (0, t.layout.warps)
+    assert len(t.chunks.cuts) == 2 and t.phase_warps == (0, t.layout.warps)

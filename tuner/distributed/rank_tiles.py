@@ -30,9 +30,10 @@ FIRST_COLUMNS = 1 / 16  # share of x in the first chunk: the gather that is not 
 
 @dataclass(frozen=True)
 class GatherChunks:
-    """Where every rank's slots sit in the gathered x: each rank's part (``width`` slots, its nodes by
-    decreasing degree) is cut at ``cuts``, and chunk j holds slots ``cuts[j]`` .. ``cuts[j+1] - 1`` of every
-    rank, rank after rank. One NCCL all-gather per chunk then lands in one contiguous piece of the buffer.
+    """Where every rank's slots sit in the gathered x: the first ``width`` slots of each rank's part (its
+    nodes by decreasing degree, those no row reads last and not gathered) are cut at ``cuts``, and chunk j
+    holds slots ``cuts[j]`` .. ``cuts[j+1] - 1`` of every rank, rank after rank. One NCCL all-gather per
+    chunk then lands in one contiguous piece of the buffer.
 
     Attributes:
         parts: ranks.
@@ -116,15 +117,19 @@ def first_tiles(bounds: np.ndarray, share: float = FIRST_COLUMNS) -> int:
     return int(min(max(np.searchsorted(bounds, share * bounds[-1], side="right") - 1, 1), n_tiles))
 
 
-def gather_chunks(partition: RowPartition, order: np.ndarray, bounds: np.ndarray, t1: int) -> GatherChunks:
-    """Chunks of the gathered x such that the columns of the first ``t1`` tiles (``bounds`` over the nodes
-    in ``order``, the plan's) all lie in the first one: its cut is past every rank's last such slot."""
-    width = partition.width
+def gather_chunks(partition: RowPartition, order: np.ndarray, bounds: np.ndarray, t1: int,
+                  read: np.ndarray) -> GatherChunks:
+    """Chunks of the gathered x: every rank's slots up to its last one that a row reads (``read``: the
+    nodes whose column has entries; a partition that puts them first, as DistributedSpMV's does, gathers
+    none of the others), the first chunk past every rank's last slot among the columns of the first ``t1``
+    tiles (``bounds`` over the nodes in ``order``, the plan's)."""
+    k = partition.slots() - partition.owner * partition.width
+    width = int(k[read].max()) + 1 if read.any() else 1
     if t1 >= bounds.size - 1 or width <= 1:
-        return GatherChunks(partition.parts, (0, max(width, 1)))
+        return GatherChunks(partition.parts, (0, width))
     hot = order[:bounds[t1]]
-    k = partition.slots()[hot] - partition.owner[hot] * width
-    cut = int(k.max()) + 1 if k.size else 1
+    hot = hot[read[hot]]
+    cut = int(k[hot].max()) + 1 if hot.size else 1
     return GatherChunks(partition.parts, (0, cut, width) if cut < width else (0, width))
 
 
@@ -156,14 +161,14 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
     position[order] = np.arange(n, dtype=np.int64)
     bounds = tile_bounds(np.asarray(col_lengths)[order], tile_width)
     t1 = first_tiles(bounds, share)
-    chunks = gather_chunks(partition, order, bounds, t1)
-    # Where each node's x lands in the buffer, by its plan position.
-    width = partition.width
-    k = partition.slots() - partition.owner * width
-    at = chunks.offsets(partition.owner, k)
-    if index_dtype == np.int32 and partition.parts * width > np.iinfo(np.int32).max:
-        raise OverflowError(f"the gathered x has {partition.parts * width} slots: more than int32 indices hold; "
-                            "use index_dtype=np.int64")
+    read = np.asarray(col_lengths) > 0
+    chunks = gather_chunks(partition, order, bounds, t1, read)
+    if index_dtype == np.int32 and partition.parts * chunks.width > np.iinfo(np.int32).max:
+        raise OverflowError(f"the gathered x has {partition.parts * chunks.width} slots: more than int32 indices "
+                            "hold; use index_dtype=np.int64")
+    # Where the x of each node that a row reads lands in the buffer (-1: read by none).
+    at = np.full(n, -1, np.int64)
+    at[read] = chunks.offsets(partition.owner[read], (partition.slots() - partition.owner * partition.width)[read])
 
     mine = sp.csr_matrix(Wt)[partition.rows[rank]]
     indptr, plan_cols = xp.asarray(mine.indptr.astype(np.int64)), xp.asarray(position[mine.indices])

@@ -103,9 +103,13 @@ class DistributedSpMV:
         if m.n_rows != m.n_cols:
             raise MatrixError(f"the distributed SpMV splits x like A's rows: A must be square, got {m.shape}")
         self.comm = comm
-        # Slots by row + column length: the key of the one-GPU plan's relabelling by degree (square A). One
-        # rank keeps every row in order and counts no column.
-        key = m.row_lengths + m.col_lengths if partition is None and comm.size > 1 else None
+        # Slots by row + column length: the key of the one-GPU plan's relabelling by degree (square A), those
+        # whose column is empty (x no row reads: a graph's dangling nodes) after every other, where a
+        # gather can leave them out. One rank keeps every row in order and counts no column.
+        key = None
+        if partition is None and comm.size > 1:
+            key = m.row_lengths.astype(np.int64) + m.col_lengths
+            key += (int(key.max(initial=0)) + 1) * (m.col_lengths > 0)
         self.partition = partition or bitonic_partition(m.row_lengths, comm.size, order_by=key)
         if self.partition.parts != comm.size or self.partition.owner.size != m.n_rows:
             raise ValueError(f"the partition has {self.partition.parts} parts of {self.partition.owner.size} rows; "
@@ -203,7 +207,8 @@ class DistributedSpMV:
         if gpu.is_device_array(x_local):
             if self._gathered is None or self._gathered.dtype != x_local.dtype:
                 import cupy
-                self._gathered = cupy.zeros(width * self.comm.size, x_local.dtype)
+                read = self._tiles.tiles.chunks.width if self._tiles is not None else width  # slots gathered
+                self._gathered = cupy.zeros(read * self.comm.size, x_local.dtype)
                 self._send = cupy.zeros(width, x_local.dtype) if self._tiles is not None else None
             part = self._send if self._tiles is not None else \
                 self._gathered[self.comm.rank * width:(self.comm.rank + 1) * width]
