@@ -730,9 +730,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench_stream)
 
     p = sub.add_parser("bench-multigpu", help="SpMV and PageRank across this machine's GPUs (MPI + NCCL) against one",
-                       description="Split each graph's rows among the GPUs (one MPI rank each, bitonic partition, a "
-                                   "tuned kernel per rank, x gathered with NCCL) and time SpMV by Aᵀ and PageRank "
-                                   "iterations against the same code on one GPU: speedup, parallel efficiency, the "
+                       description="Split each graph's rows among the GPUs (one MPI rank each, bitonic partition, each "
+                                   "rank's rows in the one-GPU plan's tiles, x gathered with NCCL) and time SpMV by "
+                                   "Aᵀ and PageRank iterations against the same code on one GPU (in its plan's "
+                                   "order): speedup, parallel efficiency, the "
                                    "all-gather and local product apart, results checked against one GPU and SciPy. "
                                    "Starts one rank per GPU through mpiexec (--gpus, default all); writes "
                                    "bench-multigpu.json after each graph.")
