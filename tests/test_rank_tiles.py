@@ -103,3 +103,25 @@ def test_one_tile_means_one_chunk_and_one_phase():
     p = bitonic_partition(rows, 2, order_by=rows + cols)
     t = rank_tiles(W, p, 0, order, cols, 0)
     assert len(t.chunks.cuts) == 2 and t.phase_warps == (0, t.layout.warps)
+
+
+def test_ranks_take_the_one_gpu_plans_tiles_only_where_the_model_plans_tile_composite():
+    from tuner.distributed.spmv import DistributedSpMV
+    from tuner.families.tile_composite import TileCompositeParams
+    from tuner.matrix import canonicalize
+    from tuner.model import load_profile
+    options = {"profile": load_profile("NVIDIA H100 80GB HBM3")}
+    m = canonicalize(power_law(4000, seed=66).T.tocsr())  # small: the model plans binned for it
+    params = DistributedSpMV._tile_params
+    assert params(m, "auto", True, options) is None
+    assert params(m, "compile", True, options) is None and params(m, "tiles", False, options) is None
+    forced = params(m, "tiles", True, options)
+    assert isinstance(forced, TileCompositeParams) and len(forced.workloads) >= 1
+    assert params(m, "tiles", True, {**options, "family": "csr_vector"}) is not None
+
+
+def test_an_unknown_rank_kernel_is_refused_by_name():
+    from tuner.distributed.comm import LocalGroup
+    from tuner.distributed.spmv import DistributedSpMV
+    with pytest.raises(ValueError, match="rank_kernel must be one of"):
+        LocalGroup(1).run(lambda c: DistributedSpMV(sp.eye(4, format="csr"), c, rank_kernel="rows"))

@@ -75,10 +75,10 @@ class DistributedSpMV:
 
     ``rank_kernel`` says how a rank multiplies on several GPUs:
 
-    * 'tiles' (where the model plans tile_composite for the whole matrix, under 'auto', the default): the
-      rank's rows in the one-GPU plan's tiles, reading x where NCCL gathers it
+    * 'tiles' (under 'auto', the default, where the model plans tile_composite for the whole matrix, whatever
+      ``tune`` says): the rank's rows in the one-GPU plan's tiles, reading x where NCCL gathers it
       (:mod:`~tuner.distributed.rank_tiles`); with ``overlap``, the tiles of the hub columns run while NCCL
-      gathers the rest of x.
+      gathers the rest of x. The rank's compile options are not used.
     * 'compile' (otherwise, and with a ``local_compile``): the rank's rows planned and compiled on their own;
       with ``overlap``, two kernels, one for the columns of its own part of x, which runs while NCCL gathers
       the other parts on a side stream, and one for the rest.
@@ -152,8 +152,9 @@ class DistributedSpMV:
             return None
         from ..compiler import model_choice
         from ..families import tile_composite
-        planned = options.get("tune") != "none" and "family" not in options
-        choice = model_choice(m, options.get("profile")) if planned else None
+        # Even under tune='none': the one-GPU plan is predicted only (well under a second of a rank's setup),
+        # and a rank's generic kernel would leave the GPUs waiting on the exchange.
+        choice = model_choice(m, options.get("profile")) if "family" not in options else None
         if choice is not None and choice.family == "tile_composite":
             return choice.params
         if rank_kernel == "auto":

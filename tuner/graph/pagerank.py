@@ -206,6 +206,8 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
     milliseconds: a tuned kernel repays its planning and layout only after hundreds to thousands of products
     (``break_even_products`` in bench-spmv.json), more than a PageRank's iterations; 'model' tunes it (for
     long runs; to reuse one tuned product across calls see :func:`tuner.distributed.pagerank.pull_product`).
+    On several GPUs the ranks multiply in the tiles of the model's one-GPU plan where it plans tile_composite,
+    whatever ``tune`` says (:class:`~tuner.distributed.spmv.DistributedSpMV`).
     ``device_memory_limit``: with 'tuned' or 'device', the device memory each GPU's product may hold (bytes or a figure
     such as '2G'; default what is free): a graph over it is streamed from host memory every iteration
     (:mod:`tuner.streaming`), the rank vectors staying on the GPU.
