@@ -709,7 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "iterations; compare both with NetworkX where it runs in reasonable time. "
                                    "Writes bench-graph.json after each row.")
     p.add_argument("suite", nargs="*", help=f"graphs for PageRank and RWR ({MATRIX_HELP}); default: the data "
-                                            "folder's graphs, rmat:20 and rmat:23 (SimRank: rmat:10, rmat:12)")
+                                            "folder's graphs, rmat:20, rmat:23, rmat:25 and cnr-2000 Kronecker-scaled 4 times "
+                                            "(SimRank: rmat:10, rmat:12)")
     p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
     p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-graph.json)")
     p.set_defaults(func=cmd_bench_graph)
