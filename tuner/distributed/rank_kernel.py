@@ -15,7 +15,8 @@ _PER_WORKLOAD = ("wl_slot", "wl_row", "wl_w", "wl_h")
 
 
 class RankKernel:
-    """Launches the tile_composite kernel over a rank's tiles (device arrays, CuPy).
+    """Launches the tile_composite kernel over a rank's tiles (device arrays, CuPy); its binary comes through
+    ``cache`` (a :class:`~tuner.cache.Cache`; default the user's).
 
     Example (on a GPU machine; ``tiles`` from :func:`~tuner.distributed.rank_tiles.rank_tiles`):
         >>> k = RankKernel(tiles, np.dtype("float32"), np.dtype("int32"), False, 1.0)  # doctest: +SKIP
@@ -23,14 +24,14 @@ class RankKernel:
     """
 
     def __init__(self, tiles: RankTiles, dtype: np.dtype, index_dtype: np.dtype, value_free: bool,
-                 pattern_value: float):
+                 pattern_value: float, cache=None):
         import cupy
         self.tiles = tiles
         self.dtype = np.dtype(dtype)
         params = TileCompositeParams(tile_width=tiles.tile_width, workloads=tiles.workloads, camping_pad=False,
                                      block_size=BLOCK_SIZE, order="none")
         self.spec = Specialization("tile_composite", params, self.dtype, np.dtype(index_dtype), value_free)
-        cubin = codegen.compile_source(families.render(self.spec), gpu.device_info().arch).cubin
+        cubin = codegen.compile_source(families.render(self.spec), gpu.device_info().arch, cache=cache).cubin
         f = tiles.layout
         arrays = [("cols", f.cols)] + ([] if value_free else [("vals", f.vals)]) + [
             ("rows", f.rows), ("wl_slot", f.wl_slot), ("wl_row", f.wl_row), ("wl_w", f.wl_w), ("wl_h", f.wl_h)]

@@ -118,12 +118,11 @@ def first_tiles(bounds: np.ndarray, share: float = FIRST_COLUMNS) -> int:
 
 
 def gather_chunks(partition: RowPartition, order: np.ndarray, bounds: np.ndarray, t1: int,
-                  read: np.ndarray) -> GatherChunks:
+                  read: np.ndarray, k: np.ndarray) -> GatherChunks:
     """Chunks of the gathered x: every rank's slots up to its last one that a row reads (``read``: the
     nodes whose column has entries; a partition that puts them first, as DistributedSpMV's does, gathers
     none of the others), the first chunk past every rank's last slot among the columns of the first ``t1``
-    tiles (``bounds`` over the nodes in ``order``, the plan's)."""
-    k = partition.slots() - partition.owner * partition.width
+    tiles (``bounds`` over the nodes in ``order``, the plan's). ``k``: each node's slot within its rank."""
     width = int(k[read].max()) + 1 if read.any() else 1
     if t1 >= bounds.size - 1 or width <= 1:
         return GatherChunks(partition.parts, (0, width))
@@ -141,7 +140,9 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
     without ``values`` (a pattern matrix, every value the same) the layout holds none. ``workloads``: the
     workload size of every tile, best the one-GPU plan's (a rank's share of a tile then runs as that plan
     runs it, in a quarter of the warps with 4 ranks); without, Algorithm 2's bounds for the rank's share of
-    each tile (:func:`~tuner.families.tile_composite.fill_workload`). With ``xp`` CuPy the layout is built on the GPU (its arrays CuPy arrays, equal to the host build's).
+    each tile (:func:`~tuner.families.tile_composite.fill_workload`). With ``xp`` CuPy the rank's entries
+    are uploaded once and relabelled and laid out on the GPU (the layout's arrays CuPy arrays, equal to the
+    host build's); the host only gathers the rank's rows.
 
     Example (4 nodes, 2 ranks):
         >>> from tuner.distributed.partition import bitonic_partition
@@ -162,17 +163,20 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
     bounds = tile_bounds(np.asarray(col_lengths)[order], tile_width)
     t1 = first_tiles(bounds, share)
     read = np.asarray(col_lengths) > 0
-    chunks = gather_chunks(partition, order, bounds, t1, read)
+    k = partition.slots() - partition.owner * partition.width
+    chunks = gather_chunks(partition, order, bounds, t1, read, k)
     if index_dtype == np.int32 and partition.parts * chunks.width > np.iinfo(np.int32).max:
         raise OverflowError(f"the gathered x has {partition.parts * chunks.width} slots: more than int32 indices "
                             "hold; use index_dtype=np.int64")
     # Where the x of each node that a row reads lands in the buffer (-1: read by none).
     at = np.full(n, -1, np.int64)
-    at[read] = chunks.offsets(partition.owner[read], (partition.slots() - partition.owner * partition.width)[read])
+    at[read] = chunks.offsets(partition.owner[read], k[read])
+    del k
 
-    mine = sp.csr_matrix(Wt)[partition.rows[rank]]
-    indptr, plan_cols = xp.asarray(mine.indptr.astype(np.int64)), xp.asarray(position[mine.indices])
-    tiled = tile_entries(indptr, plan_cols, n, bounds)
+    mine = sp.csr_matrix(Wt)[partition.rows[rank]]  # SciPy's row gather (C++)
+    cols = xp.asarray(mine.indices)  # the per-entry relabels below run where the layout is built
+    plan_cols = xp.asarray(position)[cols]
+    tiled = tile_entries(xp.asarray(mine.indptr.astype(np.int64)), plan_cols, n, bounds)
     del plan_cols
     if workloads is None:
         lengths, runs = host(tiled.run_lengths), tiled.tile_runs
@@ -183,7 +187,8 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
     elif len(workloads) != tiled.n_tiles:
         raise ValueError(f"tiles of {tile_width} columns cut this matrix into {tiled.n_tiles} tiles, but "
                          f"{len(workloads)} workload sizes were given")
-    buffer_cols = xp.asarray(at.astype(index_dtype)[mine.indices])
+    buffer_cols = xp.asarray(at.astype(index_dtype))[cols]
+    del cols
     data = xp.asarray(mine.data) if values else None
     layout = build_tile_composite(buffer_cols, data, tiled, tuple(workloads), False, index_dtype)
     tw = layout.tile_warps

@@ -128,7 +128,7 @@ class DistributedSpMV:
         device_comm = comm.size > 1 and hasattr(comm, "allgather_into")
         tiles = self._tile_params(m, rank_kernel, tuned, options) if device_comm else None
         if tiles is not None:
-            self._tiles = self._rank_tiles(m, tiles)
+            self._tiles = self._rank_tiles(m, tiles, options.get("cache_dir"))
             self.kernel_kind, self.local_nnz = "tiled", self._tiles.tiles.nnz
         else:
             # One rank multiplies all of A: the tuned compile takes the canonical matrix as it is, unchecked.
@@ -161,8 +161,9 @@ class DistributedSpMV:
             return None
         return tile_composite.space(m)[0]  # forced: the L1's first tiling, Algorithm 2's bounds
 
-    def _rank_tiles(self, m, params):
+    def _rank_tiles(self, m, params, cache_dir):
         import cupy
+        from ..cache import Cache
         from ..families.base import ordering
         from ..families.tiles import TILE_ORDER
         from .rank_kernel import RankKernel
@@ -170,7 +171,7 @@ class DistributedSpMV:
         order = host(ordering(m, TILE_ORDER).col_order)
         tiles = rank_tiles(m.to_scipy(), self.partition, self.comm.rank, order, m.col_lengths, params.tile_width,
                            m.index_dtype, values=not m.value_free, workloads=params.workloads, xp=cupy)
-        return RankKernel(tiles, m.value_dtype, m.index_dtype, m.value_free, m.pattern_value)
+        return RankKernel(tiles, m.value_dtype, m.index_dtype, m.value_free, m.pattern_value, Cache(cache_dir))
 
     def plan_order(self):
         """``(order, product)`` for iterating in the plan's order on one rank: ``product`` multiplies
