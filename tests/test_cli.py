@@ -276,6 +276,8 @@ def test_hits_without_gpu_multiplies_on_the_host_and_writes_both_scores(no_gpu, 
     h, a = tuner.hits(tuner.load("rmat:9"), backend="scipy")
     both = np.load(out)
     assert np.allclose(both[:, 0], h, rtol=1e-9) and np.allclose(both[:, 1], a, rtol=1e-9)
+    assert cli.main(["hits", "rmat:9", "--gpus", "2"]) == cli.NO_GPU_EXIT
+    assert "--gpus starts one rank per GPU" in capsys.readouterr().out
 
 
 def test_rwr_command_takes_seed_nodes_and_refuses_others(no_gpu, capsys, tmp_path):

@@ -146,6 +146,29 @@ def test_distributed_spmv_runs_as_mpi_ranks():
     assert line.startswith("ranks 3 rows [667, 667, 666] all 2000 error ") and float(line.split()[-1]) <= 1e-10
 
 
+MPI_HITS_SCRIPT = """
+import numpy as np
+from tests.conftest import power_law
+from tuner.distributed import MpiComm
+from tuner.graph import hits
+A = abs(power_law(3000, seed=67))
+comm = MpiComm()
+(h, a), info = hits(A, backend="scipy", comm=comm, return_info=True)
+h1, a1 = hits(A, backend="scipy", nstart=np.ones(A.shape[0]))
+diffs = comm.allgather(np.array([np.abs(h - h1).max(), np.abs(a - a1).max(), info.iterations]))
+if comm.rank == 0:
+    print("ranks", comm.size, "products", int(diffs[0][2]), "same", all(int(d[2]) == int(diffs[0][2]) for d in diffs),
+          "diff", max(max(d[0], d[1]) for d in diffs), "top", int(np.argmax(a)))
+"""
+
+
+def test_hits_splits_both_products_among_mpi_ranks_and_equals_one_process():
+    line = run_as_mpi_ranks(MPI_HITS_SCRIPT, 3, 300)
+    words = line.split()
+    assert words[:2] == ["ranks", "3"] and int(words[3]) > 2 and words[5] == "True"
+    assert float(words[7]) <= 1e-12
+
+
 def scipy_product(M, B):
     return lambda: (M.astype(np.float64) @ B.astype(np.float64)).tocsr()
 
@@ -205,14 +228,9 @@ def test_two_mpi_ranks_on_one_gpu_multiply_with_the_tuned_kernels():
     assert line.startswith("ranks 2 errors") and spmv_err <= 1e-5 and spgemm_err <= 1e-5
 
 
-MPI_TILES_SCRIPT = """
+RELAY = """
 import numpy as np
 import cupy
-from tests.conftest import power_law
-from tuner.distributed import DistributedSpMV, MpiComm
-from tuner.distributed.nccl import SoloDevice
-from tuner.distributed.pagerank import pagerank_on_devices
-
 class Relay:  # device collectives through the host, so that two ranks can share one GPU (NCCL refuses)
     def __init__(self, host):
         self.host, self.rank, self.size = host, host.rank, host.size
@@ -223,6 +241,14 @@ class Relay:  # device collectives through the host, so that two ranks can share
     def allgather_into(self, part, out, stream=0):
         cupy.cuda.Device().synchronize()
         out.set(np.concatenate(self.host.allgather(part.get())))
+
+"""
+
+MPI_TILES_SCRIPT = RELAY + """
+from tests.conftest import power_law
+from tuner.distributed import DistributedSpMV, MpiComm
+from tuner.distributed.nccl import SoloDevice
+from tuner.distributed.pagerank import pagerank_on_devices
 
 A = abs(power_law(60000, seed=64)).T.tocsr()  # hub columns, wider than an L1 tile: two chunks
 comm = Relay(MpiComm())
@@ -248,6 +274,26 @@ def test_two_ranks_multiply_in_the_one_gpu_plans_tiles_from_the_chunked_gather()
     line = run_as_mpi_ranks(MPI_TILES_SCRIPT, 2, 600)
     spmv_err, pagerank_diff = (float(v) for v in line.split()[-2:])
     assert line.startswith("ranks 2 errors") and spmv_err <= 1e-6 and pagerank_diff <= 1e-13
+
+
+MPI_GPU_HITS_SCRIPT = RELAY + """
+from tests.conftest import power_law
+from tuner.distributed import MpiComm
+from tuner.graph import hits
+A = abs(power_law(20000, seed=68))
+comm = Relay(MpiComm())
+h, a = hits(A, comm=comm)  # each rank's rows of A and of Aᵀ through its tuned kernel on the GPU
+h1, a1 = hits(A, backend="scipy", nstart=np.ones(A.shape[0]))
+each = comm.allgather(np.array([max(np.abs(h - h1).max(), np.abs(a - a1).max())]))
+if comm.rank == 0:
+    print("ranks", comm.size, "diff", max(e[0] for e in each))
+"""
+
+
+@pytest.mark.gpu
+def test_hits_across_two_ranks_on_the_gpu_equals_scipy():
+    line = run_as_mpi_ranks(MPI_GPU_HITS_SCRIPT, 2, 600)
+    assert line.startswith("ranks 2 diff") and float(line.split()[-1]) <= 1e-9
 
 
 def test_partition_slots_pad_every_part_to_the_longest():

@@ -262,16 +262,20 @@ def cmd_betweenness(args) -> int:
 def cmd_hits(args) -> int:
     from .graph import hits
     from .loaders import load
-    backend = _graph_backend(args, "multiplying")
+    spawned, comm = _ranks(args)
+    if spawned is not None:
+        return spawned
+    backend = "tuned" if comm is not None else _graph_backend(args, "multiplying")
     if backend is None:
         return NO_GPU_EXIT
     A = load(args.graph)
     (h, a), info = hits(A, max_iter=args.max_iter, tol=args.tol, backend=backend, return_info=True,
-                        device_memory_limit=args.device_memory_limit)
-    print(f"HITS of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
-          f"{info.iterations} products, setup {info.seconds['setup']:.2f} s, iterations "
-          f"{info.seconds['iterations']:.2f} s, {backend}")
-    _report_scores(args, {"hub": h, "authority": a})
+                        device_memory_limit=args.device_memory_limit, comm=comm)
+    if comm is None or comm.rank == 0:
+        print(f"HITS of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
+              f"{info.iterations} products, setup {info.seconds['setup']:.2f} s, iterations "
+              f"{info.seconds['iterations']:.2f} s, {backend}" + ("" if comm is None else f", {comm.size} GPUs"))
+        _report_scores(args, {"hub": h, "authority": a})
     return 0
 
 
@@ -509,6 +513,11 @@ def _iteration_options(p) -> None:
     p.add_argument("--dtype", choices=["float32", "float64"], default="float64",
                    help="precision of the matrix and vectors on the GPU (default %(default)s; float32 moves half "
                         "the bytes)")
+    _ranks_options(p)
+
+
+def _ranks_options(p) -> None:
+    """Several GPUs, one MPI rank each."""
     p.add_argument("--distributed", action="store_true",
                    help="this process is one rank of an MPI job, one GPU each (mpirun -n 4 python -m tuner ... "
                         "--distributed): the graph's rows are split among the GPUs, vectors exchanged with NCCL; "
@@ -624,14 +633,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hits", help="HITS hubs and authorities (NetworkX's semantics); top nodes, all to a file",
                        description="Hubs and authorities of the graph whose edge u -> v is A[u, v], as networkx.hits "
                                    "computes them (A's leading singular vectors by ARPACK), the products by A and "
-                                   "Aᵀ through the tuned SpMV on this GPU or SciPy on the host (--backend scipy; "
-                                   "the default without a GPU). --out writes both (.npy: two columns, or .csv).")
+                                   "Aᵀ through the tuned SpMV on this GPU (or split over several: --gpus) or SciPy "
+                                   "on the host (--backend scipy; the default without a GPU). --out writes both "
+                                   "(.npy: two columns, or .csv).")
     p.add_argument("graph", help=MATRIX_HELP)
     p.add_argument("--max-iter", type=int, default=100, help="ARPACK's iterations (default %(default)s)")
     p.add_argument("--tol", type=float, default=1e-8, help="ARPACK's tolerance (default %(default)s)")
     p.add_argument("--backend", choices=["tuned", "scipy"], default=None,
                    help="tuned: the tuned SpMV on the GPU (default with a GPU); scipy: on the host")
     _memory_option(p)
+    _ranks_options(p)
     _results_options(p, "top nodes", "hub and authority of every node: .npy, or .csv", cmd_hits)
 
     p = sub.add_parser("simrank", help="SimRank similarities (NetworkX's semantics) by two SpGEMMs an iteration",

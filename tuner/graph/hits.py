@@ -5,6 +5,10 @@ As ``networkx.hits`` does, the authorities are A's leading right singular vector
 products by A and Aᵀ are the tuned SpMV's (``backend='tuned'``) or SciPy's (``backend='scipy'``). ARPACK's
 Lanczos iterations converge where a plain power iteration on Aᵀ A needs hundreds of products when the leading
 singular values are close.
+
+With a communicator (``comm``, :mod:`tuner.distributed`) every rank runs the same ARPACK iterations on the
+host from the same start, and each product by A or Aᵀ is split by rows among the ranks (their GPUs, or SciPy
+with ``backend='scipy'``), the result gathered whole on every rank.
 """
 from __future__ import annotations
 
@@ -19,14 +23,16 @@ from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, 
 
 
 def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: bool = True,
-         backend: str = "tuned", dtype=np.float64, return_info: bool = False, device_memory_limit=None):
+         backend: str = "tuned", dtype=np.float64, return_info: bool = False, device_memory_limit=None, comm=None):
     """(hubs, authorities) of the graph whose edge u -> v is ``A[u, v]``, as ``networkx.hits`` computes them.
 
     ``max_iter`` and ``tol`` are ARPACK's (as in NetworkX); ``nstart``: its starting vector (array or
     {node: value} dict). ``normalized``: both vectors sum to 1 (else as ARPACK returns them). With
     ``return_info``, an :class:`~tuner.graph.pagerank.IterationInfo` whose ``iterations`` counts the products
     by A and by Aᵀ. ``device_memory_limit`` (backend 'tuned'): as :func:`~tuner.graph.pagerank.pagerank`'s,
-    each of the two products streamed from host memory where it does not fit. Raises
+    each of the two products streamed from host memory where it does not fit. ``comm``: the ranks to split
+    the products among (every rank calls this with the same A; each gets the whole result; ARPACK starts from
+    ``nstart`` or all ones so that every rank iterates alike). Raises
     :class:`~tuner.graph.pagerank.ConvergenceError` where ARPACK does not converge.
 
     Example:
@@ -44,9 +50,15 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds  # ARPACK: loaded on first use
 
     t0 = time.perf_counter()
-    forward = _multiply(W, backend, dtype, device_memory_limit)
-    backward = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype, device_memory_limit)
+    if comm is not None:
+        forward, backward = (_split_product(M, comm, backend, dtype) for M in (W, transpose(W)))
+    else:
+        forward = _multiply(W, backend, dtype, device_memory_limit)
+        backward = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype,
+                             device_memory_limit)
     start = None if nstart is None else _node_vector(nstart, n, "nstart")
+    if start is None and comm is not None:
+        start = np.ones(n)  # ARPACK's own random start may differ between ranks
     t1 = time.perf_counter()
     calls = [0]
 
@@ -67,3 +79,12 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
         h, a = h / h.sum(), a / a.sum()
     info = IterationInfo(calls[0], float("nan"), {"setup": t1 - t0, "iterations": time.perf_counter() - t1}, backend)
     return ((h, a), info) if return_info else (h, a)
+
+
+def _split_product(M, comm, backend: str, dtype):
+    """v -> M v for whole host vectors, M's rows split among ``comm``'s ranks (each multiplies its own, with
+    SciPy for backend 'scipy', else its tuned kernel), the result gathered whole on every rank."""
+    from ..distributed import DistributedSpMV
+    local = (lambda R: (lambda v: R.astype(np.float64) @ v)) if backend == "scipy" else None
+    spmv = DistributedSpMV(M.astype(dtype) if backend != "scipy" else M, comm, local_compile=local)
+    return lambda v: spmv.gather(np.asarray(spmv(spmv.scatter(np.asarray(v, dtype=spmv.dtype)))))
