@@ -48,9 +48,8 @@ class MultiGpuRow:
         iterations, one_gpu_iterations: PageRank's iterations (None for SpMV).
         setup_s, one_gpu_setup_s: partition, compile and upload, the slowest rank's.
         allgather_s, local_s: for SpMV, the slowest rank's all-gather alone and product alone (median).
-        single_kernel_s: for SpMV, a product with one kernel a rank, started after the exchange (``ours_s``
-            splits each rank's rows into the columns of its own part of x, multiplied during the exchange,
-            and the rest).
+        single_kernel_s: for SpMV, a product whose kernels start after the whole exchange (``overlap=False``;
+            ``ours_s`` multiplies part of each rank's rows during the exchange).
         rows_per_rank, nnz_per_rank: how the bitonic partition split the work.
         rank_kernel: how each rank multiplied (:class:`~tuner.distributed.spmv.DistributedSpMV`'s
             ``kernel_kind``: 'tiled', the one-GPU plan's tiles; 'tuned', its rows compiled on their own).

@@ -222,7 +222,8 @@ class DistributedSpMV:
         return out
 
     def gather_x(self, x_local):
-        """x in the partition's slots, every rank's part gathered (every rank calls it at once)."""
+        """x gathered from every rank's part, in the partition's slots (with the one-GPU plan's tiles: chunk
+        after chunk, :class:`~tuner.distributed.rank_tiles.GatherChunks`); every rank calls it at once."""
         part = self.padded(x_local)
         if self._tiles is not None:
             if not gpu.is_device_array(part):
@@ -287,6 +288,10 @@ class DistributedSpMV:
                 return y
             out[...] = y
             return out
+        if x_local.dtype != self.dtype or (out is not None and (out.shape != (self.rows.size,)
+                                                                or out.dtype != self.dtype)):
+            raise MatrixError(f"x_local and out must be {self.dtype} vectors of this rank's {self.rows.size} entries, "
+                              f"got {x_local.dtype} and {None if out is None else (out.dtype, out.shape)}")
         part = self.padded(x_local)
         y = cupy.empty(self.rows.size, self.dtype) if out is None else out
         if not self._overlap:
