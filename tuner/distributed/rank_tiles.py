@@ -70,7 +70,8 @@ class GatherChunks:
         return [(lo, hi, self.parts * lo) for lo, hi in zip(self.cuts, self.cuts[1:])]
 
     def arrange(self, parts: list) -> np.ndarray:
-        """The buffer from every rank's part (each ``width`` long, NumPy): what the chunked gathers write.
+        """The buffer from every rank's part (NumPy, at least ``width`` long each): what the chunked gathers
+        write.
 
         Example:
             >>> GatherChunks(2, (0, 1, 3)).arrange([np.array([1, 2, 3]), np.array([4, 5, 6])]).tolist()
@@ -101,7 +102,7 @@ class RankTiles:
 
     @property
     def nnz(self) -> int:
-        return int(host(self.layout.cols >= 0).sum())
+        return int((self.layout.cols >= 0).sum())  # counted where the layout is
 
 
 def first_tiles(bounds: np.ndarray, share: float = FIRST_COLUMNS) -> int:
