@@ -139,9 +139,14 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
     spmv = pull_product(A, comm, dtype=dtype)
     setup = max(p[0] for p in comm.allgather(np.array([time.perf_counter() - t0])))
     whole, gather, local, y = _spmv_times(spmv, x.astype(dtype), comm)
-    single = pull_product(A, comm, dtype=dtype, overlap=False)  # one kernel a rank, the exchange before it
-    single_kernel = _spmv_times(single, x.astype(dtype), comm)[0]
-    del single
+    if spmv.kernel_kind == "tiled":  # the same kernels, the whole exchange before them
+        spmv.overlap = False
+        single_kernel = _spmv_times(spmv, x.astype(dtype), comm)[0]
+        spmv.overlap = True
+    else:  # the rank's rows in one kernel, the exchange before it
+        single = pull_product(A, comm, dtype=dtype, overlap=False)
+        single_kernel = _spmv_times(single, x.astype(dtype), comm)[0]
+        del single
     pr, info = pagerank_on_devices(A, comm, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, product=spmv,
                                    check_every=CHECK_EVERY,
                                    return_info=True)

@@ -124,7 +124,7 @@ class DistributedSpMV:
             options.setdefault("background", False)
         self.dtype = m.value_dtype
         self.local = self._own = self._rest = self._tiles = None
-        self._overlap = overlap
+        self.overlap = overlap  # with tiles, read at each call: may be switched between calls
         device_comm = comm.size > 1 and hasattr(comm, "allgather_into")
         tiles = self._tile_params(m, rank_kernel, tuned, options) if device_comm else None
         if tiles is not None:
@@ -294,7 +294,7 @@ class DistributedSpMV:
                               f"got {x_local.dtype} and {None if out is None else (out.dtype, out.shape)}")
         part = self.padded(x_local)
         y = cupy.empty(self.rows.size, self.dtype) if out is None else out
-        if not self._overlap:
+        if not self.overlap:
             return self.local_product(self.gather_x(part), y)
         pieces = self._tiles.tiles.chunks.pieces()
         if self._overlap_state is None:  # NCCL's side stream at the highest priority, as in _overlapped
