@@ -14,7 +14,7 @@ import scipy.sparse as sp
 
 from .. import gpu
 from ..formats.xp import host
-from ..matrix import MatrixError, canonicalize
+from ..matrix import MatrixError, canonicalize, check_vector_dtype, check_vector_shape
 from .comm import Communicator
 from .partition import RowPartition, bitonic_partition
 
@@ -288,10 +288,10 @@ class DistributedSpMV:
                 return y
             out[...] = y
             return out
-        if x_local.dtype != self.dtype or (out is not None and (out.shape != (self.rows.size,)
-                                                                or out.dtype != self.dtype)):
-            raise MatrixError(f"x_local and out must be {self.dtype} vectors of this rank's {self.rows.size} entries, "
-                              f"got {x_local.dtype} and {None if out is None else (out.dtype, out.shape)}")
+        check_vector_dtype(x_local.dtype, self.dtype, "x_local")
+        if out is not None:
+            check_vector_shape(out.shape, self.rows.size, "out")
+            check_vector_dtype(out.dtype, self.dtype, "out")
         part = self.padded(x_local)
         y = cupy.empty(self.rows.size, self.dtype) if out is None else out
         if not self.overlap:
