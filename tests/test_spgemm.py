@@ -220,10 +220,10 @@ def test_device_output_is_taken_by_cupy_without_a_copy():
 
 # --- row_hash -------------------------------------------------------------------------------------------
 
-from tuner.formats.row_bins import bin_rows, product_by_bins, row_products, table_size  # noqa: E402
+from tuner.formats.row_bins import bin_rows, dense_from, product_by_bins, row_products, table_size  # noqa: E402
 from tuner.model import spgemm as spgemm_model  # noqa: E402
 from tuner.spgemm import FAMILIES, RowHashParams, plan_stats  # noqa: E402
-from tuner.spgemm.row_hash import geometry  # noqa: E402
+from tuner.spgemm.row_hash import HOPPER_SHARED_BYTES, dense_widths, geometry, shared_limit  # noqa: E402
 
 
 def test_row_products_count_every_scalar_product_of_each_row():
@@ -245,10 +245,28 @@ def test_bins_hold_every_row_with_products_once_in_a_table_large_enough(name):
         assert np.all(counts[rows] <= t * 0.5) and np.all(np.diff(rows) > 0)
         if b:
             assert np.all(counts[rows] > tables[b - 1] * 0.5)  # the smallest table that holds them
-    big = bins.bin(len(tables))
+    big = bins.global_rows
     assert np.all(counts[big] > 128)
     assert np.all(bins.global_tables >= np.minimum(counts[big] / 0.5, A.shape[0]))
     assert np.array_equal(np.diff(bins.global_offsets), bins.global_tables)
+    assert bins.dense_rows.size == 0  # no dense rule given
+
+
+@pytest.mark.parametrize("name", ["power_law", "one_dense_row", "long_rows"])
+def test_rows_from_the_dense_count_on_take_the_dense_bin_heaviest_first(name):
+    A = FIXTURES[name]
+    counts = row_products(A.indptr, A.indices, A.T.tocsr().indptr)
+    dense = dense_from(A.shape[0], 64.0, int(np.quantile(counts[counts > 0], 0.9)))
+    bins = bin_rows(counts, (32, 64, 256), 0.5, A.shape[0], dense)
+    assert np.array_equal(np.sort(bins.rows), np.flatnonzero(counts))
+    assert np.array_equal(np.sort(bins.dense_rows), np.flatnonzero(counts >= dense)) and bins.dense_rows.size
+    assert np.all(np.diff(counts[bins.dense_rows]) <= 0)
+    assert np.all(counts[bins.global_rows] < dense) and np.all(counts[bins.bin(0)] < dense)
+
+
+def test_dense_rule_bounds_the_bitmap_words_per_entry():
+    assert dense_from(64 * 5000, 64.0, 1024) == 5000  # 10,000 bitmap words for at least 5,000 entries
+    assert dense_from(1000, 64.0, 1024) == 1024 and dense_from(1000, 0.0, 1) == np.iinfo(np.int64).max
 
 
 def test_global_tables_stop_at_the_columns_power_of_two():
@@ -260,7 +278,8 @@ def test_product_bin_by_bin_equals_scipy(name):
     A = FIXTURES[name]
     B = A.T.tocsr()
     a, b = canonicalize(A, np.float64), canonicalize(B, np.float64)
-    bins = bin_rows(row_products(a.indptr, a.indices, b.indptr), (32, 128), 1.0, b.n_cols)
+    counts = row_products(a.indptr, a.indices, b.indptr)
+    bins = bin_rows(counts, (32, 128), 1.0, b.n_cols, dense=int(np.quantile(counts, 0.95)) + 1)
     indptr, indices, data = product_by_bins(bins, a.indptr, a.indices, a.data, b.indptr, b.indices, b.data,
                                             (a.n_rows, b.n_cols))
     paths = reached(A, B)
@@ -280,12 +299,16 @@ def test_bins_that_exceed_shared_memory_are_dropped():
 def test_every_row_hash_specialisation_compiles(val, key, value_free, tmp_path):
     p = RowHashParams()
     bins = geometry(p, 4, 232448)  # every table: the compile does not depend on the slot size
+    widths = dense_widths(p, 8 if val == "double" else 4, shared_limit(*HOPPER_SHARED_BYTES))
     source = codegen.render("row_hash.cu.j2", dict(VAL=val, KEY=key, value_free=value_free, kernel_name="k",
                                                     lanes=8, symbolic_bins=bins, numeric_bins=bins,
-                                                    global_block=1024, sort_max=2048))
+                                                    global_block=1024, sort_max=2048, dense_block=p.dense_block,
+                                                    dense_widths=widths,
+                                                    dense_lanes=p.dense_lanes, dense_entries=p.dense_entries))
     cubin = codegen.compile_source(source, cache=Cache(tmp_path)).cubin
     for t in (32, 16384):
         assert f"k_numeric{t}".encode() in cubin and f"k_symbolic{t}".encode() in cubin
+    assert b"k_numeric_dense" in cubin and b"k_symbolic_dense" in cubin
 
 
 def test_sampled_estimate_of_nnz_c_is_close_on_a_power_law_product():
@@ -314,12 +337,17 @@ def test_model_charges_each_family_for_the_work_that_bounds_it_and_fits_rates_fr
     assert spgemm_model.fit_rates(runs)["hash.sort"] == pytest.approx(2.0 / (1e6 * 12))
 
 
-def test_plan_stats_count_products_beyond_shared_tables():
+def test_plan_stats_count_products_beyond_shared_tables_and_in_dense_rows():
     A = FIXTURES["long_rows"]
     a = canonicalize(A)
-    s = plan_stats(a, canonicalize(A.T.tocsr()), RowHashParams(tables=(32, 64)), 232448)
-    products = row_products(a.indptr, a.indices, canonicalize(A.T.tocsr()).indptr)
+    b = canonicalize(A.T.tocsr())
+    products = row_products(a.indptr, a.indices, b.indptr)
+    s = plan_stats(a, b, RowHashParams(tables=(32, 64), dense_ratio=0), 232448)
     assert s.products == products.sum() and s.symbolic_global == products[products > 64].sum()
+    assert s.symbolic_dense == 0
+    d = plan_stats(a, b, RowHashParams(tables=(32, 64), dense_min=1024), 232448)  # 200 columns: from 1024 on
+    assert d.symbolic_dense == products[products >= 1024].sum() > 0
+    assert d.symbolic_global == products[(products > 64) & (products < 1024)].sum()
 
 
 # --- row_hash on the GPU ---------------------------------------------------------------------------------
@@ -328,10 +356,13 @@ def test_plan_stats_count_products_beyond_shared_tables():
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["power_law", "one_dense_row", "empty_rows", "all_empty", "tiny", "float64",
                                   "long_rows", "pattern"])
-def test_row_hash_matches_scipy_with_tiny_tables_and_global_rows(name):
+def test_row_hash_matches_scipy_with_tiny_tables_global_and_dense_rows(name):
     A = FIXTURES[name]
     small = RowHashParams(tables=(32, 64, 128), lanes=4)  # most rows in global tables
-    for params in (small, RowHashParams()):
+    dense = RowHashParams(dense_min=1, lanes=8)  # rows of n_cols / 64 entries and more: dense accumulators
+    spans = RowHashParams(dense_min=1, dense_bytes=1024, dense_block=256)  # spans of 1024 columns
+    resume = RowHashParams(dense_min=1, dense_bytes=1024, dense_entries=2)  # most resume points in global memory
+    for params in (small, RowHashParams(), dense, spans, resume):
         check(A, A.T.tocsr(), params=params)
         if A.shape[0] == A.shape[1]:
             check(A, A, params=params)
@@ -344,7 +375,9 @@ def test_row_hash_rectangular_int64_and_new_values():
     B = power_law(1500, seed=13)
     wide = sp.csr_matrix((B.data, B.indices.astype(np.int64), B.indptr.astype(np.int64)), shape=B.shape)
     check(wide, B, params=RowHashParams(lanes=16))
+    check(wide, B, params=RowHashParams(lanes=16, dense_min=1, dense_bytes=1024))  # int64 columns, two spans
     f = tuner.compile(B, B.T.tocsr(), params=RowHashParams())
+    f.timed = True
     f()  # the first call sizes C (the symbolic phase); later ones run the numeric phase only
     B2 = B.copy()
     B2.data = np.random.default_rng(1).uniform(-2, 2, B.nnz).astype(B.dtype)
@@ -356,17 +389,18 @@ def test_row_hash_rectangular_int64_and_new_values():
 @pytest.mark.gpu
 def test_device_bins_equal_the_numpy_bins_of_the_exact_row_sizes():
     A = power_law(3000, seed=17)
-    f = tuner.compile(A, A, params=RowHashParams(tables=(32, 64, 256)))
+    f = tuner.compile(A, A, params=RowHashParams(tables=(32, 64, 256), dense_min=200))
     f.symbolic()
     s = f._structure
     sizes = np.diff(reached(A, A).indptr)
-    expected = bin_rows(sizes, (32, 64, 256), f.params.numeric_load, A.shape[1])
+    expected = bin_rows(sizes, (32, 64, 256), f.params.numeric_load, A.shape[1], f.dense_from)
+    assert expected.dense_rows.size and expected.global_rows.size
     got = np.zeros(int(s["starts"][-1]), np.int64)
     from tuner import gpu
     gpu.copy_to_host(got, int(s["rows"]))
     assert np.array_equal(s["starts"], expected.starts)
     for b in range(len(expected.starts) - 1):
-        assert np.array_equal(np.sort(got[s["starts"][b]:s["starts"][b + 1]]), expected.bin(b))
+        assert np.array_equal(np.sort(got[s["starts"][b]:s["starts"][b + 1]]), np.sort(expected.bin(b)))
 
 
 @pytest.mark.gpu

@@ -111,6 +111,7 @@ def cmd_spgemm(args) -> int:
     t0 = time.perf_counter()
     product = spgemm.compile_spgemm(A, B, dtype=args.dtype, tune=args.tune, profile=prof, cache_dir=args.cache_dir)
     compiled = time.perf_counter() - t0
+    product.timed = True
     C = product()
     print(product.explain())
     print(f"\nC: {C.shape[0]:,} x {C.shape[1]:,}, {C.nnz:,} entries; compile {compiled:.2f} s; first call "
@@ -783,7 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "synthetic launches of mixed rows, and the base and time per round of the longest lane "
                         "fitted to them), keeping everything else; a profile without it gets it on any run")
     p.add_argument("--remeasure-spgemm", action="store_true",
-                   help="measure only the SpGEMM families' phase rates again (both families on six R-MAT "
+                   help="measure only the SpGEMM families' phase rates again (both families on ten generated "
                         "products, the model's ms per product, per byte and per row fitted to them), keeping "
                         "everything else; a profile without them gets them on any run")
     p.add_argument("--refit-chains", action="store_true",

@@ -232,15 +232,20 @@ class Kernel:
         if grid:
             self.function.prepared_async_call((grid, 1, 1), (block, 1, 1), stream.stream, *args)
 
-    def launch(self, grid: int, block: int, *args, shared: int = 0) -> None:
+    def launch(self, grid: int, block: int, *args, shared: int = 0, stream: "Stream | None" = None) -> None:
         """Launch on ``grid`` blocks of ``block`` threads with ``shared`` bytes of dynamic shared memory (past
-        48 KiB with the kernel's static shared memory, the kernel is opted in to it once)."""
+        48 KiB with the kernel's static shared memory, the kernel is opted in to it once), on the default
+        stream or ``stream``."""
         if not grid:
             return
         if shared + self.shared_bytes > 49152 and shared > getattr(self, "_opted_in", 0):
             self.function.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
             self._opted_in = int(shared)
-        self.function.prepared_call((grid, 1, 1), (block, 1, 1), *args, shared_size=int(shared))
+        if stream is None:
+            self.function.prepared_call((grid, 1, 1), (block, 1, 1), *args, shared_size=int(shared))
+        else:
+            self.function.prepared_async_call((grid, 1, 1), (block, 1, 1), stream.stream, *args,
+                                              shared_size=int(shared))
 
 
 def alloc(nbytes: int):

@@ -4,8 +4,12 @@ Gustavson's algorithm builds row i of C from the rows of B that row i of A names
 each row's distinct columns in a hash table sized by its products (an upper bound on them), the numeric phase
 accumulates values in one sized by that exact count. Rows are binned by table size so that each bin runs
 with its own geometry: small tables several rows to a block in shared memory, large ones a block each, and
-rows beyond the largest shared table in tables of their own in global memory. The same binning runs on the
-GPU for the numeric phase (``bin_rows`` in ``templates/row_hash.cu.j2``); this is its NumPy reference.
+rows beyond the largest shared table in tables of their own in global memory. Rows whose entries fill a fair
+share of C's columns take a dense accumulator instead (a bitmap over a span of columns, with a value per column
+in the numeric phase): it costs a bit set per product and a pass over the span's bitmap words, with no probing,
+no table to clear and no sort, so it is cheaper than a hash table as soon as the bitmap has no more words than
+the table would have slots. The same binning runs on the GPU for the numeric phase (``bin`` in
+``templates/row_hash.cu.j2``); this is its NumPy reference.
 """
 from __future__ import annotations
 
@@ -40,14 +44,34 @@ def table_size(counts: np.ndarray, load: float, n_cols: int) -> np.ndarray:
     return np.minimum(1 << np.ceil(np.log2(need)).astype(np.int64), max(cap, 32))
 
 
+NEVER_DENSE = np.iinfo(np.int64).max
+
+
+def dense_from(n_cols: int, ratio: float, minimum: int) -> int:
+    """The smallest count (distinct columns, or products bounding them) from which a row of C takes a dense
+    accumulator: ``minimum``, and at least ``n_cols / ratio`` so that the span's bitmap holds at most
+    ``ratio / 32`` words per entry; ``ratio`` 0 turns the dense accumulator off.
+
+    Example:
+        >>> dense_from(81306, 64.0, 1024), dense_from(10**7, 64.0, 1024), dense_from(100, 0.0, 1) == NEVER_DENSE
+        (1271, 156250, True)
+    """
+    if ratio <= 0:
+        return int(NEVER_DENSE)
+    return int(max(minimum, 1, -(-int(n_cols) // ratio)))
+
+
 @dataclass(frozen=True)
 class RowBins:
-    """Non-empty rows grouped by table size.
+    """Non-empty rows grouped by how they are accumulated.
 
     Attributes:
-        rows: row indices, bin after bin (int64); within a bin in ascending order here, in any order on the GPU.
-        starts: bin b holds ``rows[starts[b]:starts[b + 1]]``; the last bin is the global-memory one.
-        tables: shared-memory table slots of each bin but the last.
+        rows: row indices, bin after bin (int64); within a shared or global bin in ascending order here, in any
+            order on the GPU; the dense bin heaviest first (its rows are a block each: the heavy ones start
+            first so that none is left running alone at the end).
+        starts: bin b holds ``rows[starts[b]:starts[b + 1]]``: the shared-table bins, then the global-memory
+            bin, then the dense bin.
+        tables: shared-memory table slots of each shared bin.
         global_tables: slots of each global-bin row's own table.
         global_offsets: where each global-bin row's table starts in the pool (slots; one past the end last).
     """
@@ -61,6 +85,14 @@ class RowBins:
     def bin(self, b: int) -> np.ndarray:
         return self.rows[self.starts[b]:self.starts[b + 1]]
 
+    @property
+    def global_rows(self) -> np.ndarray:
+        return self.bin(len(self.tables))
+
+    @property
+    def dense_rows(self) -> np.ndarray:
+        return self.bin(len(self.tables) + 1)
+
 
 def caps(tables: tuple[int, ...], load: float) -> np.ndarray:
     """The largest count each shared table takes at load factor ``load``.
@@ -72,23 +104,27 @@ def caps(tables: tuple[int, ...], load: float) -> np.ndarray:
     return np.floor(np.asarray(tables, np.float64) * load).astype(np.int64)
 
 
-def bin_rows(counts: np.ndarray, tables: tuple[int, ...], load: float, n_cols: int) -> RowBins:
-    """Bin each row with a positive count into the smallest shared table that holds it at ``load``, or into
-    the global bin, whose rows get tables of :func:`table_size`.
+def bin_rows(counts: np.ndarray, tables: tuple[int, ...], load: float, n_cols: int,
+             dense: int = NEVER_DENSE) -> RowBins:
+    """Bin each row with a positive count: from ``dense`` on (see :func:`dense_from`) into the dense bin, else
+    into the smallest shared table that holds it at ``load``, or into the global bin, whose rows get tables of
+    :func:`table_size`.
 
     Example:
-        >>> b = bin_rows(np.array([3, 0, 20, 5000, 9]), (32, 64), 0.5, 10**6)
+        >>> b = bin_rows(np.array([3, 0, 20, 5000, 9, 900]), (32, 64), 0.5, 10**6, dense=800)
         >>> b.rows.tolist(), b.starts.tolist(), b.global_tables.tolist(), b.global_offsets.tolist()
-        ([0, 4, 2, 3], [0, 2, 3, 4], [16384], [0, 16384])
+        ([0, 4, 2, 3, 5], [0, 2, 3, 3, 5], [], [0])
     """
     counts = np.asarray(counts, np.int64)
     limits = caps(tables, load)
     which = np.searchsorted(limits, counts, side="left")  # first table whose cap >= count; len(tables): global
-    which[counts == 0] = len(tables) + 1  # empty rows: no bin
-    order = np.argsort(which, kind="stable")
-    starts = np.searchsorted(which[order], np.arange(len(tables) + 2)).astype(np.int64)
+    which[counts >= dense] = len(tables) + 1
+    which[counts == 0] = len(tables) + 2  # empty rows: no bin
+    # Heaviest first within the dense bin (bins ascend, rows too, but for the dense bin's descending counts).
+    order = np.lexsort((np.where(which == len(tables) + 1, -counts, 0), which))
+    starts = np.searchsorted(which[order], np.arange(len(tables) + 3)).astype(np.int64)
     rows = order[:starts[-1]].astype(np.int64)
-    glob = rows[starts[-2]:starts[-1]]
+    glob = rows[starts[-3]:starts[-2]]
     sizes = table_size(counts[glob], load, n_cols)
     offsets = np.zeros(sizes.size + 1, np.int64)
     np.cumsum(sizes, out=offsets[1:])

@@ -2,13 +2,17 @@
 phase rates measured by ``python -m tuner profile``.
 
 Every phase's time is its work in the unit that bounds it times a measured rate (milliseconds per unit),
-plus its launches:
+plus a fixed cost where it runs (what it costs whatever its work: its launches, the tails of its kernels,
+round trips to the host):
 
 - outer_product: the expansion writes every product as a 64-bit key and a value; the radix sort moves them
   once per 8-bit digit of the key; the reduction reads them once; the CSR pass touches C's entries.
 - row_hash: the symbolic and numeric phases cost per scalar product (a B entry read and a hash insert),
-  at one rate for rows whose tables are in shared memory and another for rows in global-memory tables;
-  the segmented sort moves C's entries; the scan and binning between the phases pass over C's rows.
+  at one rate for rows whose tables are in shared memory, another for rows in global-memory tables and a
+  third for rows with dense accumulators (a bit set and an add per product; their bitmap words, at most
+  two per entry by the dense rule, are second to that); the segmented sort moves the entries of hashed
+  rows (C's entries times the hashed rows' share of the products); the scan and binning between the phases
+  pass over C's rows.
 
 C's size (which the numeric phase writes and the sorts move) is estimated before anything runs from rows
 sampled with probability proportional to their products: the mean of their distinct-to-product ratios is
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..formats.row_bins import caps, row_products
+from ..formats.row_bins import NEVER_DENSE, caps, row_products
 from ..matrix import CanonicalMatrix
 
 SAMPLE_ROWS = 512
@@ -31,12 +35,18 @@ KEY_BYTES = 8  # outer_product's (row * n_cols + column) keys
 # Milliseconds per unit of each phase as measured on an H100 80GB HBM3 by `python -m tuner profile` (the
 # "spgemm" section of models/nvidia-h100-80gb-hbm3/profile.json, with that profile's copy bandwidth); GPUs
 # without a measured section scale them by their copy bandwidth, since every phase moves its units through
-# device memory or L2.
+# device memory or L2. The global-table phases are not in that section (the profile's products send their
+# heaviest rows to dense accumulators): theirs come from products that had global rows.
 REFERENCE_BANDWIDTH_GBS = 3006.0
 REFERENCE_RATES = {
-    "outer.csr": 1.0886e-09, "outer.expand": 3.0113e-09, "outer.reduce": 6.5076e-10, "outer.sort": 9.0816e-10,
-    "hash.rows": 2.7146e-05, "hash.symbolic_global": 1.9908e-08, "hash.symbolic_shared": 5.2142e-08,
-    "hash.numeric_global": 5.4780e-08, "hash.numeric_shared": 6.1473e-08, "hash.sort": 5.3514e-09,
+    "hash.numeric_dense": 9.4654e-09, "hash.numeric_dense/spans": 5.6265e-07, "hash.numeric_dense:fixed": 4.8453e-02,
+    "hash.numeric_global": 5.4780e-08, "hash.numeric_shared": 5.0363e-08, "hash.numeric_shared:fixed": 1.0079e-01,
+    "hash.rows": 1.4070e-06, "hash.rows:fixed": 3.2129e-01, "hash.sort": 0.0000e+00, "hash.sort:fixed": 5.1694e-03,
+    "hash.symbolic_dense": 3.2668e-09, "hash.symbolic_dense:fixed": 4.7354e-02, "hash.symbolic_global": 1.9908e-08,
+    "hash.symbolic_shared": 5.7361e-08, "hash.symbolic_shared:fixed": 1.9892e-01, "outer.csr": 5.8678e-10,
+    "outer.csr:fixed": 1.0910e-01, "outer.expand": 2.0601e-09, "outer.expand:fixed": 5.2802e-02,
+    "outer.reduce": 6.1135e-10, "outer.reduce:fixed": 5.3400e-02, "outer.sort": 8.7281e-10,
+    "outer.sort:fixed": 1.0362e-01,
 }
 
 
@@ -48,12 +58,17 @@ class ProductStats:
         n_rows, n_cols: C's shape.
         products: scalar products (exact).
         nnz_c: estimated entries of C (exact when ``exact``).
-        symbolic_global, numeric_global: products in rows whose symbolic / numeric tables exceed shared memory.
+        symbolic_global, numeric_global: products in hashed rows whose symbolic / numeric tables exceed shared
+            memory.
         value_bytes, col_bytes: sizes of a value and of a column index.
         key_bits: bits of outer_product's keys.
         bins: shared bins of each row_hash phase (their launches).
         exact: whether ``nnz_c`` is exact (every row sampled).
         a_entries: entries of A that meet a non-empty row of B (each starts a walk of a B row).
+        symbolic_dense, numeric_dense: products in rows with dense accumulators in each phase.
+        hashed_entries: entries of A that meet a non-empty row of B in rows the symbolic phase hashes (not dense).
+        dense_entries: entries of A in the numeric phase's dense rows.
+        dense_spans: spans of columns a numeric dense row is accumulated in (each walks the row's entries).
     """
 
     n_rows: int
@@ -68,6 +83,11 @@ class ProductStats:
     bins: int
     exact: bool = False
     a_entries: int = 0
+    symbolic_dense: int = 0
+    numeric_dense: int = 0
+    hashed_entries: int = 0
+    dense_entries: int = 0
+    dense_spans: int = 1
 
 
 def estimate_nnz(a: CanonicalMatrix, b: CanonicalMatrix, products: np.ndarray, sample: int = SAMPLE_ROWS,
@@ -105,9 +125,12 @@ def estimate_nnz(a: CanonicalMatrix, b: CanonicalMatrix, products: np.ndarray, s
 
 def product_stats(a: CanonicalMatrix, b: CanonicalMatrix, symbolic_tables: tuple[int, ...],
                   numeric_tables: tuple[int, ...], symbolic_load: float, numeric_load: float,
-                  value_bytes: int, sample: int = SAMPLE_ROWS) -> ProductStats:
-    """Exact products, the estimated nnz(C) and the products in rows beyond shared memory (a row's numeric
-    size estimated as its products times the sample's mean ratio).
+                  value_bytes: int, sample: int = SAMPLE_ROWS, dense: int = NEVER_DENSE,
+                  dense_width: int = 0) -> ProductStats:
+    """Exact products, the estimated nnz(C) and the products in rows beyond shared memory and in dense rows
+    (from ``dense`` products in the symbolic phase, entries in the numeric one; a row's numeric size
+    estimated as its products times the sample's mean ratio; ``dense_width``: columns of a numeric dense
+    span, 0 for one span).
 
     Example:
         >>> from tuner.matrix import canonicalize
@@ -122,18 +145,30 @@ def product_stats(a: CanonicalMatrix, b: CanonicalMatrix, symbolic_tables: tuple
     num_cap = caps(numeric_tables, numeric_load).max() if numeric_tables else 0
     mean_ratio = nnz_c / max(int(products.sum()), 1)
     n_cols = b.n_cols
+    sym_dense, num_dense = products >= dense, products * mean_ratio >= dense
+    meets = np.zeros(a.nnz + 1, np.int64)  # entries of A whose B row is not empty, counted per row of A
+    np.cumsum(np.diff(np.asarray(b.indptr, np.int64))[a.indices] > 0, out=meets[1:])
+    entries = np.diff(meets[np.asarray(a.indptr, np.int64)])
     return ProductStats(
         n_rows=a.n_rows, n_cols=n_cols, products=int(products.sum()), nnz_c=nnz_c,
-        symbolic_global=int(products[products > sym_cap].sum()),
-        numeric_global=int(products[products * mean_ratio > num_cap].sum()),
+        symbolic_global=int(products[(products > sym_cap) & ~sym_dense].sum()),
+        numeric_global=int(products[(products * mean_ratio > num_cap) & ~num_dense].sum()),
         value_bytes=value_bytes, col_bytes=4 if n_cols <= np.iinfo(np.int32).max else 8,
         key_bits=max(1, (a.n_rows * n_cols - 1).bit_length()),
         bins=len(symbolic_tables) + len(numeric_tables) + 2, exact=exact,
-        a_entries=int(np.count_nonzero(np.diff(np.asarray(b.indptr, np.int64))[a.indices])))
+        a_entries=int(meets[-1]), symbolic_dense=int(products[sym_dense].sum()),
+        numeric_dense=int(products[num_dense].sum()), hashed_entries=int(entries[~sym_dense].sum()),
+        dense_entries=int(entries[num_dense].sum()),
+        dense_spans=max(1, -(-n_cols // dense_width)) if dense_width else 1)
+
+
+SHARE = "/"  # "phase/what": a second kind of work of one timed phase (its rate fitted beside the phase's own)
+FIXED = ":fixed"  # a phase's fixed milliseconds are kept under its name with this suffix
 
 
 def work(family: str, s: ProductStats) -> dict[str, float]:
-    """Each phase's units of work (bytes, products or rows) for ``family``.
+    """Each phase's units of work (bytes, products or rows) for ``family``; a numeric dense row also walks its
+    A entries once per span of columns (``hash.numeric_dense/spans``: entries x spans).
 
     Example:
         >>> s = ProductStats(10, 10, 100, 50.0, 0, 0, 8, 4, 7, 4)
@@ -147,21 +182,27 @@ def work(family: str, s: ProductStats) -> dict[str, float]:
         return {"outer.expand": float(s.products * pair), "outer.sort": float(s.products * pair * passes),
                 "outer.reduce": float(s.products * pair), "outer.csr": s.nnz_c * pair}
     return {"hash.rows": float(s.n_rows),
-            "hash.symbolic_shared": float(s.products - s.symbolic_global),
-            "hash.symbolic_global": float(s.symbolic_global),
-            "hash.numeric_shared": float(s.products - s.numeric_global),
-            "hash.numeric_global": float(s.numeric_global), "hash.sort": s.nnz_c * entry}
+            "hash.symbolic_shared": float(s.products - s.symbolic_global - s.symbolic_dense),
+            "hash.symbolic_global": float(s.symbolic_global), "hash.symbolic_dense": float(s.symbolic_dense),
+            "hash.numeric_shared": float(s.products - s.numeric_global - s.numeric_dense),
+            "hash.numeric_global": float(s.numeric_global), "hash.numeric_dense": float(s.numeric_dense),
+            "hash.numeric_dense" + SHARE + "spans": float(s.dense_entries * s.dense_spans),
+            "hash.sort": s.nnz_c * (1.0 - s.numeric_dense / max(s.products, 1)) * entry}
 
 
 def lanes_for(s: "ProductStats") -> int:
-    """row_hash's lanes: the power of two nearest the mean length of the B rows its products come from
-    (threads beyond a B row's length idle, fewer walk it in several rounds), 16 to 128.
+    """row_hash's lanes: the power of two nearest the mean length of the B rows the hashed rows' products come
+    from (threads beyond a B row's length idle, fewer walk it in several rounds), 16 to 128; dense rows, which
+    meet the longest B rows, walk with lanes of their own.
 
     Example:
-        >>> lanes_for(ProductStats(10, 10, 14000, 1.0, 0, 0, 4, 4, 7, 4, a_entries=100))
+        >>> lanes_for(ProductStats(10, 10, 14000, 1.0, 0, 0, 4, 4, 7, 4, a_entries=100, hashed_entries=100))
         128
+        >>> lanes_for(ProductStats(10, 10, 14000, 1.0, 0, 0, 4, 4, 7, 4, a_entries=100, symbolic_dense=10000,
+        ...                        hashed_entries=90))
+        32
     """
-    mean = s.products / max(s.a_entries, 1)
+    mean = (s.products - s.symbolic_dense) / max(s.hashed_entries, 1)
     return int(min(128, max(16, 1 << int(round(np.log2(max(mean, 1.0)))))))
 
 
@@ -178,7 +219,7 @@ def working_bytes(family: str, s: ProductStats) -> float:
     return float(2 * s.nnz_c * (s.col_bytes + s.value_bytes) + 16 * s.n_rows)
 
 
-LAUNCHES = {"outer_product": lambda s: 6, "row_hash": lambda s: s.bins + 6}
+LAUNCHES = {"outer_product": lambda s: 6, "row_hash": lambda s: s.bins + 8}
 
 
 @dataclass(frozen=True)
@@ -208,11 +249,11 @@ def rates_from(profile) -> Rates:
     constants = profile.constants if profile is not None else {}
     launch = float(constants.get("launch_overhead_ms", 0.005))
     measured = (profile.spgemm or {}).get("rates") if profile is not None else None
-    if measured:
-        return Rates(dict(measured), launch, "measured")
     scale = REFERENCE_BANDWIDTH_GBS / float(constants.get("copy_bandwidth_gbs", REFERENCE_BANDWIDTH_GBS))
-    return Rates({k: v * scale for k, v in REFERENCE_RATES.items()}, launch,
-                 "reference rates scaled by copy bandwidth")
+    reference = {k: v * scale for k, v in REFERENCE_RATES.items()}
+    if measured:  # phases the measured products never ran (global tables, say) keep the reference's rates
+        return Rates({**reference, **measured}, launch, "measured")
+    return Rates(reference, launch, "reference rates scaled by copy bandwidth")
 
 
 def predict(family: str, s: ProductStats, rates: Rates) -> float:
@@ -225,23 +266,44 @@ def predict(family: str, s: ProductStats, rates: Rates) -> float:
         True
     """
     units = work(family, s)
+    running = {k.split(SHARE)[0] for k, n in units.items() if n > 0}
     return float(sum(n * rates.per_unit.get(k, 0.0) for k, n in units.items())
+                 + sum(rates.per_unit.get(k + FIXED, 0.0) for k in running)
                  + LAUNCHES[family](s) * rates.launch_ms)
 
 
 def fit_rates(runs: list[dict]) -> dict:
-    """Each phase's ms per unit from measured runs ({"work": {phase: units}, "ms": {phase: ms}}): total time
-    over total work, so that large products, which the rates matter for, weigh most.
+    """Each timed phase's rates from measured runs ({"work": {unit: count}, "ms": {phase: ms}}): ms = fixed +
+    the sum of rate x count over the phase's units (its own and its ``phase/...`` ones), fitted by non-negative
+    least squares on relative errors (products of every size weigh alike, as picks among them do); the fixed
+    part is kept under ``phase + FIXED`` where positive. With fewer runs than unknowns: total time over the
+    phase's own units.
 
     Example:
-        >>> fit_rates([{"work": {"a": 100.0}, "ms": {"a": 2.0}}, {"work": {"a": 300.0}, "ms": {"a": 2.0}}])
-        {'a': 0.01}
+        >>> r = fit_rates([{"work": {"a": 100.0}, "ms": {"a": 2.0}}, {"work": {"a": 300.0}, "ms": {"a": 4.0}}])
+        >>> {k: round(v, 6) for k, v in r.items()}
+        {'a': 0.01, 'a:fixed': 1.0}
+        >>> fit_rates([{"work": {"a": 100.0}, "ms": {"a": 2.0}}])
+        {'a': 0.02}
     """
-    phases = sorted({k for r in runs for k in r["work"]})
+    from scipy.optimize import nnls
     out = {}
-    for k in phases:
-        units = sum(r["work"].get(k, 0.0) for r in runs if k in r["ms"])
-        ms = sum(r["ms"][k] for r in runs if k in r["ms"])
-        if units > 0:
-            out[k] = ms / units
+    for phase in sorted({k.split(SHARE)[0] for r in runs for k in r["work"]}):
+        keys = sorted({k for r in runs for k in r["work"] if k.split(SHARE)[0] == phase})
+        done = [r for r in runs if phase in r["ms"] and any(r["work"].get(k, 0.0) > 0 for k in keys)]
+        if not done:
+            continue
+        x = np.array([[r["work"].get(k, 0.0) for k in keys] + [1.0] for r in done])
+        y = np.array([r["ms"][phase] for r in done])
+        if len(done) <= len(keys) or not np.all(y > 0):
+            own = sum(r["work"].get(phase, 0.0) for r in done)
+            if own > 0:
+                out[phase] = float(y.sum() / own)
+            continue
+        scale = x.max(axis=0)  # columns of one size, for the solver
+        coef, _ = nnls(x / scale / y[:, None], np.ones_like(y))
+        coef = coef / scale
+        out.update({k: float(c) for k, c in zip(keys, coef[:-1])})
+        if coef[-1] > 0:
+            out[phase + FIXED] = float(coef[-1])
     return out

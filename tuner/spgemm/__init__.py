@@ -16,12 +16,13 @@ import numpy as np
 
 from .. import codegen, gpu
 from ..cache import Cache, make_key
+from ..formats.row_bins import dense_from
 from ..matrix import CanonicalMatrix, canonicalize, structure_digest
 from ..model import spgemm as model
 from . import outer_product, row_hash
 from .base import DeviceCSR, DeviceMemoryError, Product
 from .outer_product import OuterProduct, OuterProductParams, device_bytes, key_bits, operands
-from .row_hash import RowHash, RowHashParams, geometry, shared_limit
+from .row_hash import RowHash, RowHashParams, dense_widths, geometry, shared_limit
 
 __all__ = ["FAMILIES", "DeviceCSR", "DeviceMemoryError", "OuterProductParams", "RowHashParams", "SpgemmPlan",
            "compile_spgemm", "describe", "device_bytes", "key_bits", "model_plan", "operands", "plan_stats"]
@@ -45,15 +46,16 @@ class Family:
 
 
 # tune='measure' times each of these: block size and B-row tile, and split (how long an A column one block
-# takes) for the outer product; lanes, the largest shared table and the in-shared-memory sort limit for
-# row_hash.
+# takes) for the outer product; lanes, the largest shared table, the in-shared-memory sort limit and the dense
+# rule (none, or rows from half as many entries on) for row_hash.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("outer_product", OuterProductParams, OuterProduct,
            (OuterProductParams(), OuterProductParams(block_size=128, tile=512),
             OuterProductParams(split=65536))),
     Family("row_hash", RowHashParams, RowHash,
            tuple(RowHashParams(lanes=n) for n in (16, 32, 64, 128))
-           + (RowHashParams(lanes=64, tables=RowHashParams().tables[:8]), RowHashParams(lanes=64, sort_max=1024))),
+           + (RowHashParams(lanes=64, tables=RowHashParams().tables[:8]), RowHashParams(lanes=64, sort_max=1024),
+              RowHashParams(dense_ratio=0), RowHashParams(dense_ratio=128))),
 )}
 FAMILY_OF = {f.params: f for f in FAMILIES.values()}
 
@@ -141,7 +143,9 @@ def plan_stats(a, b, params: RowHashParams, shared_limit: int) -> model.ProductS
     ks = 4 if b.n_cols <= np.iinfo(np.int32).max else 8
     sym = tuple(g.table for g in geometry(params, ks, shared_limit))
     num = tuple(g.table for g in geometry(params, ks + vs, shared_limit))
-    return model.product_stats(a, b, sym, num, params.symbolic_load, params.numeric_load, vs)
+    return model.product_stats(a, b, sym, num, params.symbolic_load, params.numeric_load, vs,
+                               dense=dense_from(b.n_cols, params.dense_ratio, params.dense_min),
+                               dense_width=dense_widths(params, vs, shared_limit)["numeric"])
 
 
 def measured_plan_key(a: CanonicalMatrix, b: CanonicalMatrix, device: str, capability: tuple[int, int]) -> str:

@@ -69,8 +69,9 @@ class Product:
     """C = A B on the GPU for fixed structures of A and B; ``product()`` returns C as SciPy CSR.
 
     ``product(A2, B2)`` with matrices of the same structures (values may differ) multiplies those: only
-    their values are uploaded. After a call, ``seconds`` holds the wall seconds of its phases, each closed
-    by a synchronisation. Families subclass it with ``family``, ``_set_values`` and ``_multiply``.
+    their values are uploaded. With ``timed`` set, ``seconds`` holds after a call the wall seconds of its
+    phases, each closed by a synchronisation (off by default: the waits cost small products a tenth of a
+    millisecond or more). Families subclass it with ``family``, ``_set_values`` and ``_multiply``.
     """
 
     family = ""
@@ -85,6 +86,7 @@ class Product:
         self.pattern_value = a.pattern_value * b.pattern_value if self.value_free else 1.0
         self._digests: dict[str, str] = {}
         self.seconds: dict[str, float] = {}
+        self.timed = False
         self.operand_bytes = 0  # device bytes held between calls that a family's working memory does not count
         self.peak_bytes = 0
 
@@ -129,7 +131,10 @@ class Product:
         return m
 
     def _phase(self, name: str) -> None:
-        """Close the running phase of a call: wait for the GPU, note its seconds in ``self.seconds``."""
+        """Close the running phase of a call when ``timed``: wait for the GPU, note its seconds in
+        ``self.seconds``."""
+        if not self.timed:
+            return
         gpu.synchronize()
         now = time.perf_counter()
         self.seconds[name] = self.seconds.get(name, 0.0) + now - self._t

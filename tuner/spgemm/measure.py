@@ -1,6 +1,6 @@
-"""SpGEMM's part of ``python -m tuner profile``: every family's phases timed on generated R-MAT products
-(A·A and A·Aᵀ of power-law graphs of several sizes and densities), and the model's rates fitted to them
-(:func:`tuner.model.spgemm.fit_rates`)."""
+"""SpGEMM's part of ``python -m tuner profile``: every family's phases timed on generated products (A·A and
+A·Aᵀ of power-law graphs of several sizes and densities, and of uniform ones), and the model's rates fitted to
+them (:func:`tuner.model.spgemm.fit_rates`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -15,15 +15,21 @@ from ..model import spgemm as model
 from . import FAMILIES, plan_stats
 from .row_hash import RowHashParams, profile_shared_limit, shared_limit
 
-# (scale, edge factor, operation): graphs whose products run from about 1M to 100M scalar products.
-PRODUCTS = ((12, 8, "AA"), (13, 16, "AAT"), (14, 8, "AA"), (14, 16, "AAT"), (15, 8, "AA"), (15, 16, "AA"))
+# "kind:scale:edge factor operation": graphs whose products run from about 1M to 150M scalar products. The
+# R-MAT graphs first; the sparse ones after them leave a third to a half of their products to hashed rows (the
+# dense ones send nearly all to dense accumulators), so that the hash phases' rates rest on real work, not
+# only their fixed costs; the uniform graphs (R-MAT with equal quadrants: no hubs, rows of even length) stand
+# for the regular matrices (meshes, finite elements) whose short rows all hash.
+PRODUCTS = ("rmat:12:8 AA", "rmat:13:16 AAT", "rmat:14:8 AA", "rmat:14:16 AAT", "rmat:15:8 AA", "rmat:15:16 AA",
+            "rmat:17:2 AA", "rmat:18:2 AAT", "uniform:16:16 AA", "uniform:18:4 AA")
 
 # Each family's timed phases (the names in a product's ``seconds``) -> the model's phase they measure.
 PHASES = {
     "outer_product": {"expand": "outer.expand", "sort": "outer.sort", "reduce": "outer.reduce",
                       "csr": "outer.csr"},
     "row_hash": {"symbolic_shared": "hash.symbolic_shared", "symbolic_global": "hash.symbolic_global",
-                 "numeric_shared": "hash.numeric_shared", "numeric_global": "hash.numeric_global",
+                 "symbolic_dense": "hash.symbolic_dense", "numeric_shared": "hash.numeric_shared",
+                 "numeric_global": "hash.numeric_global", "numeric_dense": "hash.numeric_dense",
                  "sort": "hash.sort", "symbolic_rest": "hash.rows", "csr": "hash.rows"},
 }
 
@@ -31,6 +37,7 @@ PHASES = {
 def phase_ms(product, repeats: int) -> dict[str, float]:
     """Median ms of each model phase over ``repeats`` whole products (symbolic phase included)."""
     runs = []
+    product.timed = True
     for _ in range(repeats):
         seconds = {}
         if hasattr(product, "symbolic"):
@@ -48,10 +55,12 @@ def phase_ms(product, repeats: int) -> dict[str, float]:
 
 
 def operands_of(name: str):
-    """The canonical operands of a measured product named like 'rmat:14:8 AA' (regenerated: same seed)."""
+    """The canonical operands of a measured product named like 'rmat:14:8 AA' or 'uniform:17:8 AA'
+    (regenerated: same seed)."""
     spec, op = name.split()
-    _, scale, factor = spec.split(":")
-    A = rmat(int(scale), int(factor), seed=int(scale) * 100 + int(factor))
+    kind, scale, factor = spec.split(":")
+    quadrants = dict(a=0.25, b=0.25, c=0.25) if kind == "uniform" else {}
+    A = rmat(int(scale), int(factor), seed=int(scale) * 100 + int(factor), **quadrants)
     a = canonicalize(A)
     return a, (a if op == "AA" else canonicalize(A.T.tocsr()))
 
@@ -88,15 +97,15 @@ def measure(cache: Cache, repeats: int = 5, progress=None) -> dict:
     """
     info = gpu.device_info()
     runs = []
-    for scale, factor, op in PRODUCTS:
-        a, b = operands_of(f"rmat:{scale}:{factor} {op}")
+    for name in PRODUCTS:
+        a, b = operands_of(name)
         stats = plan_stats(a, b, RowHashParams(), shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm))
         for family in FAMILIES.values():
             product = family.build(a, b, family.params(), cache)
             ms = phase_ms(product, repeats)
             nnz_c = int(product(out="device").nnz)
             exact = dataclasses.replace(stats, nnz_c=float(nnz_c), exact=True)
-            runs.append({"name": f"rmat:{scale}:{factor} {op}", "family": family.name, "nnz_c": nnz_c,
+            runs.append({"name": name, "family": family.name, "nnz_c": nnz_c,
                          "work": model.work(family.name, exact), "ms": ms})
             del product
         if progress:

@@ -5,7 +5,9 @@ in tables sized by its products, binned on the host (:mod:`tuner.formats.row_bin
 row pointer and the rows are binned again on the device by those exact counts. Every call then runs the
 numeric phase into tables sized by the counts and sorts each row's columns with CUB's segmented sort
 (``templates/row_hash.cu.j2``, ``templates/cub_rows.cu.j2``). Rows too large for the biggest shared-memory
-table use tables of their own in global memory.
+table use tables of their own in global memory; rows that fill a fair share of C's columns use dense
+accumulators in shared memory, span by span of columns, which need no sort
+(:func:`~tuner.formats.row_bins.dense_from`).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import numpy as np
 from .. import codegen, gpu
 from ..cache import Cache
 from ..families.base import CTYPES
-from ..formats.row_bins import RowBins, bin_rows, caps, row_products, split_rows, table_size
+from ..formats.row_bins import RowBins, bin_rows, caps, dense_from, row_products, split_rows, table_size
 from ..matrix import INT32_MAX, CanonicalMatrix
 from .base import DeviceCSR, Product, empty_product
 
@@ -41,6 +43,18 @@ class RowHashParams:
             and blocks of one row would contend for the same hot entries in L2.
         sort_max: rows of numeric tables up to this many slots are sorted in shared memory; larger ones (and
             global rows) by CUB's segmented sort.
+        dense_ratio, dense_min: a row takes a dense accumulator when its count (products in the symbolic
+            phase, entries in the numeric one) is at least ``dense_min`` and at least C's columns over
+            ``dense_ratio`` (:func:`~tuner.formats.row_bins.dense_from`; ratio 0: never).
+        dense_block: threads of a dense row's block.
+        dense_bytes: shared memory of a dense row's block: its span of columns is as wide as this holds (a bit
+            per column, and a value per column in the numeric phase).
+        dense_lanes: threads that walk one B row together in dense rows (a warp or part of one).
+        dense_entries: with several spans, where each B row resumes is kept in shared memory for this many
+            entries of A's row (16 bytes each, taken from ``dense_bytes``); later entries keep it in global
+            memory.
+        streams: CUDA streams the shared bins of a phase are spread over, so that the small bins run side by
+            side rather than one after another.
     """
 
     lanes: int = 32
@@ -52,6 +66,13 @@ class RowHashParams:
     global_block: int = 1024
     global_item: int = 65536
     sort_max: int = 2048
+    dense_ratio: float = 64.0
+    dense_min: int = 1024
+    dense_block: int = 512
+    dense_bytes: int = 49152
+    dense_lanes: int = 32
+    dense_entries: int = 256
+    streams: int = 4
 
 
 @dataclass(frozen=True)
@@ -82,6 +103,35 @@ def geometry(params: RowHashParams, slot_bytes: int, shared_limit: int) -> tuple
         if rows * t * slot_bytes <= shared_limit:
             out.append(BinGeometry(int(t), group, rows))
     return tuple(out)
+
+
+def dense_widths(params: RowHashParams, value_bytes: int, shared_limit: int) -> dict[str, int]:
+    """Columns of a dense row's span in each phase: a bit each in the symbolic phase, a bit and a value in the
+    numeric one, within ``params.dense_bytes`` (at most ``shared_limit``), a multiple of 1024 columns.
+
+    Example:
+        >>> dense_widths(RowHashParams(), 4, 116736)
+        {'symbolic': 359424, 'numeric': 10240}
+    """
+    # Less the resume positions of dense_entries entries, and 16 bytes for aligning what follows the bitmap.
+    room = min(int(params.dense_bytes), int(shared_limit)) - 16 * int(params.dense_entries) - 32
+    return {"symbolic": max(1024, room * 8 // 1024 * 1024),
+            "numeric": max(1024, int(room / (value_bytes + 0.125)) // 1024 * 1024)}
+
+
+def dense_shared_bytes(phase: str, width: int, n_cols: int, value_bytes: int, entries: int) -> int:
+    """Dynamic shared memory of a dense block: the span's bitmap, then (numeric phase) its values, each
+    16-byte aligned, then with several spans the resume positions of ``entries`` entries; a span is as wide
+    as C when C has fewer columns than ``width``.
+
+    Example:
+        >>> dense_shared_bytes("numeric", 10240, 1000, 4, 256), dense_shared_bytes("symbolic", 1024, 4096, 4, 256)
+        (4128, 4224)
+    """
+    span = min(int(width), int(n_cols))
+    up = lambda n: -(-n // 16) * 16  # noqa: E731
+    return (up(-(-span // 32) * 4) + (up(span * value_bytes) if phase == "numeric" else 0)
+            + (16 * int(entries) if n_cols > width else 0))
 
 
 NO_SPLIT = 1 << 62  # products per item that keep a row in one block
@@ -143,8 +193,8 @@ def library_sources() -> list[str]:
 
 class RowHash(Product):
     """C = A B by hashed rows (a :class:`~tuner.spgemm.base.Product`); a call's ``seconds`` has the phases
-    symbolic_shared, symbolic_global, symbolic_rest (first call only), allocate, numeric_shared,
-    numeric_global, sort, csr (and download)."""
+    symbolic_shared, symbolic_global, symbolic_dense, symbolic_rest (first call only), allocate, numeric_shared,
+    numeric_global, numeric_dense, sort, csr (and download)."""
 
     family = "row_hash"
 
@@ -157,26 +207,31 @@ class RowHash(Product):
         limit = shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm)
         self.symbolic_bins = geometry(params, ks, limit)
         self.numeric_bins = geometry(params, ks + vs, limit)
+        self.dense_widths = dense_widths(params, vs, limit)
+        self.dense_from = dense_from(n_cols, params.dense_ratio, params.dense_min)
         self.products = row_products(a.indptr, a.indices, b.indptr)
         self.symbolic_layout: RowBins = bin_rows(self.products, tuple(g.table for g in self.symbolic_bins),
-                                                 params.symbolic_load, n_cols)
+                                                 params.symbolic_load, n_cols, self.dense_from)
         name = f"row_hash_{self.dtype.name}_{self.col_dtype.name}{'_pattern' if self.value_free else ''}"
         source = codegen.render("row_hash.cu.j2", dict(
             VAL=CTYPES[self.dtype], KEY=CTYPES[self.col_dtype], value_free=self.value_free, kernel_name=name,
             lanes=params.lanes, symbolic_bins=self.symbolic_bins, numeric_bins=self.numeric_bins,
-            global_block=params.global_block, sort_max=params.sort_max))
+            global_block=params.global_block, sort_max=params.sort_max, dense_block=params.dense_block,
+            dense_widths=self.dense_widths, dense_lanes=params.dense_lanes, dense_entries=params.dense_entries))
         binary = codegen.compile_source(source, info.arch, cache=cache)
         self._library = gpu.Library(codegen.compile_library(helpers_source(self.dtype, self.col_dtype), info.arch,
                                                             cache=cache))
         self._helpers = helpers_name(self.dtype, self.col_dtype)
         v = "f" if self.dtype == np.float32 else "d"
-        first = gpu.Kernel(binary.cubin, f"{name}_bin", "PqPiPPPPi")
+        first = gpu.Kernel(binary.cubin, f"{name}_bin", "PqPiqPPPPi")
         self._bin = first
         self._shared = {(phase, g.table): first.sibling(f"{name}_{phase}{g.table}", "PqPPPPPP" + v + "PPPP")
                         for phase, bins in (("symbolic", self.symbolic_bins), ("numeric", self.numeric_bins))
                         for g in bins}
         self._global = {phase: first.sibling(f"{name}_{phase}_global", "PqPPPPPP" + v + "PPPPPPP")
                         for phase in ("symbolic", "numeric")}
+        self._dense = {phase: first.sibling(f"{name}_{phase}_dense", "PqPPPPPP" + v + "qPPPPP")
+                       for phase in ("symbolic", "numeric")}
         self._segments = first.sibling(f"{name}_segments", "PqPPP")
         self._flush = first.sibling(f"{name}_flush_global", "PPPPPPP")
         self._narrow = first.sibling(f"{name}_narrow", "PqP")
@@ -187,13 +242,16 @@ class RowHash(Product):
             ("b_ptr", b.indptr.astype(np.int64)), ("b_cols", b.indices.astype(col, copy=False)),
             ("sym_rows", self.symbolic_layout.rows), ("sym_offsets", self.symbolic_layout.global_offsets))}
         lay = self.symbolic_layout
-        self._sym_items = self._upload_items(lay.rows[lay.starts[-2]:lay.starts[-1]], params.global_item)
+        self._sym_items = self._upload_items(lay.global_rows, params.global_item)
         self._set_values(a, b)
         self._structure = None
         entry = ks + (0 if self.value_free else vs)
         self.operand_bytes = int(8 * (a.n_rows + b.n_rows + 2) + (a.nnz + b.nnz) * entry
                                  + 8 * (lay.rows.size + lay.global_offsets.size)
-                                 + 24 * (a.n_rows + 1))  # with C's row pointer and the numeric bins
+                                 + 24 * (a.n_rows + 1)  # with C's row pointer and the numeric bins
+                                 + (4 * a.nnz if n_cols > self.dense_widths["numeric"] else 0))  # dense cursors
+        self._streams = None
+        self._cursor = None  # a dense span's start in each B row an entry of A names, when C has several spans
 
     def _set_values(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
         for key, m in (("a_vals", a), ("b_vals", b)):
@@ -210,6 +268,30 @@ class RowHash(Product):
                                    *self._operands(), items["slot"], items["begin"], items["end"], offsets,
                                    pool_keys, pool_vals, row_nnz)
 
+    def _stream(self, b: int):
+        """The stream of shared bin ``b``: blocking streams, so that the default stream's next work waits for
+        every bin (and the bins for its earlier work) with no events."""
+        if self.params.streams <= 1:
+            return None
+        if self._streams is None:
+            self._streams = [gpu.Stream() for _ in range(self.params.streams)]
+        return self._streams[b % len(self._streams)]
+
+    def _dense_launch(self, phase: str, rows: int, n: int, row_nnz, c_ptr, cols, vals) -> None:
+        """The dense rows ``rows`` (a device pointer to ``n`` row indices) of ``phase``, a block each."""
+        if not n:
+            return
+        n_cols, width = self.shape[1], self.dense_widths[phase]
+        cursor = 0
+        if n_cols > width:  # several spans: each resumes B's rows where the last stopped
+            if self._cursor is None:
+                self._cursor = gpu.alloc(4 * self.a.nnz)
+            cursor = self._cursor
+        self._dense[phase].launch(n, self.params.dense_block, np.uint64(rows), np.int64(n), *self._operands(),
+                                  np.int64(n_cols), cursor, row_nnz, c_ptr, cols, vals,
+                                  shared=dense_shared_bytes(phase, width, n_cols, self.dtype.itemsize,
+                                                            self.params.dense_entries))
+
     def _operands(self):
         d = self._dev
         return (d["a_ptr"], d["a_cols"], d["a_vals"] or 0, d["b_ptr"], d["b_cols"], d["b_vals"] or 0,
@@ -223,8 +305,9 @@ class RowHash(Product):
     def symbolic(self) -> None:
         """Size C: count every row's entries, build the row pointer and the numeric phase's bins. The first call
         runs it; call it again to time a whole product (symbolic and numeric) as a fresh pair would take.
-        Its phases (symbolic_shared, symbolic_global, symbolic_rest) start ``seconds`` afresh."""
-        gpu.synchronize()
+        Its phases (symbolic_shared, symbolic_global, symbolic_dense, symbolic_rest) start ``seconds`` afresh."""
+        if self.timed:
+            gpu.synchronize()
         self.seconds = {}
         self._t = time.perf_counter()
         n_rows, n_cols = self.shape
@@ -237,18 +320,22 @@ class RowHash(Product):
         row_nnz, indptr = gpu.alloc_pooled(8 * (n_rows + 1)), gpu.alloc_pooled(8 * (n_rows + 1))
         gpu.zero_async(int(row_nnz), 8 * (n_rows + 1))
         pool = gpu.alloc_pooled(pool_slots * ks)
+        gpu.memset_bytes(int(pool), 0xFF, pool_slots * ks)  # EMPTY (-1) in every slot
         ops = self._operands()
         for b, g in enumerate(self.symbolic_bins):
             n = int(lay.starts[b + 1] - lay.starts[b])
             rows = int(self._dev["sym_rows"]) + 8 * int(lay.starts[b])
             self._shared["symbolic", g.table].launch(-(-n // g.rows_per_block), g.threads, np.uint64(rows),
                                                      np.int64(n), *ops, row_nnz, 0, 0, 0,
-                                                     shared=g.rows_per_block * g.table * ks)
+                                                     shared=g.rows_per_block * g.table * ks, stream=self._stream(b))
         self._phase("symbolic_shared")
-        gpu.memset_bytes(int(pool), 0xFF, pool_slots * ks)  # EMPTY (-1) in every slot
-        self._global_launch("symbolic", int(self._dev["sym_rows"]) + 8 * int(lay.starts[-2]), self._sym_items,
+        g = len(self.symbolic_bins)
+        self._global_launch("symbolic", int(self._dev["sym_rows"]) + 8 * int(lay.starts[g]), self._sym_items,
                             self._dev["sym_offsets"], pool, 0, row_nnz)
         self._phase("symbolic_global")
+        self._dense_launch("symbolic", int(self._dev["sym_rows"]) + 8 * int(lay.starts[g + 1]),
+                           int(lay.starts[g + 2] - lay.starts[g + 1]), row_nnz, 0, 0, 0)
+        self._phase("symbolic_dense")
         temp = gpu.alloc_pooled(scan_bytes)
         self._library.call(f"{self._helpers}_scan", ctypes.c_void_p(int(temp)), ctypes.byref(ctypes.c_size_t(scan_bytes)),
                            ctypes.c_void_p(int(row_nnz)), ctypes.c_void_p(int(indptr)), ctypes.c_longlong(n_rows + 1))
@@ -265,31 +352,33 @@ class RowHash(Product):
         n_rows, n_cols = self.shape
         tables = tuple(g.table for g in self.numeric_bins)
         limits = caps(tables, self.params.numeric_load)
-        n_bins = len(tables) + 1
+        n_bins = len(tables) + 2  # the shared bins, the global bin, the dense bin
         caps_dev = gpu.upload_pooled(limits)
         cursor = gpu.alloc_pooled(8 * n_bins)
         rows, counts = gpu.alloc_pooled(8 * n_rows), gpu.alloc_pooled(8 * n_rows)
         grid = -(-n_rows // 256)
         gpu.zero_async(int(cursor), 8 * n_bins)
-        self._bin.launch(grid, 256, row_nnz, np.int64(n_rows), caps_dev, np.int32(len(tables)), cursor, 0, 0, 0,
-                         np.int32(1))
+        dense = np.int64(self.dense_from)
+        self._bin.launch(grid, 256, row_nnz, np.int64(n_rows), caps_dev, np.int32(len(tables)), dense, cursor, 0, 0,
+                         0, np.int32(1))
         sizes = np.zeros(n_bins, np.int64)
         gpu.copy_to_host(sizes, int(cursor))
         starts = np.zeros(n_bins + 1, np.int64)
         np.cumsum(sizes, out=starts[1:])
         starts_dev = gpu.upload_pooled(starts)
         gpu.zero_async(int(cursor), 8 * n_bins)
-        self._bin.launch(grid, 256, row_nnz, np.int64(n_rows), caps_dev, np.int32(len(tables)), cursor, starts_dev,
-                         rows, counts, np.int32(0))
-        glob_counts, glob_rows = np.zeros(int(sizes[-1]), np.int64), np.zeros(int(sizes[-1]), np.int64)
-        gpu.copy_to_host(glob_counts, int(counts) + 8 * int(starts[-2]))
-        gpu.copy_to_host(glob_rows, int(rows) + 8 * int(starts[-2]))
+        self._bin.launch(grid, 256, row_nnz, np.int64(n_rows), caps_dev, np.int32(len(tables)), dense, cursor,
+                         starts_dev, rows, counts, np.int32(0))
+        g = len(tables)
+        glob_counts, glob_rows = np.zeros(int(sizes[g]), np.int64), np.zeros(int(sizes[g]), np.int64)
+        gpu.copy_to_host(glob_counts, int(counts) + 8 * int(starts[g]))
+        gpu.copy_to_host(glob_rows, int(rows) + 8 * int(starts[g]))
         slots = table_size(glob_counts, self.params.numeric_load, n_cols)
         offsets = np.zeros(slots.size + 1, np.int64)
         np.cumsum(slots, out=offsets[1:])
-        # Rows CUB sorts: those of the bins past sort_max and the global bin, contiguous at the end of `rows`.
+        # Rows CUB sorts: those of the bins past sort_max and the global bin, contiguous before the dense bin.
         first = sum(t <= self.params.sort_max for t in tables)
-        n_sorted = int(starts[-1] - starts[first])
+        n_sorted = int(starts[g + 1] - starts[first])
         begin, end = gpu.alloc_pooled(8 * n_sorted), gpu.alloc_pooled(8 * n_sorted)
         self._segments.launch(-(-n_sorted // 256), 256, int(rows) + 8 * int(starts[first]), np.int64(n_sorted),
                               self._c_ptr, begin, end)
@@ -317,6 +406,9 @@ class RowHash(Product):
         # Rows sorted by CUB are written to these first (at their places in C) and sorted into C.
         tmp_cols, tmp_vals = (gpu.alloc_pooled(nnz * ks), gpu.alloc_pooled(nnz * vs)) if n_sorted else (0, 0)
         pool_keys, pool_vals = gpu.alloc_pooled(s["pool_slots"] * ks), gpu.alloc_pooled(s["pool_slots"] * vs)
+        if s["n_global"]:
+            gpu.memset_bytes(int(pool_keys), 0xFF, s["pool_slots"] * ks)  # EMPTY (-1) in every slot
+            gpu.memset_bytes(int(pool_vals), 0, s["pool_slots"] * vs)
         self._phase("allocate")
         ops = self._operands()
         for b, g in enumerate(self.numeric_bins):
@@ -325,16 +417,19 @@ class RowHash(Product):
             out = (cols.gpudata, vals.gpudata) if g.table <= self.params.sort_max else (tmp_cols, tmp_vals)
             self._shared["numeric", g.table].launch(-(-n // g.rows_per_block), g.threads, np.uint64(rows),
                                                     np.int64(n), *ops, 0, s["indptr"], *out,
-                                                    shared=g.rows_per_block * g.table * (ks + vs))
+                                                    shared=g.rows_per_block * g.table * (ks + vs),
+                                                    stream=self._stream(b))
         self._phase("numeric_shared")
         if s["n_global"]:
-            gpu.memset_bytes(int(pool_keys), 0xFF, s["pool_slots"] * ks)  # EMPTY (-1) in every slot
-            gpu.memset_bytes(int(pool_vals), 0, s["pool_slots"] * vs)
-            glob = int(s["rows"]) + 8 * int(s["starts"][-2])
+            glob = int(s["rows"]) + 8 * int(s["starts"][len(self.numeric_bins)])
             self._global_launch("numeric", glob, s["items"], s["global_offsets"], pool_keys, pool_vals, 0)
             self._flush.launch(s["n_global"], 256, np.uint64(glob), s["global_offsets"], pool_keys, pool_vals,
                                s["indptr"], tmp_cols, tmp_vals)
         self._phase("numeric_global")
+        d = len(self.numeric_bins) + 1
+        self._dense_launch("numeric", int(s["rows"]) + 8 * int(s["starts"][d]),
+                           int(s["starts"][d + 1] - s["starts"][d]), 0, s["indptr"], cols.gpudata, vals.gpudata)
+        self._phase("numeric_dense")
         del pool_keys, pool_vals
         if n_sorted:
             temp = gpu.alloc_pooled(sort_bytes)
