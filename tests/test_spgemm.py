@@ -337,6 +337,21 @@ def test_model_charges_each_family_for_the_work_that_bounds_it_and_fits_rates_fr
     assert spgemm_model.fit_rates(runs)["hash.sort"] == pytest.approx(2.0 / (1e6 * 12))
 
 
+def test_whole_product_timings_replace_the_phases_fixed_costs_and_the_launches():
+    runs = [{"family": "row_hash", "work": {"hash.x": w}, "ms": {"hash.x": 0.5 + w * 1e-3},
+             "whole_ms": 0.1 + w * 1e-3} for w in (100.0, 500.0, 900.0)]
+    phases_only = spgemm_model.fit_rates([{k: v for k, v in r.items() if k != "whole_ms"} for r in runs])
+    assert phases_only == pytest.approx({"hash.x": 1e-3, "hash.x:fixed": 0.5})
+    rates = spgemm_model.fit_rates(runs)
+    assert rates == pytest.approx({"hash.x": 1e-3, "hash:fixed": 0.1})
+    s = spgemm_model.ProductStats(10, 10, 100, 50.0, 0, 0, 8, 4, 7, 4)  # 100 shared products: hash.x is not a unit
+    with_whole = spgemm_model.predict("row_hash", s, spgemm_model.Rates(rates, 0.005, "test"))
+    assert with_whole == pytest.approx(0.1)
+    launches = spgemm_model.LAUNCHES["row_hash"](s) * 0.005
+    without = spgemm_model.predict("row_hash", s, spgemm_model.Rates({"hash.symbolic_shared:fixed": 0.5}, 0.005, "t"))
+    assert without == pytest.approx(0.5 + launches)
+
+
 def test_plan_stats_count_products_beyond_shared_tables_and_in_dense_rows():
     A = FIXTURES["long_rows"]
     a = canonicalize(A)

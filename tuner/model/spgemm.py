@@ -220,6 +220,7 @@ def working_bytes(family: str, s: ProductStats) -> float:
 
 
 LAUNCHES = {"outer_product": lambda s: 6, "row_hash": lambda s: s.bins + 8}
+PREFIX = {"outer_product": "outer", "row_hash": "hash"}  # each family's phases are named "prefix.phase"
 
 
 @dataclass(frozen=True)
@@ -266,10 +267,11 @@ def predict(family: str, s: ProductStats, rates: Rates) -> float:
         True
     """
     units = work(family, s)
-    running = {k.split(SHARE)[0] for k, n in units.items() if n > 0}
-    return float(sum(n * rates.per_unit.get(k, 0.0) for k, n in units.items())
-                 + sum(rates.per_unit.get(k + FIXED, 0.0) for k in running)
-                 + LAUNCHES[family](s) * rates.launch_ms)
+    fixed = rates.per_unit.get(PREFIX[family] + FIXED)
+    if fixed is None:  # no whole products timed: each running phase's fixed part and the launches
+        running = {k.split(SHARE)[0] for k, n in units.items() if n > 0}
+        fixed = sum(rates.per_unit.get(k + FIXED, 0.0) for k in running) + LAUNCHES[family](s) * rates.launch_ms
+    return float(sum(n * rates.per_unit.get(k, 0.0) for k, n in units.items()) + fixed)
 
 
 def fit_rates(runs: list[dict]) -> dict:
@@ -279,12 +281,21 @@ def fit_rates(runs: list[dict]) -> dict:
     part is kept under ``phase + FIXED`` where positive. With fewer runs than unknowns: total time over the
     phase's own units.
 
+    Runs that also hold ``whole_ms`` (the product timed whole, with no waits between its phases) and their
+    ``family`` replace that family's phase fixed parts by one (``prefix + FIXED``, see :data:`PREFIX`): the
+    median of whole time less the rates' part. Phases timed one by one each pay a wait for the GPU and run
+    alone, which a whole product does not, so their fixed parts overstate a small product's.
+
     Example:
         >>> r = fit_rates([{"work": {"a": 100.0}, "ms": {"a": 2.0}}, {"work": {"a": 300.0}, "ms": {"a": 4.0}}])
         >>> {k: round(v, 6) for k, v in r.items()}
         {'a': 0.01, 'a:fixed': 1.0}
         >>> fit_rates([{"work": {"a": 100.0}, "ms": {"a": 2.0}}])
         {'a': 0.02}
+        >>> r = fit_rates([{"family": "row_hash", "work": {"hash.a": w}, "ms": {"hash.a": 1 + w / 100},
+        ...                 "whole_ms": 0.2 + w / 100} for w in (100.0, 300.0)])
+        >>> {k: round(v, 6) for k, v in r.items()}
+        {'hash.a': 0.01, 'hash:fixed': 0.2}
     """
     from scipy.optimize import nnls
     out = {}
@@ -306,4 +317,12 @@ def fit_rates(runs: list[dict]) -> dict:
         out.update({k: float(c) for k, c in zip(keys, coef[:-1])})
         if coef[-1] > 0:
             out[phase + FIXED] = float(coef[-1])
+    for family, prefix in PREFIX.items():
+        whole = [r for r in runs if r.get("family") == family and r.get("whole_ms")]
+        if not whole:
+            continue
+        rest = [r["whole_ms"] - sum(n * out.get(k, 0.0) for k, n in r["work"].items()) for r in whole]
+        for k in [k for k in out if k.startswith(prefix + ".") and k.endswith(FIXED)]:
+            del out[k]
+        out[prefix + FIXED] = max(0.0, float(np.median(rest)))
     return out
