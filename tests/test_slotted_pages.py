@@ -1,0 +1,100 @@
+"""Slotted pages of outer-product SpGEMM (tuner.formats.slotted_pages): every page within its size, every
+scalar product in exactly one page, and the pages' partial products summing to C."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from .conftest import fixture_matrices, power_law
+from tuner.formats.slotted_pages import page_operands, product_by_pages, slotted_pages
+
+FIXTURES = fixture_matrices()
+
+
+def operands(A, B):
+    a = sp.csc_matrix(A, dtype=np.float64)
+    a.sort_indices()
+    b = sp.csr_matrix(B, dtype=np.float64)
+    b.sort_indices()
+    return a, b
+
+
+def pairs():
+    for name in ("power_law", "one_dense_row", "empty_rows", "long_rows", "rectangular_wide", "tiny"):
+        A = FIXTURES[name]
+        yield name, A, A.T.tocsr()
+        if A.shape[0] == A.shape[1]:
+            yield name, A, A
+
+
+@pytest.mark.parametrize("page", [2, 7, 64, 1000])
+def test_every_page_fits_its_size_and_every_product_is_in_one_page(page):
+    for name, A, B in pairs():
+        a, b = operands(A, B)
+        pages = slotted_pages(a.indptr, b.indptr, page)
+        assert np.all(pages.entries <= page), name
+        total = int((np.diff(a.indptr).astype(np.int64) * np.diff(b.indptr)).sum())
+        assert int(pages.products.sum()) == total and np.all(pages.products > 0), name
+        assert np.all(np.diff(pages.slot_begin) >= 0)  # slot order
+        small = ~pages.large
+        assert np.array_equal(pages.a_begin[small], a.indptr[pages.slot_begin[small]])
+        assert np.array_equal(pages.b_end[small], b.indptr[pages.slot_end[small]])
+        assert np.all(pages.slot_end[pages.large] - pages.slot_begin[pages.large] == 1)
+
+
+@pytest.mark.parametrize("page", [33, 257, 4096])
+def test_partial_products_of_the_pages_sum_to_the_product(page):
+    for name, A, B in pairs():
+        a, b = operands(A, B)
+        pages = slotted_pages(a.indptr, b.indptr, page)
+        C = product_by_pages(pages, a.indptr, a.indices, a.data, b.indptr, b.indices, b.data,
+                             (a.shape[0], b.shape[1]))
+        expected = (A.astype(np.float64) @ B.astype(np.float64)).tocsr()
+        assert C.shape == expected.shape
+        assert abs(C - expected).max() <= 1e-12 * max(abs(expected).max(), 1.0) if expected.nnz else C.nnz == 0, name
+
+
+def test_a_heavy_slot_is_cut_along_its_longer_side_or_both():
+    colptr, rowptr = np.array([0, 30, 31]), np.array([0, 3, 43])  # slot 0: 30 x 3; slot 1: 1 x 40
+    pages = slotted_pages(colptr, rowptr, 16)
+    first = pages.slot_begin == 0
+    assert np.all(pages.b_end[first] - pages.b_begin[first] == 3)  # the row whole beside 13-entry pieces
+    assert (pages.a_end[first] - pages.a_begin[first]).tolist() == [13, 13, 4]
+    second = pages.slot_begin == 1
+    assert (pages.b_end[second] - pages.b_begin[second]).tolist() == [15, 15, 10]
+    both = slotted_pages(np.array([0, 40]), np.array([0, 50]), 20)  # 40 x 50: halves of 10 each way
+    assert both.pages == 4 * 5 and np.all(both.entries <= 20) and both.products.sum() == 2000
+    assert both.large.all()
+
+
+def test_light_slots_share_pages_and_a_fitting_heavy_slot_gets_one_page():
+    pages = slotted_pages(np.arange(0, 101), np.arange(0, 101), 40)  # 100 slots of 1 x 1: windows of 38
+    assert pages.entries.tolist() == [38] * 5 + [10] and not pages.large.any()
+    one = slotted_pages(np.array([0, 1, 13, 14]), np.array([0, 1, 5, 6]), 20)  # slot 1: 12 + 4 entries
+    assert one.products.tolist() == [1, 48, 1] and not one.large.any()
+
+
+@pytest.mark.parametrize("page", [16, 256, 4096])
+def test_the_page_size_bounds_every_pages_work(page):
+    A = power_law(3000, seed=3)
+    a, b = operands(A, A.T.tocsr())
+    pages = slotted_pages(a.indptr, b.indptr, page)
+    assert pages.products.max() <= (page // 2) ** 2  # a + b entries hold at most a x b products
+    assert pages.skew() == pytest.approx(pages.products.max() / pages.products.mean())
+
+
+def test_page_operands_hold_only_the_page_entries():
+    A = power_law(200, seed=9)
+    a, b = operands(A, A)
+    pages = slotted_pages(a.indptr, b.indptr, 16)
+    p = int(np.flatnonzero(pages.large)[0]) if pages.large.any() else 0
+    pa, pb = page_operands(pages, p, a.indptr, a.indices, a.data, b.indptr, b.indices, b.data, A.shape)
+    assert pa.nnz == pages.a_end[p] - pages.a_begin[p] and pb.nnz == pages.b_end[p] - pages.b_begin[p]
+    assert (pa @ pb).sum() == pytest.approx(float(np.dot(np.asarray(pa.sum(axis=0)).ravel(),
+                                                         np.asarray(pb.sum(axis=1)).ravel())))
+
+
+def test_bad_page_sizes_and_mismatched_operands_are_refused_by_name():
+    with pytest.raises(ValueError, match="at least 2 entries"):
+        slotted_pages(np.array([0, 1]), np.array([0, 1]), 1)
+    with pytest.raises(ValueError, match="must agree"):
+        slotted_pages(np.array([0, 1, 2]), np.array([0, 1]), 8)
