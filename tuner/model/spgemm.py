@@ -239,21 +239,25 @@ class Rates:
 
 
 def rates_from(profile) -> Rates:
-    """The profile's measured SpGEMM rates, else the reference GPU's scaled by this GPU's copy bandwidth.
+    """The profile's measured SpGEMM rates, else the reference GPU's: its rates per unit scaled by this GPU's
+    copy bandwidth, its fixed costs (launches, waits) as they are.
 
     Example:
         >>> from tuner.model.profile_data import Profile
         >>> r = rates_from(Profile({}, {"copy_bandwidth_gbs": 1503.0, "launch_overhead_ms": 0.004}, {}, ""))
         >>> round(r.per_unit["outer.expand"] / REFERENCE_RATES["outer.expand"], 3), r.source
         (2.0, 'reference rates scaled by copy bandwidth')
+        >>> r.per_unit["outer.sort:fixed"] == REFERENCE_RATES["outer.sort:fixed"]
+        True
     """
     constants = profile.constants if profile is not None else {}
     launch = float(constants.get("launch_overhead_ms", 0.005))
     measured = (profile.spgemm or {}).get("rates") if profile is not None else None
     scale = REFERENCE_BANDWIDTH_GBS / float(constants.get("copy_bandwidth_gbs", REFERENCE_BANDWIDTH_GBS))
-    reference = {k: v * scale for k, v in REFERENCE_RATES.items()}
-    if measured:  # phases the measured products never ran (global tables, say) keep the reference's rates
-        return Rates({**reference, **measured}, launch, "measured")
+    reference = {k: v if k.endswith(FIXED) else v * scale for k, v in REFERENCE_RATES.items()}
+    if measured:  # units the measured products never had (global tables, say) keep the reference's rates
+        units = {k: v for k, v in reference.items() if not k.endswith(FIXED)}
+        return Rates({**units, **measured}, launch, "measured")
     return Rates(reference, launch, "reference rates scaled by copy bandwidth")
 
 
