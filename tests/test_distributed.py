@@ -141,6 +141,14 @@ def run_as_mpi_ranks(script: str, ranks: int, timeout: int) -> str:
     return next(line for line in done.stdout.splitlines() if line.startswith("ranks"))
 
 
+def ranks_errors(script: str, ranks: int, timeout: int) -> tuple[float, float]:
+    """The two figures of the line 'ranks N errors A B' that ``script`` prints as ``ranks`` MPI processes."""
+    line = run_as_mpi_ranks(script, ranks, timeout)
+    assert line.startswith(f"ranks {ranks} errors "), line
+    first, second = (float(v) for v in line.split()[-2:])
+    return first, second
+
+
 def test_distributed_spmv_runs_as_mpi_ranks():
     line = run_as_mpi_ranks(MPI_RANK_SCRIPT, 3, 300)
     assert line.startswith("ranks 3 rows [667, 667, 666] all 2000 error ") and float(line.split()[-1]) <= 1e-10
@@ -223,9 +231,8 @@ if comm.rank == 0:
 
 @pytest.mark.gpu
 def test_two_mpi_ranks_on_one_gpu_multiply_with_the_tuned_kernels():
-    line = run_as_mpi_ranks(MPI_GPU_SCRIPT, 2, 600)
-    spmv_err, spgemm_err = (float(v) for v in line.split()[-2:])
-    assert line.startswith("ranks 2 errors") and spmv_err <= 1e-5 and spgemm_err <= 1e-5
+    spmv_err, spgemm_err = ranks_errors(MPI_GPU_SCRIPT, 2, 600)
+    assert spmv_err <= 1e-5 and spgemm_err <= 1e-5
 
 
 RELAY = """
@@ -271,9 +278,8 @@ if comm.rank == 0:
 
 @pytest.mark.gpu
 def test_two_ranks_multiply_in_the_one_gpu_plans_tiles_from_the_chunked_gather():
-    line = run_as_mpi_ranks(MPI_TILES_SCRIPT, 2, 600)
-    spmv_err, pagerank_diff = (float(v) for v in line.split()[-2:])
-    assert line.startswith("ranks 2 errors") and spmv_err <= 1e-6 and pagerank_diff <= 1e-13
+    spmv_err, pagerank_diff = ranks_errors(MPI_TILES_SCRIPT, 2, 600)
+    assert spmv_err <= 1e-6 and pagerank_diff <= 1e-13
 
 
 MPI_GPU_HITS_SCRIPT = RELAY + """
@@ -400,8 +406,7 @@ def test_spmv_and_pagerank_across_every_gpu_equal_one_gpu():
     from tuner import gpu
     if gpu.device_count() < 2:
         pytest.skip("one GPU: NCCL puts one rank on each GPU")
-    line = run_as_mpi_ranks(MPI_GPUS_SCRIPT, min(gpu.device_count(), 4), 600)
-    spmv_err, pagerank_diff = (float(v) for v in line.split()[-2:])
+    spmv_err, pagerank_diff = ranks_errors(MPI_GPUS_SCRIPT, min(gpu.device_count(), 4), 600)
     assert spmv_err <= 1e-12 and pagerank_diff <= 1e-13
 
 
