@@ -227,11 +227,6 @@ class Kernel:
         """Another kernel of the same module (the module is loaded once)."""
         return Kernel(b"", name, signature, module=self.module)
 
-    def launch_on(self, stream: "Stream", grid: int, block: int, *args) -> None:
-        """Launch on ``grid`` blocks of ``block`` threads, queued on ``stream``."""
-        if grid:
-            self.function.prepared_async_call((grid, 1, 1), (block, 1, 1), stream.stream, *args)
-
     def launch(self, grid: int, block: int, *args, shared: int = 0, stream: "Stream | None" = None) -> None:
         """Launch on ``grid`` blocks of ``block`` threads with ``shared`` bytes of dynamic shared memory (past
         48 KiB with the kernel's static shared memory, the kernel is opted in to it once), on the default

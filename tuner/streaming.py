@@ -232,8 +232,8 @@ class StreamedSpMV(VectorCalls):
                 stream.copy_to_device(int(val), self._data[e0:e1])
                 args.append(np.uintp((int(val) - e0 * vb) % _ADDRESSES))
             grid = -(-(r1 - r0) * p.threads_per_row // BLOCK)
-            self._kernel.launch_on(stream, grid, BLOCK, *args, np.uintp(x_ptr),
-                                   np.uintp(y_ptr + r0 * self.dtype.itemsize), np.int64(r1 - r0), self._pattern)
+            self._kernel.launch(grid, BLOCK, *args, np.uintp(x_ptr), np.uintp(y_ptr + r0 * self.dtype.itemsize),
+                                np.int64(r1 - r0), self._pattern, stream=stream)
 
     def wait(self, timeout: float | None = None) -> "StreamedSpMV":
         """This product (nothing is tuned in the background)."""
