@@ -544,6 +544,7 @@ def test_phase_times_are_each_repeat_s_own_not_running_sums():
 
     class Fake:  # a call starts its own `seconds`; this symbolic() adds to those of the last call
         family = "row_hash"
+        timed = False
 
         def __init__(self):
             self.seconds = {}
@@ -554,9 +555,11 @@ def test_phase_times_are_each_repeat_s_own_not_running_sums():
         def __call__(self, out):
             self.seconds = {"numeric_shared": 0.002, "csr": 0.0005}
 
-    ms = measure.phase_ms(Fake(), 5)
+    fake = Fake()
+    ms = measure.phase_ms(fake, 5)
     assert ms == {"hash.symbolic_shared": pytest.approx(1.0), "hash.numeric_shared": pytest.approx(2.0),
                   "hash.rows": pytest.approx(0.5)}
+    assert fake.timed is False  # timed for those calls only
 
 
 def test_report_predicts_again_with_the_current_model_on_the_cpu(tmp_path):

@@ -35,23 +35,30 @@ PHASES = {
 
 
 def phase_ms(product, repeats: int) -> dict[str, float]:
-    """Median ms of each model phase over ``repeats`` whole products (symbolic phase included)."""
-    runs = []
-    product.timed = True
-    for _ in range(repeats):
-        seconds = {}
-        if hasattr(product, "symbolic"):
-            product.symbolic()
-            seconds.update({k: v for k, v in product.seconds.items() if k.startswith("symbolic")})
-        product(out="device")  # a call starts its own ``seconds``
-        for name, s in product.seconds.items():
-            seconds[name] = seconds.get(name, 0.0) + s
-        ms: dict[str, float] = {}
-        for name, phase in PHASES[product.family].items():
-            if name in seconds:
-                ms[phase] = ms.get(phase, 0.0) + seconds[name] * 1e3
-        runs.append(ms)
+    """Median ms of each model phase over ``repeats`` whole products (symbolic phase included), timed phase by
+    phase (``product.timed`` is set for these calls only)."""
+    was, product.timed = product.timed, True
+    try:
+        runs = [_phases_once(product) for _ in range(repeats)]
+    finally:
+        product.timed = was
     return {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
+
+
+def _phases_once(product) -> dict[str, float]:
+    """One whole product's ms per model phase."""
+    seconds = {}
+    if hasattr(product, "symbolic"):
+        product.symbolic()
+        seconds.update({k: v for k, v in product.seconds.items() if k.startswith("symbolic")})
+    product(out="device")  # a call starts its own ``seconds``
+    for name, s in product.seconds.items():
+        seconds[name] = seconds.get(name, 0.0) + s
+    ms: dict[str, float] = {}
+    for name, phase in PHASES[product.family].items():
+        if name in seconds:
+            ms[phase] = ms.get(phase, 0.0) + seconds[name] * 1e3
+    return ms
 
 
 def operands_of(name: str):
@@ -103,7 +110,6 @@ def measure(cache: Cache, repeats: int = 5, progress=None) -> dict:
         for family in FAMILIES.values():
             product = family.build(a, b, family.params(), cache)
             ms = phase_ms(product, repeats)
-            product.timed = False
             whole_ms = wall_ms(whole(product), repeats, warmup=1)  # as a product runs: no waits between phases
             nnz_c = int(product(out="device").nnz)
             exact = dataclasses.replace(stats, nnz_c=float(nnz_c), exact=True)

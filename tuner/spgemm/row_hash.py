@@ -113,7 +113,7 @@ def dense_widths(params: RowHashParams, value_bytes: int, shared_limit: int) -> 
         >>> dense_widths(RowHashParams(), 4, 116736)
         {'symbolic': 359424, 'numeric': 10240}
     """
-    # Less the resume positions of dense_entries entries, and 16 bytes for aligning what follows the bitmap.
+    # Less the resume positions of dense_entries entries, and 16 bytes for each of the two 16-byte alignments.
     room = min(int(params.dense_bytes), int(shared_limit)) - 16 * int(params.dense_entries) - 32
     return {"symbolic": max(1024, room * 8 // 1024 * 1024),
             "numeric": max(1024, int(room / (value_bytes + 0.125)) // 1024 * 1024)}
