@@ -210,6 +210,8 @@ class RowHash(Product):
         self.dense_widths = dense_widths(params, vs, limit)
         self.dense_from = dense_from(n_cols, params.dense_ratio, params.dense_min)
         self.products = row_products(a.indptr, a.indices, b.indptr)
+        self._total_products = int(self.products.sum())
+        self._a_indptr = np.asarray(a.indptr, np.int64)  # split_rows' offsets, converted once, not every call
         self.symbolic_layout: RowBins = bin_rows(self.products, tuple(g.table for g in self.symbolic_bins),
                                                  params.symbolic_load, n_cols, self.dense_from)
         name = f"row_hash_{self.dtype.name}_{self.col_dtype.name}{'_pattern' if self.value_free else ''}"
@@ -243,6 +245,7 @@ class RowHash(Product):
             ("sym_rows", self.symbolic_layout.rows), ("sym_offsets", self.symbolic_layout.global_offsets))}
         lay = self.symbolic_layout
         self._sym_items = self._upload_items(lay.global_rows, params.global_item)
+        self._numeric_caps = gpu.upload(caps(tuple(g.table for g in self.numeric_bins), params.numeric_load))
         self._set_values(a, b)
         self._structure = None
         entry = ks + (0 if self.value_free else vs)
@@ -258,8 +261,11 @@ class RowHash(Product):
             self._dev[key] = None if self.value_free else gpu.upload(np.ascontiguousarray(m.data, self.dtype))
 
     def _upload_items(self, rows: np.ndarray, per_item: int) -> dict:
-        """The global-memory rows ``rows`` cut into blocks' items (:func:`~tuner.formats.row_bins.split_rows`)."""
-        slot, begin, end = split_rows(rows, self.a.indptr, self.products, per_item)
+        """The global-memory rows ``rows`` cut into blocks' items (:func:`~tuner.formats.row_bins.split_rows`);
+        none (no copies, whose waits a small product would feel) where there are no such rows."""
+        if not len(rows):
+            return dict(n=0, slot=0, begin=0, end=0)
+        slot, begin, end = split_rows(rows, self._a_indptr, self.products, per_item)
         up = gpu.upload_pooled
         return dict(n=int(slot.size), slot=up(slot), begin=up(begin), end=up(end))
 
@@ -316,11 +322,12 @@ class RowHash(Product):
         null = ctypes.c_void_p(0)
         scan_bytes = self._helper_bytes("scan", null, null, ctypes.c_longlong(n_rows + 1))
         self._ensure_free(16 * (n_rows + 1) + pool_slots * ks + scan_bytes + 16 * n_rows,
-                          f"sizing C = A B ({n_rows:,} rows, {int(self.products.sum()):,} products)")
+                          f"sizing C = A B ({n_rows:,} rows, {self._total_products:,} products)")
         row_nnz, indptr = gpu.alloc_pooled(8 * (n_rows + 1)), gpu.alloc_pooled(8 * (n_rows + 1))
         gpu.zero_async(int(row_nnz), 8 * (n_rows + 1))
         pool = gpu.alloc_pooled(pool_slots * ks)
-        gpu.memset_bytes(int(pool), 0xFF, pool_slots * ks)  # EMPTY (-1) in every slot
+        if pool_slots:
+            gpu.memset_bytes(int(pool), 0xFF, pool_slots * ks)  # EMPTY (-1) in every slot
         ops = self._operands()
         for b, g in enumerate(self.symbolic_bins):
             n = int(lay.starts[b + 1] - lay.starts[b])
@@ -351,9 +358,8 @@ class RowHash(Product):
         pass, then a placing pass); the few global-bin rows get their tables' offsets from the host."""
         n_rows, n_cols = self.shape
         tables = tuple(g.table for g in self.numeric_bins)
-        limits = caps(tables, self.params.numeric_load)
         n_bins = len(tables) + 2  # the shared bins, the global bin, the dense bin
-        caps_dev = gpu.upload_pooled(limits)
+        caps_dev = self._numeric_caps
         cursor = gpu.alloc_pooled(8 * n_bins)
         rows, counts = gpu.alloc_pooled(8 * n_rows), gpu.alloc_pooled(8 * n_rows)
         grid = -(-n_rows // 256)
@@ -371,8 +377,9 @@ class RowHash(Product):
                          starts_dev, rows, counts, np.int32(0))
         g = len(tables)
         glob_counts, glob_rows = np.zeros(int(sizes[g]), np.int64), np.zeros(int(sizes[g]), np.int64)
-        gpu.copy_to_host(glob_counts, int(counts) + 8 * int(starts[g]))
-        gpu.copy_to_host(glob_rows, int(rows) + 8 * int(starts[g]))
+        if glob_rows.size:  # each copy waits for the GPU: none where no row needs a global table
+            gpu.copy_to_host(glob_counts, int(counts) + 8 * int(starts[g]))
+            gpu.copy_to_host(glob_rows, int(rows) + 8 * int(starts[g]))
         slots = table_size(glob_counts, self.params.numeric_load, n_cols)
         offsets = np.zeros(slots.size + 1, np.int64)
         np.cumsum(slots, out=offsets[1:])
@@ -382,7 +389,8 @@ class RowHash(Product):
         begin, end = gpu.alloc_pooled(8 * n_sorted), gpu.alloc_pooled(8 * n_sorted)
         self._segments.launch(-(-n_sorted // 256), 256, int(rows) + 8 * int(starts[first]), np.int64(n_sorted),
                               self._c_ptr, begin, end)
-        return dict(rows=rows, starts=starts, global_offsets=gpu.upload_pooled(offsets), pool_slots=int(offsets[-1]),
+        return dict(rows=rows, starts=starts, global_offsets=gpu.upload_pooled(offsets) if glob_rows.size else 0,
+                    pool_slots=int(offsets[-1]),
                     n_sorted=n_sorted, begin=begin, end=end, items=self._upload_items(glob_rows, NO_SPLIT),
                     n_global=int(glob_rows.size))
 
