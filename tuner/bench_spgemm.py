@@ -18,7 +18,7 @@ import scipy.sparse as sp
 
 from . import __version__, gpu, loaders
 from .formats.row_bins import row_products
-from .spgemm import FAMILIES, RowHashParams, compile_spgemm, wall_ms, whole
+from .spgemm import FAMILIES, MAX_REPEATS, SPAN_MS, RowHashParams, compile_spgemm, timed_ms, whole
 from .spgemm.base import DeviceMemoryError
 from .model import spgemm as model
 
@@ -154,7 +154,7 @@ def _cusparse(A, B, C_checked, checked: bool, repeats: int):
         scale = max(abs(C_checked).max(), 1.0) if C_checked.nnz else 1.0
         status = "ok" if diff <= 1e-4 * scale else f"wrong: values differ by {diff:.3g}"
     del dC
-    ms = wall_ms(lambda: dA @ dB, repeats, warmup=1)
+    ms = timed_ms(lambda: dA @ dB, repeats)
     return ms, status
 
 
@@ -179,17 +179,17 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
     family_ms = {}
     for name_f, family in FAMILIES.items():
         if name_f == f.family:
-            family_ms[name_f] = wall_ms(whole(f), repeats, warmup=1)
+            family_ms[name_f] = timed_ms(whole(f), repeats)
             continue
         params = RowHashParams(lanes=model.lanes_for(f.plan.stats)) if name_f == "row_hash" else family.params()
         try:
             other = compile_spgemm(A, B, params=params, cache_dir=cache_dir)
-            family_ms[name_f] = wall_ms(whole(other), repeats, warmup=1)
+            family_ms[name_f] = timed_ms(whole(other), repeats)
             del other
         except DeviceMemoryError:
             family_ms[name_f] = None
     ours = family_ms[f.family]
-    numeric = wall_ms(lambda: f(out="device"), repeats, warmup=1)
+    numeric = timed_ms(lambda: f(out="device"), repeats)
     measured = [v for v in family_ms.values() if v is not None]
     ms, status = _cusparse(A, B, C, correct, repeats)
     return SpgemmRow(**base, nnz_c=int(C.nnz), ours_ms=ours, ours_numeric_ms=numeric, cusparse_ms=ms,
@@ -225,7 +225,8 @@ def run(suite: list[tuple[str, str]], out: Path, repeats: int = 5, cache_dir=Non
     report = {"tool": f"sparse-tuner {__version__}", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "command": " ".join(["python -m tuner"] + sys.argv[1:]) if sys.argv else "",
               "gpu": {"name": info.name, "memory_bytes": info.memory_bytes},
-              "timing": f"wall ms between device synchronisations, median of {repeats} after a warm-up; ours: "
+              "timing": f"wall ms between device synchronisations, median of {repeats} calls or as many as take "
+                        f"{SPAN_MS:.0f} ms (at most {MAX_REPEATS}) after a warm-up; ours: "
                         "a whole product (symbolic phase rerun), C left on the device; cuSPARSE: CuPy's csr "
                         "@ csr on device operands (its symbolic and numeric phases), C on the device",
               "rows": []}

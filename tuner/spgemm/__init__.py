@@ -221,6 +221,27 @@ def wall_ms(fn: Callable[[], object], repeats: int, warmup: int = 0) -> float:
     return float(np.median(times))
 
 
+SPAN_MS = 200.0  # a product is timed over at least this much in all (up to MAX_REPEATS calls)
+MAX_REPEATS = 100
+
+
+def repeats_for(first_ms: float, repeats: int) -> int:
+    """Calls to time a product that took ``first_ms`` once: ``repeats``, or more where they take under
+    :data:`SPAN_MS` in all (at most :data:`MAX_REPEATS`): a sub-millisecond product varies by tens of percent
+    from one call to the next, and the median of five is left to chance.
+
+    Example:
+        >>> repeats_for(50.0, 5), repeats_for(10.0, 5), repeats_for(0.4, 5)
+        (5, 20, 100)
+    """
+    return int(min(MAX_REPEATS, max(repeats, SPAN_MS / max(first_ms, 1e-3))))
+
+
+def timed_ms(fn, repeats: int) -> float:
+    """:func:`wall_ms` of ``fn`` (after a warm-up call) over :func:`repeats_for` calls."""
+    return wall_ms(fn, repeats_for(wall_ms(fn, 1, warmup=1), repeats))
+
+
 def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profile=None, cache_dir=None,
                    repeats: int = 5) -> Product:
     """A callable computing C = A B on this GPU (B may be A, A.T or any matrix with A's column count as rows).
@@ -279,7 +300,7 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
     for family in FAMILIES.values():
         for p in family.candidates:
             candidate = family.build(a, b, p, cache)
-            ms = wall_ms(whole(candidate), repeats)
+            ms = timed_ms(whole(candidate), repeats)
             measured[f"{family.name} {p}"] = ms
             if ms < best_ms:
                 best_product, best_ms = candidate, ms

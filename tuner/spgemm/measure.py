@@ -12,7 +12,7 @@ from ..cache import Cache
 from ..generators import rmat
 from ..matrix import canonicalize
 from ..model import spgemm as model
-from . import FAMILIES, plan_stats, wall_ms, whole
+from . import FAMILIES, plan_stats, timed_ms, whole
 from .row_hash import RowHashParams, profile_shared_limit, shared_limit
 
 # "kind:scale:edge factor operation": graphs whose products run from about 1M to 150M scalar products. The
@@ -110,7 +110,7 @@ def measure(cache: Cache, repeats: int = 5, progress=None) -> dict:
         for family in FAMILIES.values():
             product = family.build(a, b, family.params(), cache)
             ms = phase_ms(product, repeats)
-            whole_ms = wall_ms(whole(product), repeats, warmup=1)  # as a product runs: no waits between phases
+            whole_ms = timed_ms(whole(product), repeats)  # as a product runs: no waits between phases
             nnz_c = int(product(out="device").nnz)
             exact = dataclasses.replace(stats, nnz_c=float(nnz_c), exact=True)
             runs.append({"name": name, "family": family.name, "nnz_c": nnz_c, "whole_ms": whole_ms,
