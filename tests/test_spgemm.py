@@ -365,6 +365,44 @@ def test_plan_stats_count_products_beyond_shared_tables_and_in_dense_rows():
     assert d.symbolic_global == products[(products > 64) & (products < 1024)].sum()
 
 
+
+
+def test_whole_product_fixed_cost_is_decided_by_the_small_products():
+    # Two small products pay 0.2 ms beyond their work, two large ones 3 ms that their units miss: a median
+    # would say 1.6 ms and overstate every small product eightfold; relative errors keep it near 0.2 ms.
+    runs = [{"family": "outer_product", "work": {"outer.x": w}, "ms": {"outer.x": w * 1e-3},
+             "whole_ms": w * 1e-3 + extra} for w, extra in ((100.0, 0.2), (120.0, 0.2), (9e4, 3.0), (1e5, 3.0))]
+    fixed = spgemm_model.fit_rates(runs)["outer:fixed"]
+    assert 0.2 < fixed < 0.21
+
+
+def test_plan_stats_count_the_bins_row_hash_launches_in_both_phases():
+    # Rows of 2, 1, 40 and no products: tables of 32 and 64 at load 0.5 hold 16 and 32 keys, so the first two
+    # rows share a shared bin and the third goes to the global bin, in both phases: 2 + 2 bins.
+    A = sp.csr_matrix(np.array([[0, 1.0, 0], [1.0, 0, 0], [0, 0, 1.0], [0, 0, 0]]))
+    B = sp.csr_matrix(np.vstack([np.eye(1, 40), np.r_[1.0, 1.0, np.zeros(38)], np.ones(40)]))
+    a, b = canonicalize(A), canonicalize(B)
+    s = plan_stats(a, b, RowHashParams(tables=(32, 64), dense_ratio=0), 232448)
+    assert row_products(a.indptr, a.indices, b.indptr).tolist() == [2, 1, 40, 0]
+    assert s.bins_used == 4
+    assert spgemm_model.work("row_hash", s)["hash.bins"] == 4.0
+
+
+def test_whole_product_times_fit_the_per_bin_launch_cost_beside_the_fixed_part():
+    runs = [{"family": "row_hash", "work": {"hash.x": w, "hash.bins": n}, "ms": {"hash.x": w * 1e-3},
+             "whole_ms": 0.05 + 0.03 * n + w * 1e-3} for w, n in ((100.0, 2), (200.0, 10), (400.0, 6), (50.0, 15))]
+    rates = spgemm_model.fit_rates(runs)
+    assert rates["hash.bins"] == pytest.approx(0.03, rel=1e-6)
+    assert rates["hash:fixed"] == pytest.approx(0.05, rel=1e-6)
+
+def test_plan_stats_count_outer_product_pairs_of_a_nonempty_column_and_row():
+    # A's column 1 and B's row 2 are empty: of the four indices only 0 and 3 pair a column with a row.
+    A = sp.csr_matrix(np.array([[1.0, 0, 2, 0], [0, 0, 3, 4], [5, 0, 0, 0], [0, 0, 0, 6]]))
+    B = sp.csr_matrix(np.array([[1.0, 2, 0], [0, 3, 0], [0, 0, 0], [4, 0, 5]]))
+    s = plan_stats(canonicalize(A), canonicalize(B), RowHashParams(), 232448)
+    assert s.pairs == 2
+    assert spgemm_model.work("outer_product", s)["outer.expand/pairs"] == 2.0
+
 # --- row_hash on the GPU ---------------------------------------------------------------------------------
 
 

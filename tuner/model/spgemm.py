@@ -40,14 +40,12 @@ KEY_BYTES = 8  # outer_product's (row * n_cols + column) keys
 # heaviest rows to dense accumulators): theirs come from products that had global rows.
 REFERENCE_BANDWIDTH_GBS = 3006.0
 REFERENCE_RATES = {
-    "hash.numeric_dense": 9.4654e-09, "hash.numeric_dense/spans": 5.6265e-07, "hash.numeric_dense:fixed": 4.8453e-02,
-    "hash.numeric_global": 5.4780e-08, "hash.numeric_shared": 5.0363e-08, "hash.numeric_shared:fixed": 1.0079e-01,
-    "hash.rows": 1.4070e-06, "hash.rows:fixed": 3.2129e-01, "hash.sort": 0.0000e+00, "hash.sort:fixed": 5.1694e-03,
-    "hash.symbolic_dense": 3.2668e-09, "hash.symbolic_dense:fixed": 4.7354e-02, "hash.symbolic_global": 1.9908e-08,
-    "hash.symbolic_shared": 5.7361e-08, "hash.symbolic_shared:fixed": 1.9892e-01, "outer.csr": 5.8678e-10,
-    "outer.csr:fixed": 1.0910e-01, "outer.expand": 2.0601e-09, "outer.expand:fixed": 5.2802e-02,
-    "outer.reduce": 6.1135e-10, "outer.reduce:fixed": 5.3400e-02, "outer.sort": 8.7281e-10,
-    "outer.sort:fixed": 1.0362e-01,
+    "hash.bins": 3.7844e-02, "hash.numeric_dense": 1.0183e-08, "hash.numeric_dense/spans": 5.5323e-07,
+    "hash.numeric_global": 5.4780e-08, "hash.numeric_shared": 4.7893e-08, "hash.rows": 2.5843e-07,
+    "hash.sort": 2.5266e-11, "hash.symbolic_dense": 3.4195e-09, "hash.symbolic_global": 1.9908e-08,
+    "hash.symbolic_shared": 4.5695e-08, "hash:fixed": 0.0000e+00, "outer.csr": 8.0464e-10,
+    "outer.expand": 2.0661e-09, "outer.expand/pairs": 6.5153e-07, "outer.reduce": 6.5821e-10,
+    "outer.sort": 8.8850e-10, "outer:fixed": 2.5663e-01,
 }
 
 
@@ -70,6 +68,9 @@ class ProductStats:
         hashed_entries: entries of A that meet a non-empty row of B in rows the symbolic phase hashes (not dense).
         dense_entries: entries of A in the numeric phase's dense rows.
         dense_spans: spans of columns a numeric dense row is accumulated in (each walks the row's entries).
+        pairs: indices k with a non-empty column k of A and a non-empty row k of B (outer_product's blocks).
+        bins_used: row_hash's non-empty bins over both phases (shared, global and dense; each a launch, and on
+            the shared ones, a stream of its own to wait for).
     """
 
     n_rows: int
@@ -89,6 +90,8 @@ class ProductStats:
     hashed_entries: int = 0
     dense_entries: int = 0
     dense_spans: int = 1
+    pairs: int = 0
+    bins_used: int = 0
 
 
 def estimate_nnz(a: CanonicalMatrix, b: CanonicalMatrix, products: np.ndarray, sample: int = SAMPLE_ROWS,
@@ -150,6 +153,13 @@ def product_stats(a: CanonicalMatrix, b: CanonicalMatrix, symbolic_tables: tuple
     meets = np.zeros(a.nnz + 1, np.int64)  # entries of A whose B row is not empty, counted per row of A
     np.cumsum(np.diff(np.asarray(b.indptr, np.int64))[a.indices] > 0, out=meets[1:])
     entries = np.diff(meets[np.asarray(a.indptr, np.int64)])
+    a_columns = np.bincount(np.asarray(a.indices), minlength=a.n_cols)[:b.n_rows] > 0
+    pairs = int(np.count_nonzero(a_columns & (np.diff(np.asarray(b.indptr, np.int64)) > 0)))
+    bins_used = 0
+    for counts, tables, load, dense_rows in ((products, symbolic_tables, symbolic_load, sym_dense),
+                                            (products * mean_ratio, numeric_tables, numeric_load, num_dense)):
+        which = np.searchsorted(caps(tables, load), counts[(counts > 0) & ~dense_rows], side="left")
+        bins_used += int(np.unique(which).size) + int(dense_rows.any())
     return ProductStats(
         n_rows=a.n_rows, n_cols=n_cols, products=int(products.sum()), nnz_c=nnz_c,
         symbolic_global=int(products[(products > sym_cap) & ~sym_dense].sum()),
@@ -160,7 +170,7 @@ def product_stats(a: CanonicalMatrix, b: CanonicalMatrix, symbolic_tables: tuple
         a_entries=int(meets[-1]), symbolic_dense=int(products[sym_dense].sum()),
         numeric_dense=int(products[num_dense].sum()), hashed_entries=int(entries[~sym_dense].sum()),
         dense_entries=int(entries[num_dense].sum()),
-        dense_spans=max(1, -(-n_cols // dense_width)) if dense_width else 1)
+        dense_spans=max(1, -(-n_cols // dense_width)) if dense_width else 1, pairs=pairs, bins_used=bins_used)
 
 
 SHARE = "/"  # "phase/what": a second kind of work of one timed phase (its rate fitted beside the phase's own)
@@ -180,7 +190,8 @@ def work(family: str, s: ProductStats) -> dict[str, float]:
     entry = s.col_bytes + s.value_bytes
     if family == "outer_product":
         passes = -(-s.key_bits // 8)
-        return {"outer.expand": float(s.products * pair), "outer.sort": float(s.products * pair * passes),
+        return {"outer.expand": float(s.products * pair), "outer.expand" + SHARE + "pairs": float(s.pairs),
+                "outer.sort": float(s.products * pair * passes),
                 "outer.reduce": float(s.products * pair), "outer.csr": s.nnz_c * pair}
     return {"hash.rows": float(s.n_rows),
             "hash.symbolic_shared": float(s.products - s.symbolic_global - s.symbolic_dense),
@@ -188,6 +199,7 @@ def work(family: str, s: ProductStats) -> dict[str, float]:
             "hash.numeric_shared": float(s.products - s.numeric_global - s.numeric_dense),
             "hash.numeric_global": float(s.numeric_global), "hash.numeric_dense": float(s.numeric_dense),
             "hash.numeric_dense" + SHARE + "spans": float(s.dense_entries * s.dense_spans),
+            "hash.bins": float(s.bins_used),
             "hash.sort": s.nnz_c * (1.0 - s.numeric_dense / max(s.products, 1)) * entry}
 
 
@@ -222,6 +234,7 @@ def working_bytes(family: str, s: ProductStats) -> float:
 
 LAUNCHES = {"outer_product": lambda s: 6, "row_hash": lambda s: s.bins + 8}
 PREFIX = {"outer_product": "outer", "row_hash": "hash"}  # each family's phases are named "prefix.phase"
+PER_LAUNCH = ("hash.bins",)  # units that count launches and waits: their rates do not scale with bandwidth
 
 
 @dataclass(frozen=True)
@@ -248,14 +261,14 @@ def rates_from(profile) -> Rates:
         >>> r = rates_from(Profile({}, {"copy_bandwidth_gbs": 1503.0, "launch_overhead_ms": 0.004}, {}, ""))
         >>> round(r.per_unit["outer.expand"] / REFERENCE_RATES["outer.expand"], 3), r.source
         (2.0, 'reference rates scaled by copy bandwidth')
-        >>> r.per_unit["outer.sort:fixed"] == REFERENCE_RATES["outer.sort:fixed"]
+        >>> r.per_unit["outer:fixed"] == REFERENCE_RATES["outer:fixed"]
         True
     """
     constants = profile.constants if profile is not None else {}
     launch = float(constants.get("launch_overhead_ms", 0.005))
     measured = (profile.spgemm or {}).get("rates") if profile is not None else None
     scale = REFERENCE_BANDWIDTH_GBS / float(constants.get("copy_bandwidth_gbs", REFERENCE_BANDWIDTH_GBS))
-    reference = {k: v if k.endswith(FIXED) else v * scale for k, v in REFERENCE_RATES.items()}
+    reference = {k: v if k.endswith(FIXED) or k in PER_LAUNCH else v * scale for k, v in REFERENCE_RATES.items()}
     if measured:  # units the measured products never had (global tables, say) keep the reference's rates
         units = {k: v for k, v in reference.items() if not k.endswith(FIXED)}
         return Rates({**units, **measured}, launch, "measured")
@@ -288,8 +301,11 @@ def fit_rates(runs: list[dict]) -> dict:
 
     Runs that also hold ``whole_ms`` (the product timed whole, with no waits between its phases) and their
     ``family`` replace that family's phase fixed parts by one (``prefix + FIXED``, see :data:`PREFIX`): the
-    median of whole time less the rates' part. Phases timed one by one each pay a wait for the GPU and run
-    alone, which a whole product does not, so their fixed parts overstate a small product's.
+    least-squares fixed part on relative errors of the whole times given the rates' part (the residuals
+    weighted by 1 / whole_ms squared, so that the small products, whose time it mostly is, decide it),
+    fitted together with the rates of units no phase times apart (``hash.bins``: a launch and a stream's wait
+    per non-empty bin). Phases timed one by one each pay a wait for the GPU and run alone, which a whole
+    product does not, so their fixed parts overstate a small product's.
 
     Example:
         >>> r = fit_rates([{"work": {"a": 100.0}, "ms": {"a": 2.0}}, {"work": {"a": 300.0}, "ms": {"a": 4.0}}])
@@ -325,8 +341,16 @@ def fit_rates(runs: list[dict]) -> dict:
         whole = [r for r in runs if r.get("family") == family and r.get("whole_ms")]
         if not whole:
             continue
-        rest = [r["whole_ms"] - sum(n * out.get(k, 0.0) for k, n in r["work"].items()) for r in whole]
+        timed = {k for r in whole for k in r["ms"]}
+        untimed = sorted({k for r in whole for k in r["work"] if k.split(SHARE)[0] not in timed})
+        ms = np.array([r["whole_ms"] for r in whole])
+        rest = ms - np.array([sum(n * out.get(k, 0.0) for k, n in r["work"].items()) for r in whole])
         for k in [k for k in out if k.startswith(prefix + ".") and k.endswith(FIXED)]:
             del out[k]
-        out[prefix + FIXED] = max(0.0, float(np.median(rest)))
+        x = np.array([[r["work"].get(k, 0.0) for k in untimed] + [1.0] for r in whole])
+        scale = np.maximum(x.max(axis=0), 1e-30)
+        coef, _ = nnls(x / scale / ms[:, None], rest / ms)
+        coef = coef / scale
+        out.update({k: float(c) for k, c in zip(untimed, coef[:-1])})
+        out[prefix + FIXED] = float(coef[-1])
     return out
