@@ -98,3 +98,89 @@ def test_bad_page_sizes_and_mismatched_operands_are_refused_by_name():
         slotted_pages(np.array([0, 1]), np.array([0, 1]), 1)
     with pytest.raises(ValueError, match="must agree"):
         slotted_pages(np.array([0, 1, 2]), np.array([0, 1]), 8)
+
+
+# --- the slotted-page product (tuner.spgemm.slotted) ---------------------------------------------------------
+
+from tuner.cache import Cache  # noqa: E402
+from tuner.matrix import canonicalize  # noqa: E402
+from tuner.model import spgemm as spgemm_model  # noqa: E402
+from tuner.spgemm.base import DeviceMemoryError  # noqa: E402
+from tuner.spgemm.slotted import SlottedProduct, page_need, plan_pages  # noqa: E402
+
+
+def slotted(A, B, budget):
+    a, b = canonicalize(A, np.float64), canonicalize(B, np.float64)
+    stats = spgemm_model.ProductStats(a.n_rows, b.n_cols, int((A @ B).nnz), float((A @ B).nnz), 0, 0, 8, 4, 32, 0)
+    plan, pages = plan_pages(a, b, budget, stats, spgemm_model.rates_from(None))
+    return plan, pages, SlottedProduct(a, b, pages, Cache(None))
+
+
+@pytest.mark.parametrize("budget", [60_000, 400_000])
+def test_slotted_product_pages_sum_to_the_product_and_each_fits_the_budget(budget):
+    A = power_law(600, seed=21)
+    plan, pages, product = slotted(A, A.T.tocsr(), budget)
+    assert pages.pages > 1 and plan.heaviest_need_bytes <= budget
+    need = page_need(pages.products, pages.entries, pages.slot_end - pages.slot_begin, 600, 8, 4)
+    assert need.max() == plan.heaviest_need_bytes
+    C = sum(a.to_scipy() @ b.to_scipy() for a, b in product._operands)
+    ref = A.astype(np.float64) @ A.T.astype(np.float64)
+    assert abs(C - ref).max() < 1e-12 * abs(ref).max()
+
+
+def test_a_larger_budget_takes_fewer_larger_pages():
+    A = power_law(600, seed=22)
+    small, _, _ = slotted(A, A, 60_000)
+    large, _, _ = slotted(A, A, 600_000)
+    assert large.page_entries > small.page_entries and large.pages < small.pages
+    assert min(large.predicted_s.values()) < min(small.predicted_s.values())
+
+
+def test_a_budget_too_small_for_one_page_is_refused_with_both_figures():
+    A = power_law(600, seed=23)
+    with pytest.raises(DeviceMemoryError, match=r"smallest pages .* need [\d,]+ bytes .* the budget is 1,000"):
+        slotted(A, A, 1_000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["power_law", "long_rows", "pattern", "float64"])
+def test_a_product_over_the_device_budget_streams_slotted_pages_and_matches_scipy(name):
+    import tuner
+    A = FIXTURES[name]
+    B = A.T.tocsr()
+    f = tuner.compile(A, B, device_memory_limit=200_000)
+    assert isinstance(f, SlottedProduct) and f.plan.pages > 1, f.explain()
+    C = f()
+    ref = (A.astype(np.float64) @ B.astype(np.float64)).tocsr()
+    assert C.shape == ref.shape and C.nnz == ref.nnz
+    assert abs(C - ref).max() <= 1e-5 * max(abs(ref).max(), 1.0)
+    assert 0 < f.peak_bytes <= 200_000
+    with pytest.raises(ValueError, match="out='device'"):
+        f(out="device")
+
+
+@pytest.mark.parametrize("max_products", [50, 400])
+def test_a_products_bound_packs_light_slots_into_pages_of_like_work(max_products):
+    A = power_law(500, seed=24)
+    a, b = operands(A, A.T)
+    per_slot = np.diff(a.indptr) * np.diff(b.indptr)
+    pages = slotted_pages(a.indptr, b.indptr, 64, max_products)
+    light = ~pages.large & (pages.slot_end - pages.slot_begin > 1)
+    assert light.any()
+    # A shared page holds under max_products beyond its last slot's own products.
+    last = per_slot[pages.slot_end[light] - 1]
+    assert np.all(pages.products[light] < max_products + last)
+    assert pages.pages > slotted_pages(a.indptr, b.indptr, 64).pages
+    C = product_by_pages(pages, a.indptr, a.indices, a.data, b.indptr, b.indices, b.data, A.shape)
+    assert abs(C - a @ b).max() < 1e-12 * abs(a @ b).max()
+
+
+def test_running_sum_of_partials_equals_their_sum_and_holds_a_few_sums():
+    from tuner.spgemm.slotted import RunningSum
+    parts = [sp.random(40, 30, density=0.1, format="csr", random_state=k) for k in range(23)]
+    total = RunningSum((40, 30), np.float64)
+    for k, c in enumerate(parts, 1):
+        total.add(c)
+        assert len(total.sums) == bin(k).count("1")  # one sum per set bit of the count: at most log2 + 1
+    got = total.result()
+    assert got.has_sorted_indices and abs(got - sum(parts)).max() < 1e-12

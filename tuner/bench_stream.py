@@ -7,6 +7,12 @@ Rows (models/<gpu-slug>/bench-stream.json), one per (op, graph, budget):
 * ``spmv``: y = A x streamed; ``ours_s`` the median wall time of a product between device synchronisations.
 * ``pagerank``: :func:`tuner.pagerank` on the device with the budget (Aᵀ streamed every iteration, the rank
   vectors on the GPU), to a per-node change below ``bench_graph.TOL``; ``ours_s`` per iteration.
+* ``spgemm``: C = A B in slotted pages (:mod:`tuner.spgemm.slotted`) under a budget of an eighth of the
+  in-memory product's working set (:data:`SPGEMM_SHARE`), C assembled in host memory; ``in_memory_s`` the
+  same product in memory with C brought to the host, ``bound_s`` that plus the streamed bytes at the measured
+  host-to-device rate; ``page_sizes`` the model's predicted and the measured seconds of the chosen page size
+  and of pages a half and a quarter of it, and a call's seconds in its pages and in the host's assembly of C
+  (``phases_s``).
 
 ``fraction_of_h2d`` is the bytes streamed a product over its time over ``h2d_gbs_measured`` (copies from
 page-locked memory, CUDA events): how close a product comes to PCIe's floor. ``in_memory_s``: the same
@@ -75,6 +81,8 @@ class StreamRow:
     in_memory_s: float | None
     rel_error: float
     correct: bool
+    bound_s: float | None = None
+    page_sizes: dict | None = None
 
 
 def _median_wall_s(fn, repeats: int) -> float:
@@ -157,17 +165,81 @@ def pagerank_row(source: str, limit: str, h2d: float) -> StreamRow:
                      correct=err <= PAGERANK_AGREEMENT)
 
 
+SPGEMM_SUITE = (("wiki-Vote.npz", "AA"), ("cit-HepPh.npz", "AAT"), ("cnr-2000.npz", "AA"))
+SPGEMM_SHARE = 8  # the budget is the in-memory product's working set over this
+
+
+def spgemm_suite(data_dir=None) -> list[tuple[str, str]]:
+    """The slotted-page products of the data folder's graphs, as (graph file, 'AA' or 'AAT').
+
+    Example:
+        >>> spgemm_suite("/nonexistent")
+        []
+    """
+    by_name = {p.name: p for p in loaders.real_matrices(data_dir)}
+    return [(str(by_name[n]), op) for n, op in SPGEMM_SUITE if n in by_name]
+
+
+def spgemm_row(source: str, op: str, h2d: float, repeats: int = 3) -> StreamRow:
+    """C = A B (or A Aᵀ) in slotted pages under :data:`SPGEMM_SHARE` of its in-memory working set."""
+    import scipy.sparse as sp
+
+    from .model import spgemm as model
+    from .spgemm import compile_spgemm, operand_bytes
+    from .spgemm.slotted import SlottedProduct
+    from .formats.slotted_pages import slotted_pages
+    A = loaders.load(source).tocsr()
+    B = A if op == "AA" else A.T.tocsr()
+    in_memory = compile_spgemm(A, B)
+    a, b = in_memory.a, in_memory.b
+    working = int(model.working_bytes(in_memory.plan.family, in_memory.plan.stats) + operand_bytes(a, b))
+    ref = in_memory()
+    in_memory_s = _median_wall_s(in_memory, repeats)
+    del in_memory
+    budget = working // SPGEMM_SHARE
+    f = compile_spgemm(A, B, device_memory_limit=budget)
+    if not isinstance(f, SlottedProduct):
+        raise ValueError(f"{source} {op} fits {budget:,} bytes: it streams only over its budget")
+    C = f()
+    ours = _median_wall_s(f, repeats)
+    streamed = f.up_bytes + f.down_bytes
+    f.timed = True  # one more call, split into its pages (copies and kernels) and the host's assembly of C
+    f()
+    phases = {k: round(v, 6) for k, v in f.seconds.items()}
+    diff = abs(C.astype(np.float64) - ref.astype(np.float64))
+    err = float(diff.max() / max(abs(ref).max(), 1e-30)) if ref.nnz else float(diff.max() if C.nnz else 0.0)
+    sizes = {}
+    chosen = f.plan.page_entries
+    for entries in (chosen, chosen // 2, chosen // 4):
+        if entries not in f.plan.predicted_s:
+            continue
+        g = f if entries == chosen else SlottedProduct(
+            f.a, f.b, slotted_pages(f.ops.a_colptr, f.ops.b_rowptr, entries, f.pages.max_products), f.cache,
+            nnz_c=f.nnz_c)
+        sizes[str(entries)] = {"predicted_s": f.plan.predicted_s[entries], "pages": g.pages.pages,
+                               "measured_s": ours if g is f else _median_wall_s(g, 1)}
+    sizes["phases_s"] = phases
+    return StreamRow(op="spgemm", name=f"{loaders.display_name(source)} {op}", nnz=int(A.nnz), budget_bytes=budget,
+                     data_bytes=working, streamed_bytes=int(streamed), parts=f.plan.pages, passes=repeats,
+                     ours_s=ours, h2d_gbs_measured=h2d, fraction_of_h2d=streamed / ours / 1e9 / h2d,
+                     in_memory_s=in_memory_s, rel_error=err, correct=bool(C.nnz == ref.nnz and err < 1e-5),
+                     bound_s=in_memory_s + streamed / h2d / 1e9, page_sizes=sizes)
+
+
 # Each run stops once no rank changes by TOL, within about TOL / (1 - alpha) of the fixed point: two runs
 # that sum in different orders agree to some multiple of TOL.
 PAGERANK_AGREEMENT = 10 * TOL
-OPS = {"spmv": spmv_row, "pagerank": pagerank_row}
+OPS = {"spmv": spmv_row, "pagerank": pagerank_row, "spgemm": spgemm_row}
 
 
-def run(suite, out: Path, command: str, ops=("spmv", "pagerank"), progress=None) -> list[StreamRow]:
-    """Every op of every (graph, budget), written to ``out`` after each row."""
+def run(suite, out: Path, command: str, ops=("spmv", "pagerank"), progress=None,
+        products: list[tuple[str, str]] = ()) -> list[StreamRow]:
+    """Every op of every (graph, budget) and, with 'spgemm' in ``ops``, every slotted-page product of
+    ``products`` ((graph, 'AA' or 'AAT'), see :func:`spgemm_suite`), written to ``out`` after each row."""
     from .formats import device_reorder
     h2d = gpu.pinned_copy_gbs()
-    jobs = [(op, source, limit) for source, limit in suite for op in ops]
+    jobs = [(op, source, limit) for source, limit in suite for op in ops if op != "spgemm"]
+    jobs += [("spgemm", source, op) for source, op in products] if "spgemm" in ops else []
     rows = []
     for op, source, limit in (progress(jobs) if progress else jobs):
         rows.append(OPS[op](source, limit, h2d))

@@ -369,7 +369,8 @@ def cmd_bench_stream(args) -> int:
         return NO_GPU_EXIT
     out = Path(args.out) if args.out else paths.gpu_results_dir(gpu.device_info().name) / "bench-stream.json"
     bar = lambda jobs: tqdm(jobs, desc="bench stream", unit="row", file=sys.stderr)  # noqa: E731
-    rows = bench_stream.run(suite, out, args.command_line, ops=tuple(args.op), progress=bar)
+    rows = bench_stream.run(suite, out, args.command_line, ops=tuple(args.op), progress=bar,
+                            products=bench_stream.spgemm_suite(args.data_dir))
     print(bench_stream.format_table(rows))
     print(f"wrote {out}")
     return 0
@@ -727,17 +728,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-graph.json)")
     p.set_defaults(func=cmd_bench_graph)
 
-    p = sub.add_parser("bench-stream", help="SpMV and PageRank streamed through a device-memory budget, against PCIe",
+    p = sub.add_parser("bench-stream", help="SpMV, PageRank and SpGEMM streamed through a device-memory budget",
                        description="Multiply graphs larger than a device-memory budget by streaming their rows from "
                                    "page-locked host memory every product (and PageRank with Aᵀ streamed every "
                                    "iteration); time them against the host-to-device bandwidth measured in the same "
                                    "run and the same product in memory; check against SciPy and PageRank in memory. "
+                                   "With --op spgemm: A·A and A·Aᵀ of the data folder's wiki-Vote, cit-HepPh and "
+                                   "cnr-2000 in slotted pages under an eighth of their in-memory working set, each "
+                                   "at the model's page size and at a half and a quarter of it. "
                                    "Writes bench-stream.json after each row.")
     p.add_argument("suite", nargs="*", help=f"GRAPH@BUDGET items, e.g. rmat:25@512M (GRAPH: {MATRIX_HELP}; "
                                             "BUDGET: bytes or 512M, 2G, ...); default: rmat:23@128M, "
                                             "rmat:25@512M and cnr-2000 Kronecker-scaled twice@256M")
-    p.add_argument("--op", nargs="+", choices=("spmv", "pagerank"), default=["spmv", "pagerank"],
-                   help="what to stream (default both)")
+    p.add_argument("--op", nargs="+", choices=("spmv", "pagerank", "spgemm"), default=["spmv", "pagerank", "spgemm"],
+                   help="what to stream (default all three)")
     p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
     p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-stream.json)")
     p.set_defaults(func=cmd_bench_stream)

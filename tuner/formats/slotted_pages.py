@@ -36,6 +36,7 @@ class SlottedPages:
         large: whether the page holds part of one heavy slot.
         products: the page's scalar products (int64): the work of its partial C.
         page_entries: the most entries a page holds.
+        max_products: the running products at which light slots start a new page (None: entries alone).
     """
 
     slot_begin: np.ndarray
@@ -47,6 +48,7 @@ class SlottedPages:
     large: np.ndarray
     products: np.ndarray
     page_entries: int
+    max_products: int | None = None
 
     @property
     def pages(self) -> int:
@@ -73,9 +75,13 @@ def _pieces(length: np.ndarray, size: np.ndarray) -> np.ndarray:
     return np.maximum(-(-length // np.maximum(size, 1)), 1)
 
 
-def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int) -> SlottedPages:
+def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int,
+                  max_products: int | None = None) -> SlottedPages:
     """The pages of C = A B for A's column pointer and B's row pointer (see the module docstring); pages
     without products are left out. ``page_entries`` must be at least 2 (a page holds an entry of each).
+    ``max_products``: light slots also start a new page where their running products pass a multiple of it,
+    so that pages of a device-memory budget carry like work (a light slot of more products still gets a
+    page to itself, bounded by its entries).
 
     Example (one slot of 10 x 2: a column cut in pieces of 4 beside the whole row):
         >>> p = slotted_pages(np.array([0, 10]), np.array([0, 2]), 6)
@@ -99,6 +105,11 @@ def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int)
     window = start // max(page - largest, 1)
     new = np.ones(a_len.size, dtype=bool)
     new[1:] = heavy[1:] | heavy[:-1] | (window[1:] != window[:-1])
+    if max_products:
+        done = np.zeros(a_len.size, np.int64)  # products of the slots before each one
+        np.cumsum((a_len * b_len)[:-1], out=done[1:])
+        work = done // max(int(max_products), 1)
+        new[1:] |= work[1:] != work[:-1]
     first = np.flatnonzero(new)
     last = np.append(first[1:], a_len.size)
     keep = ~heavy[first]
@@ -133,7 +144,7 @@ def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int)
         products=np.concatenate([light_products, (a_hi - a_lo) * (b_hi - b_lo)]))
     out = {name: x[order] for name, x in out.items()}
     has = out["products"] > 0
-    return SlottedPages(**{name: x[has] for name, x in out.items()}, page_entries=page)
+    return SlottedPages(**{name: x[has] for name, x in out.items()}, page_entries=page, max_products=max_products)
 
 
 def page_operands(pages: SlottedPages, p: int, a_colptr, a_rows, a_values, b_rowptr, b_cols, b_values,

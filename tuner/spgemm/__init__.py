@@ -242,8 +242,20 @@ def timed_ms(fn, repeats: int) -> float:
     return wall_ms(fn, repeats_for(wall_ms(fn, 1, warmup=1), repeats))
 
 
+def operand_bytes(a: CanonicalMatrix, b: CanonicalMatrix) -> int:
+    """Device bytes both operands hold (indices, values, row pointers), beyond a family's working set.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> a = canonicalize(sp.eye(3, format="csr", dtype="float32"))
+        >>> operand_bytes(a, a)   # 2 x (3 x (4 + 4) + 4 x 8)
+        112
+    """
+    return sum(m.nnz * (m.index_dtype.itemsize + m.value_dtype.itemsize) + 8 * (m.n_rows + 1) for m in (a, b))
+
+
 def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profile=None, cache_dir=None,
-                   repeats: int = 5) -> Product:
+                   repeats: int = 5, device_memory_limit=None) -> Product:
     """A callable computing C = A B on this GPU (B may be A, A.T or any matrix with A's column count as rows).
 
     Values are float32 or float64 (the wider of the operands', or ``dtype``); a pattern A times a pattern B
@@ -253,6 +265,10 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
     cached under both structures and this GPU: the next compile of the same pair reuses it);
     ``params`` (an :class:`OuterProductParams` or :class:`RowHashParams`) forces a family and geometry.
     ``profile``: a :class:`~tuner.model.profile_data.Profile` (default: this GPU's).
+    ``device_memory_limit``: the device memory the product may hold (bytes or a figure such as '4G'; default
+    what is free). Where neither family's working set fits it (model mode), the product streams slotted pages
+    through it and assembles C in host memory (:class:`~tuner.spgemm.slotted.SlottedProduct`; its ``plan``
+    says how many pages and why).
 
     Example (on a GPU machine):
         >>> import scipy.sparse as sp, tuner                            # doctest: +SKIP
@@ -282,9 +298,20 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
             profile = load_profile(info.name)
         except (FileNotFoundError, ValueError):
             profile = None
-    plan = model_plan(a, b, profile, shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm),
-                      gpu.free_memory())
+    from ..streaming import budget_of
+    budget = budget_of(device_memory_limit, gpu.free_memory())
+    plan = model_plan(a, b, profile, shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm), budget)
     stats, predicted = plan.stats, plan.predicted_ms
+    need = model.working_bytes(plan.family, stats) + operand_bytes(a, b)
+    if tune == "model" and need > budget:
+        from .slotted import SlottedProduct, plan_pages
+        where = "free device memory" if device_memory_limit is None else "device-memory limit"
+        splan, pages = plan_pages(a, b, budget, stats, model.rates_from(profile))
+        splan = dataclasses.replace(splan, reason=f"{plan.family}'s working set of {int(need):,} bytes exceeds the "
+                                                  f"{where} of {budget:,} bytes: {splan.reason}")
+        product = SlottedProduct(a, b, pages, cache, nnz_c=stats.nnz_c)
+        product.plan = splan
+        return product
     if tune == "model":
         product = FAMILIES[plan.family].build(a, b, plan.params, cache)
         product.plan = plan

@@ -147,9 +147,6 @@ class OuterProduct(Product):
 
     def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams, cache: Cache):
         super().__init__(a, b, params)
-        self._temp: int | None = None
-        self.ops = operands(a, b)
-        self.table = workload_table(self.ops.a_colptr, self.ops.b_rowptr, params.block_size, params.split)
         index = np.dtype(np.int64) if np.dtype(np.int64) in (a.index_dtype, b.index_dtype) else np.dtype(np.int32)
         self.index_dtype = index
         name = f"outer_{self.dtype.name}_{index.name}{'_pattern' if self.value_free else ''}"
@@ -166,8 +163,28 @@ class OuterProduct(Product):
                         64: self._expand.sibling(f"{name}_indptr64", "PqqqP")}
         self._columns = {32: self._expand.sibling(f"{name}_columns32", "PqqP"),
                          64: self._expand.sibling(f"{name}_columns64", "PqqP")}
-        t = self.table
-        self._dev = {k: gpu.upload(np.ascontiguousarray(x)) for k, x in (
+        self._bind(a, b)
+
+    def rebind(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
+        """Multiply another pair from now on with the kernels already loaded: the same value and index types,
+        value-free or not, and C of the same shape (a slotted page's operands, say)."""
+        same = (a.value_dtype == self.dtype and a.value_free == b.value_free == self.value_free
+                and (a.n_rows, b.n_cols) == self.shape
+                and np.dtype(np.int64 if np.dtype(np.int64) in (a.index_dtype, b.index_dtype) else np.int32)
+                == self.index_dtype)
+        if not same:
+            raise MatrixError("rebind needs operands of the compiled types and C's shape: compile them instead")
+        Product.__init__(self, a, b, self.params)
+        self._bind(a, b)
+
+    def _bind(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
+        """The operands' CSC and CSR arrays, the workload table, and their uploads."""
+        self._temp: int | None = None
+        self.ops = operands(a, b)
+        self.table = t = workload_table(self.ops.a_colptr, self.ops.b_rowptr, self.params.block_size,
+                                        self.params.split)
+        index = self.index_dtype
+        self._dev = {k: gpu.upload_pooled(np.ascontiguousarray(x)) for k, x in (
             ("pair", t.pair), ("a_start", t.a_start), ("a_stop", t.a_stop), ("offset", t.offset),
             ("a_rows", self.ops.a_rows.astype(index, copy=False)),
             ("b_rowptr", self.ops.b_rowptr), ("b_cols", self.ops.b_cols.astype(index, copy=False)))}
@@ -175,7 +192,7 @@ class OuterProduct(Product):
 
     def _upload_values(self, a_values, b_values) -> None:
         for key, values in (("a_vals", a_values), ("b_vals", b_values)):
-            self._dev[key] = None if values is None else gpu.upload(np.ascontiguousarray(values, self.dtype))
+            self._dev[key] = None if values is None else gpu.upload_pooled(np.ascontiguousarray(values, self.dtype))
 
     def _set_values(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
         self._upload_values(a.data[self.ops.a_order], b.data)

@@ -1,0 +1,284 @@
+"""Slotted-page SpGEMM (paper 001, MStream, outer-product variant): C = A B through a device-memory budget
+smaller than the product's working set.
+
+The inner dimension is cut into slotted pages (:mod:`tuner.formats.slotted_pages`): each page is a
+contiguous range of A's CSC entries and of B's CSR entries, whose outer products are a partial C. Page by
+page, the page's operands go to the GPU, the outer_product family expands, sorts and sums them there
+(:class:`~tuner.spgemm.outer_product.OuterProduct` on the page), and the partial C comes back to host
+memory; C is the sum of the partials, added up on the host as they come (CSR plus CSR, sums of like size
+together, so that every entry is merged about log2(pages) times). The page's operands are cut
+when the product is compiled, so a call copies, multiplies and downloads.
+
+The page size is the model's: among powers of two whose heaviest page fits the budget (:func:`page_need`),
+light slots sharing a page up to half the budget's worth of products, the one with the lowest predicted time, each page predicted by the outer_product model (its fixed cost
+and rates, :mod:`tuner.model.spgemm`) plus its copies at the measured PCIe rates. Larger pages pay the
+per-page fixed cost fewer times and send back fewer partial entries (a page sums its own duplicates); the
+budget bounds them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.sparse as sp
+
+from ..cache import Cache
+from ..formats.slotted_pages import SlottedPages, page_operands, slotted_pages
+from ..matrix import CanonicalMatrix, canonicalize
+from ..memory import check_fits
+from ..model import spgemm as model
+from .base import DeviceMemoryError, Product
+from .outer_product import OuterProduct, OuterProductParams, key_bits, operands
+
+SORT_COPIES = 3  # the expansion's keys and values held three times at the sort: input, output, CUB's own copy
+SMALLEST_PAGE = 64  # entries
+H2D_GBS = 48.0  # pinned host-to-device and device-to-host rates (GB/s) where none is measured: the H100's
+D2H_GBS = 54.0
+
+
+@dataclass(frozen=True)
+class SlottedPlan:
+    """The slotted-page decision.
+
+    Attributes:
+        page_entries: the most entries (A's and B's) a page holds.
+        pages: pages of C = A B at that size.
+        budget_bytes: the device memory a page may hold.
+        heaviest_need_bytes: what the heaviest page needs (:func:`page_need`).
+        predicted_s: predicted seconds of a call at each page size that fits (page entries -> s).
+        reason: why streamed, in words.
+    """
+
+    page_entries: int
+    pages: int
+    budget_bytes: int
+    heaviest_need_bytes: int
+    predicted_s: dict = field(default_factory=dict)
+    reason: str = ""
+    family: str = "slotted_page"
+
+
+def page_need(products: np.ndarray, entries: np.ndarray, slots: np.ndarray, n_rows: int, value_bytes: int,
+              index_bytes: int, split: int = OuterProductParams().split) -> np.ndarray:
+    """Device bytes each page's outer product holds at its peak: the expansion's 8-byte keys and values
+    :data:`SORT_COPIES` times, the page's operands, its workload table (a block per slot and per ``split``
+    entries) and C's row pointer.
+
+    Example (a page of 1,000 products from 100 entries over 10 slots, 1,000 rows, float32):
+        >>> int(page_need(np.array([1000]), np.array([100]), np.array([10]), 1000, 4, 4)[0])
+        45248
+    """
+    products, entries, slots = (np.asarray(x, np.int64) for x in (products, entries, slots))
+    blocks = slots + entries // max(split, 1) + 1
+    return (SORT_COPIES * products * (8 + value_bytes) + entries * (index_bytes + value_bytes) + 8 * (slots + 1)
+            + 32 * blocks + 8 * (n_rows + 1))
+
+
+def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.Rates, h2d_gbs: float = H2D_GBS,
+                  d2h_gbs: float = D2H_GBS) -> float:
+    """Predicted seconds of one call over ``pages``: each page's outer product by the model (its fixed cost
+    included) with at most min(its products, nnz(C)) entries, its operands up and that partial C down.
+
+    Example:
+        >>> p = slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4)
+        >>> s = model.ProductStats(4, 4, 8, 8.0, 0, 0, 4, 4, 4, 0)
+        >>> r = model.Rates({"outer:fixed": 0.5}, 0.005, "test")
+        >>> round(predict_pages(p, s, r, 1.0, 1.0), 9)   # two pages: 0.5 ms, 32 bytes up, 52 bytes down each
+        0.001000168
+    """
+    entry = stats.col_bytes + stats.value_bytes
+    # outer_product's prediction is linear in a page's products, entries of C and slots: its coefficients
+    # from unit pages, then every page at once.
+    def at(products=0, nnz=0.0, pairs=0):
+        page = model.ProductStats(stats.n_rows, stats.n_cols, products, nnz, 0, 0, stats.value_bytes,
+                                  stats.col_bytes, stats.key_bits, 0, pairs=pairs)
+        return model.predict("outer_product", page, rates)
+    fixed = at()
+    per_product, per_entry, per_slot = at(products=1) - fixed, at(nnz=1.0) - fixed, at(pairs=1) - fixed
+    products = pages.products.astype(np.float64)
+    nnz = np.minimum(products, stats.nnz_c)
+    slots = (pages.slot_end - pages.slot_begin).astype(np.float64)
+    kernels_ms = pages.pages * fixed + per_product * products.sum() + per_entry * nnz.sum() + per_slot * slots.sum()
+    copies_s = (pages.entries.sum() * entry / h2d_gbs + (nnz.sum() * entry + pages.pages * 4.0 * (stats.n_rows + 1))
+                / d2h_gbs) / 1e9
+    return float(1e-3 * kernels_ms + copies_s)
+
+
+def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
+    """Host bytes a call holds at once while it sums the partials: the running sums (all partial entries at
+    most, each page's at most min(its products, nnz(C)), and at most log2(pages) + 2 sums of at most nnz(C)
+    each), 32-bit columns and a value an entry, and the output of the merge under way.
+
+    Example (two pages of 4 products, 6 entries in C, float64):
+        >>> host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)  # (8 + 6) x 12
+        168
+    """
+    partial = float(np.minimum(pages.products, nnz_c).sum())
+    held = min(partial, (np.log2(max(pages.pages, 1)) + 2) * nnz_c)
+    return int((held + nnz_c) * (4 + value_bytes))
+
+
+def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats: model.ProductStats,
+               rates: model.Rates, reason: str = "") -> tuple[SlottedPlan, SlottedPages]:
+    """The page size of C = A B under ``budget_bytes`` (see the module docstring) and its pages.
+
+    Raises :class:`~tuner.spgemm.base.DeviceMemoryError` when even the smallest page does not fit, naming
+    what it needs and the budget.
+
+    Example:
+        >>> A = canonicalize(sp.random(200, 200, density=0.05, format="csr", random_state=0))
+        >>> s = model.ProductStats(200, 200, 4000, 3000.0, 0, 0, 8, 4, 16, 0)
+        >>> plan, pages = plan_pages(A, A, 200_000, s, model.rates_from(None))
+        >>> plan.heaviest_need_bytes <= 200_000, plan.page_entries, pages.pages
+        (True, 4096, 10)
+    """
+    ops = operands(a, b)
+    a_len, b_len = np.diff(ops.a_colptr), np.diff(ops.b_rowptr)
+    total = int(a_len.sum() + b_len.sum())
+    vb, ib = a.value_dtype.itemsize, a.index_dtype.itemsize
+    fits, smallest = {}, None
+    size = SMALLEST_PAGE
+    # Light slots share a page up to half the budget's worth of products (the other half for the slot that
+    # ends it, the operands and the row pointer): pages of like work rather than of like entries.
+    max_products = max(int(budget_bytes // 2 // (SORT_COPIES * (8 + vb))), 1)
+    while True:
+        pages = slotted_pages(ops.a_colptr, ops.b_rowptr, size, max_products)
+        need = page_need(pages.products, pages.entries, pages.slot_end - pages.slot_begin, a.n_rows, vb, ib)
+        heaviest = int(need.max(initial=0))
+        smallest = heaviest if smallest is None else min(smallest, heaviest)
+        if heaviest <= budget_bytes:
+            fits[size] = (pages, heaviest, predict_pages(pages, stats, rates))
+        if size >= total:
+            break
+        size *= 2
+    if not fits:
+        raise DeviceMemoryError(f"C = A B in slotted pages: the smallest pages ({SMALLEST_PAGE:,} entries) need "
+                                f"{smallest:,} bytes of device memory, the budget is {budget_bytes:,}")
+    best = min(fits, key=lambda e: fits[e][2])
+    pages, heaviest, _ = fits[best]
+    plan = SlottedPlan(best, pages.pages, int(budget_bytes), heaviest, {e: round(v[2], 6) for e, v in fits.items()},
+                       reason or f"{pages.pages} pages of up to {best:,} entries, the lowest predicted time")
+    return plan, pages
+
+
+class RunningSum:
+    """The sum of CSR matrices added one by one, as a binary counter adds: sums of like size are added
+    together (CSR plus CSR, a linear merge of sorted rows), so that each entry is merged about log2(count)
+    times and at most log2(count) + 1 sums are held.
+
+    Example:
+        >>> s = RunningSum((2, 2), np.float64)
+        >>> for k in range(5): s.add(sp.csr_matrix(np.array([[k, 0], [0, 1.0]])))
+        >>> s.result().toarray().tolist(), len(s.sums)
+        ([[10.0, 0.0], [0.0, 5.0]], 2)
+    """
+
+    def __init__(self, shape: tuple[int, int], dtype):
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.sums: list[tuple[int, sp.csr_matrix]] = []  # (level, sum of 2^level matrices), levels descending
+
+    def add(self, c: sp.csr_matrix) -> None:
+        level = 0
+        while self.sums and self.sums[-1][0] == level:
+            c = self.sums.pop()[1] + c
+            level += 1
+        self.sums.append((level, c))
+
+    def result(self) -> sp.csr_matrix:
+        c = sp.csr_matrix(self.shape, dtype=self.dtype)
+        for _, part in reversed(self.sums):
+            c = part + c if c.nnz else part
+        return sp.csr_matrix(c, dtype=self.dtype)
+
+
+class SlottedProduct(Product):
+    """C = A B streamed page by page through a device-memory budget (see the module docstring); a call
+    returns C as a SciPy CSR matrix (it is not kept on the GPU: ``out='device'`` is refused). ``seconds``
+    after a timed call: 'pages' (copies, kernels and the running sums of the partials: sums of like size
+    added as they come, CSR to CSR, each a linear merge of sorted rows) and 'assemble' (the last sums);
+    ``peak_bytes``: the most device memory one page held; ``up_bytes``, ``down_bytes``: what the last call
+    copied to the GPU (the pages' operands) and back (their partial products).
+
+    Example (on a GPU machine):
+        >>> f = tuner.compile(A, A, device_memory_limit="64M")   # doctest: +SKIP
+        >>> C = f(); f.plan.pages, f.peak_bytes <= 64 * 2**20   # doctest: +SKIP
+        (12, True)
+    """
+
+    family = "slotted_page"
+
+    def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, pages: SlottedPages, cache: Cache,
+                 params: OuterProductParams = OuterProductParams(), nnz_c: float | None = None):
+        super().__init__(a, b, params)
+        bound = float(pages.products.sum()) if nnz_c is None else float(nnz_c)
+        self.nnz_c = bound  # C's entries as the compile estimated them (at most the products)
+        check_fits(host_bytes(pages, bound, self.dtype.itemsize),
+                   f"C = A B ({self.shape[0]:,} x {self.shape[1]:,}) assembled from {pages.pages:,} slotted pages",
+                   "the running sums of the partials and a merge's output, from the estimated nnz(C)")
+        self.pages, self.cache = pages, cache
+        self.up_bytes = self.down_bytes = 0
+        self.ops = operands(a, b)
+        self._key_bits = key_bits(self.shape)
+        self._operands = [self._page(p) for p in range(pages.pages)]
+
+    def explain(self) -> str:
+        """Why slotted pages, how many, and each page size's predicted seconds."""
+        plan = getattr(self, "plan", None)
+        if plan is None:
+            return f"slotted_page: {self.pages.pages} pages of up to {self.pages.page_entries:,} entries"
+        sizes = ", ".join(f"{e:,}: {t * 1e3:.2f} ms" for e, t in sorted(plan.predicted_s.items()))
+        return (f"slotted_page: {plan.reason}\nheaviest page needs {plan.heaviest_need_bytes:,} bytes of "
+                f"{plan.budget_bytes:,}; predicted by page size (entries): {sizes}")
+
+    def _page(self, p: int) -> tuple[CanonicalMatrix, CanonicalMatrix]:
+        """Page ``p``'s operands over its own slots only (A's columns and B's rows of the page)."""
+        o, pages = self.ops, self.pages
+        k0, k1 = int(pages.slot_begin[p]), int(pages.slot_end[p])
+        a_values = o.a_values if o.a_values is not None else np.ones(o.a_rows.size, self.dtype)
+        b_values = o.b_values if o.b_values is not None else np.ones(o.b_cols.size, self.dtype)
+        a, b = page_operands(pages, p, o.a_colptr, o.a_rows, a_values, o.b_rowptr, o.b_cols, b_values, self.shape)
+        a, b = a[:, k0:k1].tocsr(), b[k0:k1]
+        a, b = canonicalize(a, self.dtype, self.a.index_dtype), canonicalize(b, self.dtype, self.b.index_dtype)
+        if not self.value_free:  # a page whose values happen to be equal still runs the valued kernels
+            a, b = (dataclasses.replace(m, pattern_value=None) for m in (a, b))
+        return a, b
+
+    def _set_values(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
+        self.a, self.b = a, b
+        self.ops = operands(a, b)
+        self._operands = [self._page(p) for p in range(self.pages.pages)]
+
+    def __call__(self, A=None, B=None, out: str = "scipy"):
+        if out != "scipy":
+            raise ValueError("a slotted-page product assembles C in host memory: it has no out='device' "
+                             "(its working set is over the device-memory budget)")
+        if A is not None or B is not None:
+            self._new_values(A, B)
+        self.seconds = {}
+        t = time.perf_counter()
+        self.up_bytes = self.down_bytes = 0
+        total = RunningSum(self.shape, self.dtype)
+        page = None
+        for a, b in self._operands:  # one set of kernels, loaded once, for every page
+            if page is None:
+                page = OuterProduct(a, b, self.params, self.cache)
+            else:
+                page.rebind(a, b)
+            c = page(out="scipy")
+            self.up_bytes += sum(x.nbytes for m in (a, b)
+                                 for x in (m.indptr, m.indices) + (() if m.value_free else (m.data,)))
+            self.down_bytes += c.indptr.nbytes + c.indices.nbytes + c.data.nbytes
+            self.peak_bytes = max(self.peak_bytes, page.peak_bytes)
+            total.add(c)
+        del page
+        t2 = time.perf_counter()
+        c = total.result()
+        if self.value_free:
+            c.data *= self.dtype.type(self.pattern_value)
+        c.sort_indices()
+        if self.timed:
+            self.seconds["pages"] = t2 - t
+            self.seconds["assemble"] = time.perf_counter() - t2
+        return c
