@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +44,9 @@ class SpgemmRow:
             why); check: how.
         gflops: 2 x products / ours_ms.
         plan: the family and parameters the model chose; predicted_ms: its prediction per family;
-            family_ms: each family's measured time at the model's parameters; pick_within_10pct: whether the
-            chosen family is within 10 % of the fastest measured.
+            family_ms: each family's measured time at the model's parameters; candidates_ms: every candidate
+            ``tune='measure'`` times (family and parameters, None where it does not fit); pick_within_10pct:
+            whether the model's pick is within 10 % of the fastest of all these.
         peak_device_bytes: the most device memory our call needed (operands, tables, output, CUB's storage).
         power_law: False for the finite-element and circuit controls.
         source: the matrix source (file or generator spec) A came from.
@@ -72,6 +73,7 @@ class SpgemmRow:
     power_law: bool
     error: str | None = None
     source: str = ""
+    candidates_ms: dict = field(default_factory=dict)
 
 
 def default_suite(data_dir=None) -> list[tuple[str, str]]:
@@ -168,6 +170,9 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
                 power_law=not any(name.startswith(n) for n in NOT_POWER_LAW))
     try:
         f = compile_spgemm(A, B, cache_dir=cache_dir)
+        if f.family not in FAMILIES:  # over the device's memory: slotted pages, which bench-stream times
+            raise DeviceMemoryError(f"streamed in {f.plan.pages:,} slotted pages ({f.plan.reason}); "
+                                    "python -m tuner bench-stream --op spgemm times such products")
         C = f()
     except (DeviceMemoryError, MemoryError) as e:  # C too large for the GPU, or to check in host memory
         ms, status = _cusparse(A, B, None, False, repeats)
@@ -189,14 +194,23 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
         except DeviceMemoryError:
             family_ms[name_f] = None
     ours = family_ms[f.family]
+    candidates_ms = {}
+    for name_f, family in FAMILIES.items():
+        for params in family.candidates:
+            try:
+                other = compile_spgemm(A, B, params=params, cache_dir=cache_dir)
+                candidates_ms[f"{name_f} {params}"] = timed_ms(whole(other), repeats)
+                del other
+            except DeviceMemoryError:
+                candidates_ms[f"{name_f} {params}"] = None
     numeric = timed_ms(lambda: f(out="device"), repeats)
-    measured = [v for v in family_ms.values() if v is not None]
+    measured = [v for v in (*family_ms.values(), *candidates_ms.values()) if v is not None]
     ms, status = _cusparse(A, B, C, correct, repeats)
     return SpgemmRow(**base, nnz_c=int(C.nnz), ours_ms=ours, ours_numeric_ms=numeric, cusparse_ms=ms,
                      speedup=None if ms is None or not status.startswith("ok") else ms / ours,
                      cusparse_status=status, ours_correct=correct, check=how, gflops=2 * products / ours / 1e6,
                      plan=f"{f.family} {f.params}", predicted_ms={k: round(v, 4) for k, v in f.plan.predicted_ms.items()},
-                     family_ms=family_ms, pick_within_10pct=ours <= 1.1 * min(measured),
+                     family_ms=family_ms, candidates_ms=candidates_ms, pick_within_10pct=ours <= 1.1 * min(measured),
                      peak_device_bytes=f.peak_bytes)
 
 

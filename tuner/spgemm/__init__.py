@@ -300,15 +300,21 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
             profile = None
     from ..streaming import budget_of
     budget = budget_of(device_memory_limit, gpu.free_memory())
-    plan = model_plan(a, b, profile, shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm), budget)
+    shared = shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm)
+    plan = model_plan(a, b, profile, shared, budget)
+    need = model.working_bytes(plan.family, plan.stats) + operand_bytes(a, b)
+    if need > budget and device_memory_limit is None:  # the pools' idle blocks are free for this product too
+        budget = gpu.free_memory(release_pool=True)
+        plan = model_plan(a, b, profile, shared, budget)
+        need = model.working_bytes(plan.family, plan.stats) + operand_bytes(a, b)
     stats, predicted = plan.stats, plan.predicted_ms
-    need = model.working_bytes(plan.family, stats) + operand_bytes(a, b)
     if tune == "model" and need > budget:
         from .slotted import SlottedProduct, plan_pages
         where = "free device memory" if device_memory_limit is None else "device-memory limit"
         splan, pages = plan_pages(a, b, budget, stats, model.rates_from(profile))
-        splan = dataclasses.replace(splan, reason=f"{plan.family}'s working set of {int(need):,} bytes exceeds the "
-                                                  f"{where} of {budget:,} bytes: {splan.reason}")
+        splan = dataclasses.replace(splan, stats=stats,
+                                    reason=f"{plan.family}'s working set of {int(need):,} bytes exceeds the "
+                                           f"{where} of {budget:,} bytes: {splan.reason}")
         product = SlottedProduct(a, b, pages, cache, nnz_c=stats.nnz_c)
         product.plan = splan
         return product

@@ -49,6 +49,7 @@ class SlottedPlan:
         heaviest_need_bytes: what the heaviest page needs (:func:`page_need`).
         predicted_s: predicted seconds of a call at each page size that fits (page entries -> s).
         reason: why streamed, in words.
+        stats: the model's view of the whole product (:class:`~tuner.model.spgemm.ProductStats`), where known.
     """
 
     page_entries: int
@@ -58,6 +59,7 @@ class SlottedPlan:
     predicted_s: dict = field(default_factory=dict)
     reason: str = ""
     family: str = "slotted_page"
+    stats: model.ProductStats | None = None
 
 
 def page_need(products: np.ndarray, entries: np.ndarray, slots: np.ndarray, n_rows: int, value_bytes: int,
