@@ -182,8 +182,6 @@ def spgemm_suite(data_dir=None) -> list[tuple[str, str]]:
 
 def spgemm_row(source: str, op: str, h2d: float, repeats: int = 3) -> StreamRow:
     """C = A B (or A Aᵀ) in slotted pages under :data:`SPGEMM_SHARE` of its in-memory working set."""
-    import scipy.sparse as sp
-
     from .model import spgemm as model
     from .spgemm import compile_spgemm, operand_bytes
     from .spgemm.slotted import SlottedProduct

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..cache import Cache
-from ..formats.slotted_pages import SlottedPages, page_operands, slotted_pages
+from ..formats.slotted_pages import SlottedPages, slotted_pages
 from ..matrix import CanonicalMatrix, canonicalize
 from ..memory import check_fits
 from ..model import spgemm as model
@@ -235,13 +235,19 @@ class SlottedProduct(Product):
                 f"{plan.budget_bytes:,}; predicted by page size (entries): {sizes}")
 
     def _page(self, p: int) -> tuple[CanonicalMatrix, CanonicalMatrix]:
-        """Page ``p``'s operands over its own slots only (A's columns and B's rows of the page)."""
+        """Page ``p``'s operands over its own slots only: A's columns and B's rows of the page, each slot's
+        entries clipped to the page's ranges (as :func:`~tuner.formats.slotted_pages.page_operands` holds
+        them), built from those ranges alone."""
         o, pages = self.ops, self.pages
         k0, k1 = int(pages.slot_begin[p]), int(pages.slot_end[p])
-        a_values = o.a_values if o.a_values is not None else np.ones(o.a_rows.size, self.dtype)
-        b_values = o.b_values if o.b_values is not None else np.ones(o.b_cols.size, self.dtype)
-        a, b = page_operands(pages, p, o.a_colptr, o.a_rows, a_values, o.b_rowptr, o.b_cols, b_values, self.shape)
-        a, b = a[:, k0:k1].tocsr(), b[k0:k1]
+        a0, a1, b0, b1 = (int(x[p]) for x in (pages.a_begin, pages.a_end, pages.b_begin, pages.b_end))
+        colptr = np.clip(o.a_colptr[k0:k1 + 1], a0, a1) - a0
+        rowptr = np.clip(o.b_rowptr[k0:k1 + 1], b0, b1) - b0
+        ones = lambda n: np.ones(n, self.dtype)  # noqa: E731 - a pattern's values: counts, scaled after
+        a = sp.csc_matrix((o.a_values[a0:a1] if o.a_values is not None else ones(a1 - a0), o.a_rows[a0:a1], colptr),
+                          shape=(self.shape[0], k1 - k0)).tocsr()
+        b = sp.csr_matrix((o.b_values[b0:b1] if o.b_values is not None else ones(b1 - b0), o.b_cols[b0:b1], rowptr),
+                          shape=(k1 - k0, self.shape[1]))
         a, b = canonicalize(a, self.dtype, self.a.index_dtype), canonicalize(b, self.dtype, self.b.index_dtype)
         if not self.value_free:  # a page whose values happen to be equal still runs the valued kernels
             a, b = (dataclasses.replace(m, pattern_value=None) for m in (a, b))
