@@ -395,6 +395,18 @@ def test_whole_product_times_fit_the_per_bin_launch_cost_beside_the_fixed_part()
     assert rates["hash.bins"] == pytest.approx(0.03, rel=1e-6)
     assert rates["hash:fixed"] == pytest.approx(0.05, rel=1e-6)
 
+
+def test_outer_product_blocks_narrow_where_a_pair_carries_fewer_products_than_a_wide_block_has_threads():
+    mesh = canonicalize(sp.diags([1.0, 2.0, 1.0], [-1, 0, 1], shape=(3000, 3000), format="csr"))  # 9 a pair
+    hubs = canonicalize(sp.random(300, 300, density=0.3, format="csr", random_state=25))  # 90 x 90 a pair
+    thin, wide = (plan_stats(m, m, RowHashParams(), 232448) for m in (mesh, hubs))
+    assert thin.products < 256 * thin.pairs and spgemm_model.outer_block_for(thin) == 128
+    assert wide.products >= 256 * wide.pairs and spgemm_model.outer_block_for(wide) == 256
+    from tuner.spgemm import model_plan
+    plan = model_plan(mesh, mesh, None, 232448)
+    if plan.family == "outer_product":
+        assert plan.params == OuterProductParams(block_size=128, tile=512)
+
 def test_plan_stats_count_outer_product_pairs_of_a_nonempty_column_and_row():
     # A's column 1 and B's row 2 are empty: of the four indices only 0 and 3 pair a column with a row.
     A = sp.csr_matrix(np.array([[1.0, 0, 2, 0], [0, 0, 3, 4], [5, 0, 0, 0], [0, 0, 0, 6]]))

@@ -18,7 +18,8 @@ import scipy.sparse as sp
 
 from . import __version__, gpu, loaders
 from .formats.row_bins import row_products
-from .spgemm import FAMILIES, MAX_REPEATS, SPAN_MS, RowHashParams, compile_spgemm, timed_ms, whole
+from .spgemm import (FAMILIES, MAX_REPEATS, SPAN_MS, OuterProductParams, RowHashParams, compile_spgemm,
+                     timed_ms, whole)
 from .spgemm.base import DeviceMemoryError
 from .model import spgemm as model
 
@@ -186,7 +187,9 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
         if name_f == f.family:
             family_ms[name_f] = timed_ms(whole(f), repeats)
             continue
-        params = RowHashParams(lanes=model.lanes_for(f.plan.stats)) if name_f == "row_hash" else family.params()
+        block = model.outer_block_for(f.plan.stats)
+        params = (RowHashParams(lanes=model.lanes_for(f.plan.stats)) if name_f == "row_hash"
+                  else OuterProductParams(block_size=block, tile=4 * block))
         try:
             other = compile_spgemm(A, B, params=params, cache_dir=cache_dir)
             family_ms[name_f] = timed_ms(whole(other), repeats)

@@ -219,6 +219,20 @@ def lanes_for(s: "ProductStats") -> int:
     return int(min(128, max(16, 1 << int(round(np.log2(max(mean, 1.0)))))))
 
 
+def outer_block_for(s: "ProductStats", wide: int = 256, narrow: int = 128) -> int:
+    """outer_product's threads per block: ``narrow`` where the mean products of a block's pair (a column of A
+    and a row of B) would not fill ``wide`` threads once (the rest of a wide block idles while it expands,
+    and narrower blocks let more of them share a multiprocessor), else ``wide``.
+
+    Example:
+        >>> outer_block_for(ProductStats(10, 10, 16_000, 1.0, 0, 0, 4, 4, 7, 4, pairs=1000))   # 16 a pair
+        128
+        >>> outer_block_for(ProductStats(10, 10, 900_000, 1.0, 0, 0, 4, 4, 7, 4, pairs=1000))  # 900 a pair
+        256
+    """
+    return narrow if s.products < wide * max(s.pairs, 1) else wide
+
+
 def working_bytes(family: str, s: ProductStats) -> float:
     """Device memory a product's call needs beyond its operands: outer_product's expansion twice (the sort's
     input and output), row_hash's output twice (numeric buffer and sorted C).

@@ -176,7 +176,8 @@ def model_plan(a: CanonicalMatrix, b: CanonicalMatrix, profile, shared_bytes: in
                free_bytes: int | None = None) -> SpgemmPlan:
     """The model's choice for C = A B (no GPU needed): each family predicted from :func:`plan_stats` and the
     profile's rates; among the families whose working memory fits ``free_bytes`` (all, when None) the
-    fastest predicted, row_hash with the lanes :func:`~tuner.model.spgemm.lanes_for` gives.
+    fastest predicted, row_hash with the lanes :func:`~tuner.model.spgemm.lanes_for` gives, outer_product with
+    the block :func:`~tuner.model.spgemm.outer_block_for` gives (a tile of B's row four times as long).
 
     Example:
         >>> import scipy.sparse as sp
@@ -191,7 +192,9 @@ def model_plan(a: CanonicalMatrix, b: CanonicalMatrix, profile, shared_bytes: in
     fits = [f for f in predicted if free_bytes is None or model.working_bytes(f, stats) <= free_bytes] or [
         min(predicted, key=lambda f: model.working_bytes(f, stats))]  # none fits: the smallest says why
     best = min(fits, key=predicted.get)
-    params = RowHashParams(lanes=model.lanes_for(stats)) if best == "row_hash" else FAMILIES[best].params()
+    block = model.outer_block_for(stats)
+    params = (RowHashParams(lanes=model.lanes_for(stats)) if best == "row_hash"
+              else OuterProductParams(block_size=block, tile=4 * block))
     where = "" if free_bytes is None else " of the families whose working memory fits"
     return SpgemmPlan(best, params, predicted, stats=stats, rates=rates.source,
                       reason=f"lowest predicted time ({predicted[best]:.3f} ms){where}")
