@@ -10,10 +10,12 @@ together, so that every entry is merged about log2(pages) times). The page's ope
 when the product is compiled, so a call copies, multiplies and downloads.
 
 The page size is the model's: among powers of two whose heaviest page fits the budget (:func:`page_need`),
-light slots sharing a page up to half the budget's worth of products, the one with the lowest predicted time, each page predicted by the outer_product model (its fixed cost
-and rates, :mod:`tuner.model.spgemm`) plus its copies at the measured PCIe rates. Larger pages pay the
-per-page fixed cost fewer times and send back fewer partial entries (a page sums its own duplicates); the
-budget bounds them.
+light slots sharing a page up to half the budget's worth of products, the one with the lowest predicted
+time, each page predicted by the outer_product model (its fixed cost and rates, :mod:`tuner.model.spgemm`)
+plus its copies at the H100's page-locked rates (:data:`H2D_GBS`, :data:`D2H_GBS`; a call's copies are
+from and to pageable memory today). Larger pages pay the per-page fixed cost fewer times and send back
+fewer partial entries (a page sums its own duplicates); the budget bounds them. The prediction leaves out
+the host's sums of the partials, which take most of a call (bench-stream-spgemm.json).
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from ..matrix import CanonicalMatrix, canonicalize
 from ..memory import check_fits
 from ..model import spgemm as model
 from .base import DeviceMemoryError, Product
-from .outer_product import OuterProduct, OuterProductParams, key_bits, operands
+from .outer_product import OuterProduct, OuterProductParams, operands
 
 SORT_COPIES = 3  # the expansion's keys and values held three times at the sort: input, output, CUB's own copy
 SMALLEST_PAGE = 64  # entries
@@ -222,7 +224,6 @@ class SlottedProduct(Product):
         self.pages, self.cache = pages, cache
         self.up_bytes = self.down_bytes = 0
         self.ops = operands(a, b)
-        self._key_bits = key_bits(self.shape)
         self._operands = [self._page(p) for p in range(pages.pages)]
 
     def explain(self) -> str:
