@@ -149,8 +149,9 @@ def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int,
 
 def page_operands(pages: SlottedPages, p: int, a_colptr, a_rows, a_values, b_rowptr, b_cols, b_values,
                   shape: tuple[int, int]) -> tuple[sp.csc_matrix, sp.csr_matrix]:
-    """Page ``p``'s share of A (its columns' entries, the rest empty) and of B (its rows' entries), as the
-    page's copies hold them: A[:, slots] restricted to the page's range and B[slots, :] likewise.
+    """Page ``p``'s share of A and of B over its own slots, as the page's copies hold them: A's columns of
+    the page's slots and B's rows of them, each slot's entries clipped to the page's ranges, built from those
+    ranges alone (``shape``: C's).
 
     Example:
         >>> cp, r, v = np.array([0, 2]), np.array([0, 1]), np.array([1.0, 2.0])
@@ -160,18 +161,12 @@ def page_operands(pages: SlottedPages, p: int, a_colptr, a_rows, a_values, b_row
         [[[0.0], [2.0]], [[3.0]]]
     """
     n_rows, n_cols = shape
-    n_inner = len(a_colptr) - 1
     k0, k1 = int(pages.slot_begin[p]), int(pages.slot_end[p])
     a0, a1, b0, b1 = (int(x[p]) for x in (pages.a_begin, pages.a_end, pages.b_begin, pages.b_end))
-    # Each slot's share of the page's range: its column (row) clipped to [a0, a1) ([b0, b1)).
-    colptr = np.zeros(n_inner + 1, np.int64)
-    colptr[k0:k1 + 1] = np.clip(np.asarray(a_colptr[k0:k1 + 1], np.int64), a0, a1) - a0
-    colptr[k1 + 1:] = a1 - a0
-    rowptr = np.zeros(n_inner + 1, np.int64)
-    rowptr[k0:k1 + 1] = np.clip(np.asarray(b_rowptr[k0:k1 + 1], np.int64), b0, b1) - b0
-    rowptr[k1 + 1:] = b1 - b0
-    a = sp.csc_matrix((a_values[a0:a1], a_rows[a0:a1], colptr), shape=(n_rows, n_inner))
-    b = sp.csr_matrix((b_values[b0:b1], b_cols[b0:b1], rowptr), shape=(n_inner, n_cols))
+    colptr = np.clip(np.asarray(a_colptr[k0:k1 + 1], np.int64), a0, a1) - a0
+    rowptr = np.clip(np.asarray(b_rowptr[k0:k1 + 1], np.int64), b0, b1) - b0
+    a = sp.csc_matrix((a_values[a0:a1], a_rows[a0:a1], colptr), shape=(n_rows, k1 - k0))
+    b = sp.csr_matrix((b_values[b0:b1], b_cols[b0:b1], rowptr), shape=(k1 - k0, n_cols))
     return a, b
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..cache import Cache
-from ..formats.slotted_pages import SlottedPages, slotted_pages
+from ..formats.slotted_pages import SlottedPages, page_operands, slotted_pages
 from ..matrix import CanonicalMatrix, canonicalize
 from ..memory import check_fits
 from ..model import spgemm as model
@@ -138,9 +138,10 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
         >>> plan.heaviest_need_bytes <= 200_000, plan.page_entries, pages.pages
         (True, 4096, 10)
     """
-    ops = operands(a, b)
-    a_len, b_len = np.diff(ops.a_colptr), np.diff(ops.b_rowptr)
-    total = int(a_len.sum() + b_len.sum())
+    a_colptr = np.zeros(a.n_cols + 1, np.int64)  # A by columns needs only its column pointer here
+    np.cumsum(a.col_lengths, out=a_colptr[1:])
+    b_rowptr = np.asarray(b.indptr, np.int64)
+    total = a.nnz + b.nnz
     vb, ib = a.value_dtype.itemsize, a.index_dtype.itemsize
     fits, smallest = {}, None
     size = SMALLEST_PAGE
@@ -148,7 +149,7 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
     # ends it, the operands and the row pointer): pages of like work rather than of like entries.
     max_products = max(int(budget_bytes // 2 // (SORT_COPIES * (8 + vb))), 1)
     while True:
-        pages = slotted_pages(ops.a_colptr, ops.b_rowptr, size, max_products)
+        pages = slotted_pages(a_colptr, b_rowptr, size, max_products)
         need = page_need(pages.products, pages.entries, pages.slot_end - pages.slot_begin, a.n_rows, vb, ib)
         heaviest = int(need.max(initial=0))
         smallest = heaviest if smallest is None else min(smallest, heaviest)
@@ -224,7 +225,7 @@ class SlottedProduct(Product):
         self.pages, self.cache = pages, cache
         self.up_bytes = self.down_bytes = 0
         self.ops = operands(a, b)
-        self._operands = [self._page(p) for p in range(pages.pages)]
+        self._operands = self._pages()
 
     def explain(self) -> str:
         """Why slotted pages, how many, and each page size's predicted seconds."""
@@ -235,29 +236,28 @@ class SlottedProduct(Product):
         return (f"slotted_page: {plan.reason}\nheaviest page needs {plan.heaviest_need_bytes:,} bytes of "
                 f"{plan.budget_bytes:,}; predicted by page size (entries): {sizes}")
 
-    def _page(self, p: int) -> tuple[CanonicalMatrix, CanonicalMatrix]:
-        """Page ``p``'s operands over its own slots only: A's columns and B's rows of the page, each slot's
-        entries clipped to the page's ranges (as :func:`~tuner.formats.slotted_pages.page_operands` holds
-        them), built from those ranges alone."""
-        o, pages = self.ops, self.pages
-        k0, k1 = int(pages.slot_begin[p]), int(pages.slot_end[p])
-        a0, a1, b0, b1 = (int(x[p]) for x in (pages.a_begin, pages.a_end, pages.b_begin, pages.b_end))
-        colptr = np.clip(o.a_colptr[k0:k1 + 1], a0, a1) - a0
-        rowptr = np.clip(o.b_rowptr[k0:k1 + 1], b0, b1) - b0
-        ones = lambda n: np.ones(n, self.dtype)  # noqa: E731 - a pattern's values: counts, scaled after
-        a = sp.csc_matrix((o.a_values[a0:a1] if o.a_values is not None else ones(a1 - a0), o.a_rows[a0:a1], colptr),
-                          shape=(self.shape[0], k1 - k0)).tocsr()
-        b = sp.csr_matrix((o.b_values[b0:b1] if o.b_values is not None else ones(b1 - b0), o.b_cols[b0:b1], rowptr),
-                          shape=(k1 - k0, self.shape[1]))
-        a, b = canonicalize(a, self.dtype, self.a.index_dtype), canonicalize(b, self.dtype, self.b.index_dtype)
-        if not self.value_free:  # a page whose values happen to be equal still runs the valued kernels
-            a, b = (dataclasses.replace(m, pattern_value=None) for m in (a, b))
-        return a, b
+    def _pages(self) -> list[tuple[CanonicalMatrix, CanonicalMatrix]]:
+        """Every page's operands over its own slots (:func:`~tuner.formats.slotted_pages.page_operands`), in
+        the product's types."""
+        o = self.ops
+        # A pattern's values are counted as ones and scaled after.
+        a_values = o.a_values if o.a_values is not None else np.ones(o.a_rows.size, self.dtype)
+        b_values = o.b_values if o.b_values is not None else np.ones(o.b_cols.size, self.dtype)
+        out = []
+        for p in range(self.pages.pages):
+            a, b = page_operands(self.pages, p, o.a_colptr, o.a_rows, a_values, o.b_rowptr, o.b_cols, b_values,
+                                 self.shape)
+            a = canonicalize(a.tocsr(), self.dtype, self.a.index_dtype)
+            b = canonicalize(b, self.dtype, self.b.index_dtype)
+            if not self.value_free:  # a page whose values happen to be equal still runs the valued kernels
+                a, b = (dataclasses.replace(m, pattern_value=None) for m in (a, b))
+            out.append((a, b))
+        return out
 
     def _set_values(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
         self.a, self.b = a, b
         self.ops = operands(a, b)
-        self._operands = [self._page(p) for p in range(self.pages.pages)]
+        self._operands = self._pages()
 
     def __call__(self, A=None, B=None, out: str = "scipy"):
         if out != "scipy":
