@@ -8,7 +8,7 @@ import scipy.sparse as sp
 from tuner import families
 from tuner.families.base import ordered_launch, ordered_matrix, ordered_structure, ordering
 from tuner.families.csr_vector import CsrVectorParams
-from tuner.formats.reorder import by_decreasing, degree_ordering, inverse, make_ordering, permute
+from tuner.formats.reorder import by_decreasing, col_ranks, degree_ordering, inverse, make_ordering, permute
 from tuner.matrix import canonicalize
 
 from .conftest import fixture_matrices, power_law
@@ -125,9 +125,12 @@ def test_a_relabelled_matrix_knows_its_lengths_without_counting_them_again():
 
 
 @pytest.mark.gpu
-def test_the_gpu_permutes_to_the_same_arrays_as_the_host(monkeypatch):
+@pytest.mark.parametrize("chunk", [None, 777])
+def test_the_gpu_permutes_to_the_same_arrays_as_the_host(monkeypatch, chunk):
     pytest.importorskip("cupy")
     from tuner.formats import device_reorder, reorder
+    if chunk is not None:  # in pieces of 777 entries
+        monkeypatch.setattr(device_reorder, "CHUNK_ENTRIES", chunk)
     cases = dict(fixture_matrices(), big=power_law(20000, seed=90), pattern=abs(power_law(5000, seed=91)) > 0)
     for name, A in cases.items():
         for index_dtype in (None, np.int64):
@@ -236,3 +239,19 @@ def test_a_matrix_relabelled_on_the_device_has_the_host_relabellings_lengths(mon
     for field in ("row_lengths", "col_lengths"):
         u, v = getattr(expected, field), getattr(b, field)
         assert u.dtype == v.dtype == np.int64 and np.array_equal(u, v), field
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 500, 1 << 30])
+def test_the_device_relabelling_in_pieces_gives_the_host_relabellings_arrays(chunk):
+    from tuner.formats import device_reorder
+    A = power_law(3000, n_cols=3000, seed=25)
+    A[5] = 0  # an empty row among the others
+    A.eliminate_zeros()
+    m = canonicalize(A)
+    o = degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
+    expected = permute(m, o)
+    csr = device_reorder.DeviceCsr(m.indptr.copy(), m.indices.copy(), m.data.copy())
+    got = device_reorder._permute(np, csr, o.row_order, col_ranks(o), chunk_entries=chunk)
+    assert np.array_equal(got.indptr, expected.indptr)
+    assert np.array_equal(got.indices, expected.indices) and got.indices.dtype == expected.indices.dtype
+    assert np.array_equal(got.data, expected.data)

@@ -206,8 +206,9 @@ def launch_for(m: CanonicalMatrix, spec: Specialization, cache: Cache, structure
 
 def on_device(m: CanonicalMatrix, spec: Specialization) -> bool:
     """Whether ``m``'s layout for ``spec`` is built on the GPU: the family's builders run on CuPy
-    (:attr:`~tuner.families.base.Family.device_launch`), and the matrix is large enough and fits
-    (:func:`~tuner.formats.device_reorder.usable`).
+    (:attr:`~tuner.families.base.Family.device_launch`), and the matrix is large enough and its work arrays
+    fit the free device memory (:func:`~tuner.formats.device_reorder.usable`; a build that runs out of memory
+    all the same falls back to the host, :func:`build`).
 
     Example:
         >>> import scipy.sparse as sp
@@ -216,7 +217,8 @@ def on_device(m: CanonicalMatrix, spec: Specialization) -> bool:
         >>> on_device(m, families.specializations(m, ["tile_coo"])[0])   # far too small to pay
         False
     """
-    return families.get(spec.family).device_launch is not None and device_reorder.usable(m.n_rows, m.n_cols, m.nnz)
+    return families.get(spec.family).device_launch is not None and device_reorder.usable(
+        m.n_rows, m.n_cols, m.nnz, device_reorder.WORK_BYTES_PER_ENTRY * m.nnz)
 
 
 def build(m: CanonicalMatrix, spec: Specialization) -> tuple[Launch, str]:

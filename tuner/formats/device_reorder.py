@@ -20,8 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .xp import host, module
+
 MIN_NNZ = 1 << 20  # below this the host permutes in tens of milliseconds: not worth two copies
 WORK_BYTES_PER_ENTRY = 64  # positions, rows, sources, columns, keys and the sort order (8 B each), inputs, outputs
+CHUNK_ENTRIES = 1 << 27  # entries relabelled at once: their work arrays (about 9 GB) and no more are live
 STAGE_BYTES = 32 << 20  # one pinned staging buffer; two alternate, so a copy to the device overlaps the next fill
 STAGE_THREADS = 4  # threads filling a staging buffer: one host thread copies 5-10 GB/s, PCIe takes 50
 
@@ -45,9 +48,10 @@ def fits(nnz: int, free_bytes: int) -> bool:
     return 2 * WORK_BYTES_PER_ENTRY * nnz <= free_bytes
 
 
-def usable(n_rows: int, n_cols: int, nnz: int) -> bool:
+def usable(n_rows: int, n_cols: int, nnz: int, need_bytes: int | None = None) -> bool:
     """Whether to relabel and build layouts on the GPU: large enough, sort keys of (row, column) fit 63
-    bits, a device with room.
+    bits, a device with room for ``need_bytes`` (default: the work arrays of every entry at once, with half
+    to spare, :func:`fits`).
 
     Example:
         >>> usable(10, 10, 100)
@@ -55,7 +59,20 @@ def usable(n_rows: int, n_cols: int, nnz: int) -> bool:
     """
     if nnz < MIN_NNZ or n_rows >= 1 << 31 or n_cols >= 1 << 32 or not available():
         return False
-    return fits(nnz, free_bytes())
+    if need_bytes is None:
+        return fits(nnz, free_bytes())
+    return need_bytes <= free_bytes()
+
+
+def relabel_bytes(nnz: int, entry_bytes: int) -> int:
+    """Device memory :func:`permute_device` needs for ``nnz`` entries of ``entry_bytes`` (index and value):
+    the input and the output, and the work arrays of one piece of :data:`CHUNK_ENTRIES` entries.
+
+    Example (2.1 billion int32 pattern entries: 17 GB of copies and a 9 GB piece):
+        >>> round(relabel_bytes(2_100_000_000, 4) / 1e9, 1)
+        25.4
+    """
+    return 2 * entry_bytes * nnz + WORK_BYTES_PER_ENTRY * min(nnz, CHUNK_ENTRIES)
 
 
 def free_bytes() -> int:
@@ -231,7 +248,6 @@ def col_lengths(csr: DeviceCsr, n_cols: int) -> np.ndarray:
         >>> col_lengths(device_csr(canonicalize(sp.eye(3, format="csr"))), 3).tolist()  # doctest: +SKIP
         [1, 1, 1]
     """
-    from .xp import host, module
     return host(module(csr.indices).bincount(csr.indices, minlength=n_cols).astype(np.int64))
 
 
@@ -244,7 +260,8 @@ def permute_device(csr: DeviceCsr, row_order: np.ndarray, col_rank: np.ndarray) 
     return out
 
 
-def _permute(cupy, csr: DeviceCsr, row_order, col_rank) -> DeviceCsr:
+def _permute(cupy, csr: DeviceCsr, row_order, col_rank, chunk_entries: int | None = None) -> DeviceCsr:
+    chunk_entries = CHUNK_ENTRIES if chunk_entries is None else chunk_entries
     index_dtype = csr.indices.dtype
     ptr = csr.indptr.astype(np.int64)
     order = cupy.asarray(row_order).astype(np.int64)
@@ -254,19 +271,57 @@ def _permute(cupy, csr: DeviceCsr, row_order, col_rank) -> DeviceCsr:
     cupy.cumsum(lengths, out=new_ptr[1:])
     del lengths
     nnz = int(csr.indices.size)
-    pos = cupy.arange(nnz, dtype=np.int64)
-    row = cupy.searchsorted(new_ptr, pos, side="right") - 1  # each output entry's new row
-    src = ptr[order[row]] + (pos - new_ptr[row])  # and where it comes from
-    del pos, ptr, order
-    cols = cupy.asarray(col_rank)[csr.indices[src]].astype(np.int64)
-    key = (row << 32) | cols  # rows, then columns: one radix sort orders every row
-    del row
-    perm = cupy.argsort(key)
-    del key
-    out_cols = cols[perm].astype(index_dtype)
-    del cols
-    out_data = None if csr.data is None else csr.data[src[perm]]
+    col_rank = cupy.asarray(col_rank)
+    out_cols = cupy.empty(nnz, index_dtype)
+    out_data = None if csr.data is None else cupy.empty(nnz, csr.data.dtype)
+    # Output rows in pieces of about chunk_entries entries (a row longer than that is a piece of its own): the
+    # work arrays below are a piece's, so the device holds the input, the output and one piece's work.
+    cuts = cupy.searchsorted(new_ptr, cupy.arange(0, nnz, max(int(chunk_entries), 1), dtype=np.int64),
+                             side="right") - 1
+    cuts = np.unique(np.concatenate([[0], host(cuts), [n]]))
+    for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        e0, e1 = (int(v) for v in host(new_ptr[[r0, r1]]))
+        if e1 == e0:
+            continue
+        row, src = _sources(cupy, ptr, order[r0:r1], new_ptr[r0:r1 + 1])
+        cols = col_rank[csr.indices[src]].astype(np.int64)
+        key = (row << 32) | cols  # rows, then columns: one radix sort orders every row of the piece
+        del row
+        perm = cupy.argsort(key)
+        del key
+        out_cols[e0:e1] = cols[perm]
+        del cols
+        if out_data is not None:
+            out_data[e0:e1] = csr.data[src[perm]]
+        del src, perm
     return DeviceCsr(new_ptr.astype(index_dtype), out_cols, out_data)
+
+
+def _sources(xp, ptr, rows, new_ptr):
+    """For the entries of ``rows`` gathered in that order (``new_ptr``: their row pointers, from any offset):
+    each entry's place among ``rows`` and its position in the source arrays (row pointers ``ptr``)."""
+    pos = xp.arange(int(new_ptr[0]), int(new_ptr[-1]), dtype=np.int64)
+    row = xp.searchsorted(new_ptr, pos, side="right") - 1
+    return row, ptr[rows[row]] + (pos - new_ptr[row])
+
+
+def gather_rows(indptr, indices, data, rows):
+    """Rows ``rows`` of a CSR matrix, in that order, as ``(indptr, indices, data)`` (int64 row pointers;
+    ``data`` None stays None), entries in each row as they were: SciPy's ``A[rows]`` in whichever module the
+    arrays are (NumPy or CuPy).
+
+    Example:
+        >>> ip, ix, d = gather_rows(np.array([0, 2, 2, 3]), np.array([4, 1, 0]), np.array([1., 2, 3]), np.array([2, 0]))
+        >>> ip.tolist(), ix.tolist(), d.tolist()
+        ([0, 1, 3], [0, 4, 1], [3.0, 1.0, 2.0])
+    """
+    xp = module(indices)
+    ptr = xp.asarray(indptr).astype(np.int64)
+    rows = xp.asarray(rows).astype(np.int64)
+    new_ptr = xp.zeros(rows.size + 1, np.int64)
+    xp.cumsum(ptr[rows + 1] - ptr[rows], out=new_ptr[1:])
+    _, src = _sources(xp, ptr, rows, new_ptr)
+    return new_ptr, indices[src], None if data is None else data[src]
 
 
 def _fetch(device_array) -> np.ndarray:

@@ -122,13 +122,18 @@ def make_ordering(m: CanonicalMatrix, name: str) -> Ordering | None:
     build = ORDERINGS[name]
     if build is None:
         return None
-    if device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
+    if device_reorder.usable(m.n_rows, m.n_cols, m.nnz, _relabel_bytes(m)):
         try:
             return _ordering_on_device(m, build)
         except MemoryError as e:  # CuPy's OutOfMemoryError is one: the host orders it instead
             log.warning("ordering on the GPU ran out of memory (%s): ordering on the host", e)
             device_reorder.forget(m)
     return build(m.row_lengths, m.col_lengths, m.index_dtype)
+
+
+def _relabel_bytes(m: CanonicalMatrix) -> int:
+    """Device memory the relabelling of ``m`` needs (its upload, the relabelled copy, one piece's work)."""
+    return device_reorder.relabel_bytes(m.nnz, m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize))
 
 
 def _ordering_on_device(m: CanonicalMatrix, build) -> Ordering:
@@ -178,7 +183,7 @@ def permute(m: CanonicalMatrix, o: Ordering) -> CanonicalMatrix:
     """
     col_rank = col_ranks(o)
     csr = None
-    if device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
+    if device_reorder.usable(m.n_rows, m.n_cols, m.nnz, _relabel_bytes(m)):
         try:
             csr = device_reorder.permute_device(device_reorder.device_csr(m), o.row_order, col_rank)
             # Row pointers now (the model's row samples read them); entries only if the host reads them,

@@ -23,6 +23,9 @@ from ..formats.transpose import DEVICE_DTYPES
 from ..matrix import CanonicalMatrix, MatrixError
 
 INT32_MAX = np.iinfo(np.int32).max
+# Device bytes per edge at the peak: the upload (index, weight), the check's mask, Wᵀ (index, weight) and
+# cuSPARSE's csr2csc buffer, with a quarter to spare.
+PULL_BYTES_PER_ENTRY = 32
 
 
 def usable(A, dtype) -> bool:
@@ -35,7 +38,7 @@ def usable(A, dtype) -> bool:
     """
     n, nnz = A.shape[0], A.nnz
     return (np.dtype(dtype) in DEVICE_DTYPES and A.dtype in DEVICE_DTYPES and nnz < INT32_MAX and n < INT32_MAX
-            and device_reorder.usable(n, n, nnz))
+            and device_reorder.usable(n, n, nnz, PULL_BYTES_PER_ENTRY * nnz))
 
 
 def pull_on_device(A, weighted: bool, dtype):
@@ -56,7 +59,14 @@ def pull_on_device(A, weighted: bool, dtype):
         raise MatrixError(f"an adjacency matrix is square, got {A.shape}")
     if not usable(A, dtype):
         return None
-    dtype = np.dtype(dtype)
+    try:
+        return _pull(A, n, weighted, np.dtype(dtype))
+    except MemoryError:  # CuPy's OutOfMemoryError is one: the host path builds it instead
+        device_reorder.release()
+        return None
+
+
+def _pull(A, n: int, weighted: bool, dtype: np.dtype):
     with device_reorder.on_device() as cupy:
         import cupyx.scipy.sparse as cpsp
         up = device_reorder.upload
@@ -72,13 +82,15 @@ def pull_on_device(A, weighted: bool, dtype):
         pattern = lo if lo is not None and lo == hi else None
         t = cpsp.csr_matrix((data, indices, indptr), shape=(n, n)).T.tocsr()  # cuSPARSE csr2csc, columns ascending
         del data, indices, indptr
+        degree = cupy.bincount(t.indices, minlength=n)  # out-degrees: Wᵀ's column lengths
+        col_lengths = degree.astype(np.int64).get()
         if pattern is not None:  # every edge weighs the same: a node's out-weight is its out-degree times it
-            out = cupy.bincount(t.indices, minlength=n).astype(np.float64) * pattern
+            out = degree.astype(np.float64) * pattern
         else:
             out = cupy.bincount(t.indices, weights=t.data, minlength=n)  # float64 sums
         dangling = out == 0
         inverse = cupy.where(dangling, 0.0, 1.0 / cupy.where(dangling, 1.0, out))
-        del out
+        del out, degree
         values = None if pattern is not None else t.data.astype(dtype, copy=False)
         csr = DeviceCsr(t.indptr, t.indices, values)
         host_indptr = device_reorder.download(t.indptr)
@@ -87,6 +99,7 @@ def pull_on_device(A, weighted: bool, dtype):
     Wt = CanonicalMatrix(indptr=host_indptr, indices=HostMirror(csr.indices), data=entries, shape=(n, n),
                          pattern_value=pattern)
     Wt.__dict__["row_lengths"] = np.diff(host_indptr).astype(np.int64)
+    Wt.__dict__["col_lengths"] = col_lengths
     device_reorder.keep(Wt, csr)
     return Wt, dangling, inverse
 
