@@ -282,6 +282,39 @@ def test_two_ranks_multiply_in_the_one_gpu_plans_tiles_from_the_chunked_gather()
     assert spmv_err <= 1e-6 and pagerank_diff <= 1e-13
 
 
+MPI_DEVICE_SETUP_SCRIPT = RELAY + """
+from tuner import loaders
+from tuner.distributed import MpiComm, bitonic_partition
+from tuner.distributed.nccl import SoloDevice
+from tuner.distributed.pagerank import pagerank_on_devices, pull_product
+from tuner.graph.pagerank import edge_weights
+A = loaders.load("rmat:17")  # above the size the device builds pay for
+comm = Relay(MpiComm())
+spmv = pull_product(A, comm, rank_kernel="tiles")  # Wᵀ, partition sorts and the rank's rows on the GPU
+assert spmv.pull_factors is not None and spmv.kernel_kind == "tiled", (spmv.pull_factors, spmv.kernel_kind)
+Wt = edge_weights(A).T.tocsr()
+lengths = np.diff(Wt.indptr)
+key = lengths + np.bincount(Wt.indices, minlength=A.shape[0])
+key += (key.max() + 1) * (np.bincount(Wt.indices, minlength=A.shape[0]) > 0)
+host = bitonic_partition(lengths, comm.size, order_by=key)
+same = all(np.array_equal(a, b) for a, b in zip(host.rows, spmv.partition.rows))
+x = np.random.default_rng(8).uniform(0.5, 1.5, A.shape[0]).astype(np.float32)
+ref = Wt.astype(np.float64) @ x
+y = spmv.gather(spmv(cupy.asarray(spmv.scatter(x))))
+pr = pagerank_on_devices(A, comm, tol=1e-9, tol_rule="per_node", product=spmv)
+one = pagerank_on_devices(A, SoloDevice(), tol=1e-9, tol_rule="per_node")
+each = comm.allgather(np.array([np.abs(y - ref).max() / np.abs(ref).max(), np.abs(pr - one).max() / one.max()]))
+if comm.rank == 0:
+    print("ranks", comm.size, "errors", max(e[0] for e in each) + (0 if same else 1), max(e[1] for e in each))
+"""
+
+
+@pytest.mark.gpu
+def test_ranks_build_their_rows_on_the_device_and_match_scipy_and_one_gpu():
+    spmv_err, pagerank_diff = ranks_errors(MPI_DEVICE_SETUP_SCRIPT, 2, 600)
+    assert spmv_err <= 1e-6 and pagerank_diff <= 1e-5
+
+
 MPI_GPU_HITS_SCRIPT = RELAY + """
 from tests.conftest import power_law
 from tuner.distributed import MpiComm
@@ -436,9 +469,48 @@ def test_multigpu_bench_table_shows_times_in_ms_efficiency_and_the_check():
     from tuner.bench_multigpu import MultiGpuRow, format_table
     row = MultiGpuRow(op="spmv", name="rmat:9", nnz=5738, gpus=4, ours_s=1e-3, one_gpu_s=3e-3, speedup=3.0,
                       efficiency=0.75, correct=False, max_rel_diff_vs_one_gpu=2e-3, rel_error_vs_scipy=None,
-                      iterations=None, one_gpu_iterations=None, setup_s=1.0, one_gpu_setup_s=2.0, allgather_s=4e-4,
+                      iterations=None, one_gpu_iterations=None, setup_s=1.0, one_gpu_setup_s=2.0,
+                      setup_stages={"pull": 0.25, "partition": 0.75}, load_s=3.0, allgather_s=4e-4,
                       local_s=7e-4, single_kernel_s=1.2e-3, rows_per_rank=[128] * 4, nnz_per_rank=[1434] * 4,
-                      rank_kernel="tiled")
-    line = format_table([row]).splitlines()[1].split()
+                      rank_kernel="tiled", one_gpu_family="tile_composite")
+    table = format_table([row]).splitlines()
+    line = table[1].split()
     assert line[:9] == ["spmv", "rmat:9", "5,738", "4", "1.000", "3.000", "3.00", "0.75", "0.400"]
     assert line[9:13] == ["0.700", "1.200", "tiled", "WRONG"]
+    assert table[2] == "setup rmat:9: load 3.0 s; 4 ranks 1.0 s (pull 0.2, partition 0.8); one GPU 2.0 s; model plans tile_composite"
+
+
+MPI_SHARE_SCRIPT = """
+import numpy as np
+from tuner.distributed import comm as comm_module
+from tuner.distributed import MpiComm
+from tuner.distributed.share import load_once
+from tuner import loaders
+comm_module.BCAST_PIECE = 1000  # many pieces
+comm = MpiComm()
+A = load_once("rmat:10", comm)
+B = loaders.load("rmat:10")
+same = (A.shape == B.shape and A.has_canonical_format and all(
+    np.array_equal(getattr(A, f), getattr(B, f)) and getattr(A, f).dtype == getattr(B, f).dtype
+    for f in ("indptr", "indices", "data")))
+each = comm.allgather(np.array([same]))
+if comm.rank == 0:
+    print("ranks", comm.size, "same", all(bool(e[0]) for e in each))
+"""
+
+
+def test_a_graph_loaded_once_reaches_every_mpi_rank_whole():
+    assert run_as_mpi_ranks(MPI_SHARE_SCRIPT, 3, 300) == "ranks 3 same True"
+
+
+def test_a_load_that_fails_on_rank_0_fails_on_every_rank_naming_the_source():
+    from tuner.distributed.share import load_once
+
+    def rank(comm):
+        try:
+            load_once("no-such-graph.npz", comm)
+        except Exception as e:  # noqa: BLE001
+            return type(e).__name__, str(e)
+    got = LocalGroup(3).run(rank)
+    assert got[0][0] == "FileNotFoundError" and "no-such-graph.npz" in got[0][1]
+    assert got[1] == got[2] == ("RuntimeError", "rank 0 could not load no-such-graph.npz: see its error")

@@ -105,19 +105,26 @@ def test_one_tile_means_one_chunk_and_one_phase():
     assert len(t.chunks.cuts) == 2 and t.phase_warps == (0, t.layout.warps)
 
 
-def test_ranks_take_the_one_gpu_plans_tiles_only_where_the_model_plans_tile_composite():
+def test_ranks_take_the_fastest_predicted_tile_composite_plan_even_where_the_model_picks_another_family():
+    from types import SimpleNamespace
+
+    from tuner.compiler import model_ranking
     from tuner.distributed.spmv import DistributedSpMV
     from tuner.families.tile_composite import TileCompositeParams
     from tuner.matrix import canonicalize
     from tuner.model import load_profile
     options = {"profile": load_profile("NVIDIA H100 80GB HBM3")}
-    m = canonicalize(power_law(4000, seed=66).T.tocsr())  # small: the model plans binned for it
-    params = DistributedSpMV._tile_params
-    assert params(m, "auto", True, options) is None
-    assert params(m, "compile", True, options) is None and params(m, "tiles", False, options) is None
-    forced = params(m, "tiles", True, options)
-    assert isinstance(forced, TileCompositeParams) and len(forced.workloads) >= 1
-    assert params(m, "tiles", True, {**options, "family": "csr_vector"}) is not None
+    m = canonicalize(power_law(4000, seed=66).T.tocsr())  # small: the model plans another family for it
+    ranking = model_ranking(m, options["profile"])
+    fastest_tiles = next(s for s, _ in ranking if s.family == "tile_composite")
+    assert ranking[0][0].family != "tile_composite"
+    rank = SimpleNamespace(one_gpu_family=None)
+    params = lambda *a: DistributedSpMV._tile_params(rank, m, *a)  # noqa: E731
+    assert params("auto", True, options) == fastest_tiles.params and rank.one_gpu_family == ranking[0][0].family
+    assert params("compile", True, options) is None and params("tiles", False, options) is None
+    forced = params("tiles", True, {**options, "family": "csr_vector"})  # no plan asked: Algorithm 2's bounds
+    assert isinstance(forced, TileCompositeParams) and len(forced.workloads) >= 1 and rank.one_gpu_family is None
+    assert params("auto", True, {**options, "family": "csr_vector"}) is None
 
 
 def test_an_unknown_rank_kernel_is_refused_by_name():
@@ -125,3 +132,17 @@ def test_an_unknown_rank_kernel_is_refused_by_name():
     from tuner.distributed.spmv import DistributedSpMV
     with pytest.raises(ValueError, match="rank_kernel must be one of"):
         LocalGroup(1).run(lambda c: DistributedSpMV(sp.eye(4, format="csr"), c, rank_kernel="rows"))
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_rows_gathered_from_device_arrays_give_the_scipy_gathers_layout(values):
+    from tuner.formats.device_reorder import DeviceCsr
+    W = power_law(3000, seed=64)
+    rows, cols, order = plan_inputs(W)
+    p = bitonic_partition(rows, 3, order_by=rows + cols)
+    csr = DeviceCsr(W.indptr.copy(), W.indices.copy(), W.data.copy() if values else None)  # NumPy stands in
+    for r in range(3):
+        a = rank_tiles(W, p, r, order, cols, 64, values=values).layout
+        b = rank_tiles(csr, p, r, order, cols, 64, values=values).layout
+        for field in ("cols", "rows", "wl_slot", "wl_row", "wl_w", "wl_h") + (("vals",) if values else ()):
+            assert np.array_equal(getattr(a, field), getattr(b, field)), field

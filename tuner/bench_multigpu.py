@@ -1,7 +1,7 @@
 """``python -m tuner bench-multigpu``: SpMV and PageRank across the GPUs of one machine against one GPU.
 
-Started with ``--gpus P`` it runs itself as P MPI ranks (``--distributed``), one per GPU. Per graph, every
-rank loads it and builds its rows of Aᵀ (bitonic partition; the one-GPU plan's tiles, or a kernel compiled
+Started with ``--gpus P`` it runs itself as P MPI ranks (``--distributed``), one per GPU. Per graph, rank 0
+loads it and hands it to the others, and every rank builds its rows of Aᵀ (bitonic partition; the one-GPU plan's tiles, or a kernel compiled
 for the rank's rows where the model plans another family); then
 
 * ``spmv``: a product is NCCL's all-gather of x and the rank's kernel; ``ours_s`` is the slowest rank's
@@ -46,13 +46,19 @@ class MultiGpuRow:
         max_rel_diff_vs_one_gpu: max |ours - one GPU| / max |one GPU|.
         rel_error_vs_scipy: max |ours - SciPy| / max |SciPy| (None where not computed).
         iterations, one_gpu_iterations: PageRank's iterations (None for SpMV).
-        setup_s, one_gpu_setup_s: partition, compile and upload, the slowest rank's.
+        setup_s, one_gpu_setup_s: Wᵀ, partition, plan, layout or compile, and upload, the slowest rank's.
+        setup_stages: the slowest rank's seconds of each stage of ``setup_s`` ('pull': Wᵀ made from A;
+            'partition', 'plan', 'layout': :attr:`~tuner.distributed.spmv.DistributedSpMV.setup_seconds`).
+        load_s: seconds until every rank holds the graph (rank 0 loads or generates it and broadcasts it),
+            not in ``setup_s``.
         allgather_s, local_s: for SpMV, the slowest rank's all-gather alone and product alone (median).
         single_kernel_s: for SpMV, a product whose kernels start after the whole exchange (``overlap=False``;
             ``ours_s`` multiplies part of each rank's rows during the exchange).
         rows_per_rank, nnz_per_rank: how the bitonic partition split the work.
         rank_kernel: how each rank multiplied (:class:`~tuner.distributed.spmv.DistributedSpMV`'s
             ``kernel_kind``: 'tiled', the one-GPU plan's tiles; 'tuned', its rows compiled on their own).
+        one_gpu_family: the family the model plans for the whole matrix (the ranks take its tiles where it is
+            tile_composite; None without a profile).
     """
 
     op: str
@@ -70,12 +76,15 @@ class MultiGpuRow:
     one_gpu_iterations: int | None
     setup_s: float
     one_gpu_setup_s: float
+    setup_stages: dict
+    load_s: float
     allgather_s: float | None
     local_s: float | None
     single_kernel_s: float | None
     rows_per_rank: list
     nnz_per_rank: list
     rank_kernel: str
+    one_gpu_family: str | None
 
 
 def _median_seconds(run, comm, trials: int = TRIALS, repeats: int = PRODUCTS) -> float:
@@ -123,21 +132,37 @@ def _plan_order_times(spmv, x, comm) -> tuple[float, np.ndarray]:
     return seconds, y
 
 
+def _slowest(comm, seconds: float) -> float:
+    """The largest of every rank's ``seconds`` (every rank calls it at once)."""
+    return float(max(p[0] for p in comm.allgather(np.array([seconds]))))
+
+
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), np.finfo(np.float64).tiny))
 
 
-def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[MultiGpuRow]:
-    """Both rows of one graph (every rank calls it; rank 0 returns them, the others nothing)."""
+def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None) -> list[MultiGpuRow]:
+    """Both rows of one graph (every rank calls it; rank 0 returns them, the others nothing); ``progress``
+    (rank 0's) hears where a long graph is."""
+    say = (lambda text: progress(f"{source}: {text}")) if progress is not None and comm.rank == 0 else \
+        (lambda text: None)
     from .distributed.pagerank import pagerank_on_devices, pull_product
     from .graph.pagerank import edge_weights
-    A = loaders.load(source)
+    from .distributed.share import load_once
+    t0 = time.perf_counter()
+    A = load_once(source, comm)  # rank 0 loads, the others receive it
+    load = _slowest(comm, time.perf_counter() - t0)
     name = loaders.display_name(source)
+    say(f"loaded in {load:.1f} s ({A.nnz:,} edges)")
     x = np.random.default_rng(7).uniform(0.5, 1.5, A.shape[0])  # not all equal: every gathered entry counts
 
     t0 = time.perf_counter()
     spmv = pull_product(A, comm, dtype=dtype)
-    setup = max(p[0] for p in comm.allgather(np.array([time.perf_counter() - t0])))
+    seconds = time.perf_counter() - t0
+    stages = {"pull": seconds - sum(spmv.setup_seconds.values()), **spmv.setup_seconds}
+    setup = _slowest(comm, seconds)
+    stages = {k: _slowest(comm, v) for k, v in stages.items()}
+    say(f"{comm.size} ranks set up in {setup:.1f} s")
     whole, gather, local, y = _spmv_times(spmv, x.astype(dtype), comm)
     if spmv.kernel_kind == "tiled":  # the same kernels, the whole exchange before them
         spmv.overlap = False
@@ -151,7 +176,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
                                    check_every=CHECK_EVERY,
                                    return_info=True)
     per_rank = [(int(p[0]), int(p[1])) for p in comm.allgather(np.array([spmv.rows.size, spmv.local_nnz]))]
-    kind = spmv.kernel_kind
+    kind, family = spmv.kernel_kind, spmv.one_gpu_family
     del spmv
     if comm.rank != 0:
         comm.allgather(np.zeros(1))  # wait while rank 0 runs the one-GPU side
@@ -161,6 +186,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
     t0 = time.perf_counter()
     spmv1 = pull_product(A, solo, dtype=dtype)
     setup1 = time.perf_counter() - t0
+    say(f"one GPU set up in {setup1:.1f} s")
     whole1, y1 = _plan_order_times(spmv1, x.astype(dtype), solo)
     pr1, info1 = pagerank_on_devices(A, solo, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500,
                                      check_every=CHECK_EVERY,
@@ -184,10 +210,11 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32) -> list[Multi
             speedup=ours1 / ours, efficiency=ours1 / ours / comm.size,
             correct=bool(diff <= tol and (scipy_err is None or scipy_err <= tol)),
             max_rel_diff_vs_one_gpu=diff, rel_error_vs_scipy=scipy_err, iterations=iters, one_gpu_iterations=iters1,
-            setup_s=setup, one_gpu_setup_s=setup1, allgather_s=gather if op == "spmv" else None,
+            setup_s=setup, one_gpu_setup_s=setup1, setup_stages=stages, load_s=load, allgather_s=gather if op == "spmv" else None,
             local_s=local if op == "spmv" else None, single_kernel_s=single_kernel if op == "spmv" else None,
             rows_per_rank=[r for r, _ in per_rank],
-            nnz_per_rank=[z for _, z in per_rank], rank_kernel=kind))
+            nnz_per_rank=[z for _, z in per_rank], rank_kernel=kind,
+            one_gpu_family=family))
     return rows
 
 
@@ -200,6 +227,10 @@ def format_table(rows: list[MultiGpuRow]) -> str:
                      f"{r.speedup:>8.2f}{r.efficiency:>6.2f}{ms(r.allgather_s):>10}{ms(r.local_s):>9}"
                      f"{ms(r.single_kernel_s):>9}  {r.rank_kernel:<8}"
                      f"{'ok' if r.correct else 'WRONG'} (vs 1 GPU {r.max_rel_diff_vs_one_gpu:.1e})")
+    for r in rows[::2]:  # one setup per graph
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in r.setup_stages.items())
+        lines.append(f"setup {r.name}: load {r.load_s:.1f} s; {r.gpus} ranks {r.setup_s:.1f} s ({stages}); "
+                     f"one GPU {r.one_gpu_setup_s:.1f} s; model plans {r.one_gpu_family}")
     return "\n".join(lines)
 
 
@@ -209,7 +240,7 @@ def run_ranks(suite: list[str], out: Path, comm, command: str, progress=print) -
     from .distributed.nccl import SoloDevice
     rows: list[MultiGpuRow] = []
     for source in suite:
-        rows += bench_graph(source, comm, lambda: SoloDevice(comm.device))
+        rows += bench_graph(source, comm, lambda: SoloDevice(comm.device), progress=progress)
         if comm.rank == 0:
             info = gpu.device_info()
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -172,16 +172,24 @@ def _ranks(args):
     return None, None
 
 
+def _load_graph(source, comm):
+    """The graph: loaded here, or with several ranks loaded by rank 0 and handed to the others."""
+    if comm is None:
+        from .loaders import load
+        return load(source)
+    from .distributed.share import load_once
+    return load_once(source, comm)
+
+
 def cmd_pagerank(args) -> int:
     from .graph import pagerank
-    from .loaders import load
     spawned, comm = _ranks(args)
     if spawned is not None:
         return spawned
     backend = _graph_backend(args, "iterating")
     if backend is None:
         return NO_GPU_EXIT
-    A = load(args.graph)
+    A = _load_graph(args.graph, comm)
     x, info = pagerank(A, alpha=args.alpha, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
                        weighted=not args.unweighted, backend=backend, dtype=args.dtype, return_info=True, comm=comm,
                        device_memory_limit=args.device_memory_limit, tune=args.tune)
@@ -195,7 +203,6 @@ def cmd_pagerank(args) -> int:
 
 def cmd_rwr(args) -> int:
     from .graph import rwr
-    from .loaders import load
     spawned, comm = _ranks(args)
     if spawned is not None:
         return spawned
@@ -206,7 +213,7 @@ def cmd_rwr(args) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         raise ValueError(f"--seeds takes node numbers separated by commas, got {args.seeds!r}") from None
-    A = load(args.graph)
+    A = _load_graph(args.graph, comm)
     x, info = rwr(A, seeds, restart=args.restart, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
                   backend=backend, return_info=True, comm=comm, device_memory_limit=args.device_memory_limit,
                   tune=args.tune)
@@ -262,14 +269,13 @@ def cmd_betweenness(args) -> int:
 
 def cmd_hits(args) -> int:
     from .graph import hits
-    from .loaders import load
     spawned, comm = _ranks(args)
     if spawned is not None:
         return spawned
     backend = "tuned" if comm is not None else _graph_backend(args, "multiplying")
     if backend is None:
         return NO_GPU_EXIT
-    A = load(args.graph)
+    A = _load_graph(args.graph, comm)
     (h, a), info = hits(A, max_iter=args.max_iter, tol=args.tol, backend=backend, return_info=True,
                         device_memory_limit=args.device_memory_limit, comm=comm)
     if comm is None or comm.rank == 0:

@@ -109,13 +109,33 @@ def model_choice(A, profile=None) -> Specialization | None:
         >>> s.family in families.REGISTRY
         True
     """
+    ranking = model_ranking(A, profile)
+    return None if ranking is None else planner.select("model", [s for s, _ in ranking], [p for _, p in ranking],
+                                                       benchmark=None)[0]
+
+
+def model_ranking(A, profile=None) -> list[tuple[Specialization, float]] | None:
+    """Every candidate the profile predicts for ``A``, with its predicted ms, fastest first (ties in the
+    planner's order): what :func:`model_choice` picks from, for callers that need the best of one family.
+    None where no profile is found.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> from tuner.model import load_profile
+        >>> r = model_ranking(sp.random(300, 300, density=0.05, format="csr", random_state=0),
+        ...                   load_profile("NVIDIA H100 80GB HBM3"))
+        >>> r[0][0] == model_choice(sp.random(300, 300, density=0.05, format="csr", random_state=0),
+        ...                         load_profile("NVIDIA H100 80GB HBM3")), r[0][1] <= r[-1][1]
+        (True, True)
+    """
     m = canonicalize(A)
     prof = profile if isinstance(profile, Profile) else _profile(gpu.device_info(), profile)
     if prof is None:
         return None
     specs, predicted = _plan(m, prof)
     specs, predicted = predictable(specs, predicted, prof.gpu.get("name", "profiled"))
-    return planner.select("model", specs, predicted, benchmark=None)[0]
+    order = sorted(range(len(specs)), key=lambda i: predicted[i])
+    return [(specs[i], predicted[i]) for i in order]
 
 
 PLAN_REPEATS = 3  # the report's plans per matrix: their median is its planning seconds

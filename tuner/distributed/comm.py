@@ -1,7 +1,7 @@
 """What the distributed products need of a communicator, and an in-process group that provides it.
 
-A communicator has a ``rank``, a ``size`` and two collectives: ``allgather`` (every rank's array, in rank
-order, to every rank) and ``allreduce_sum``. :class:`LocalGroup` runs ``size`` ranks as threads of this
+A communicator has a ``rank``, a ``size`` and three collectives: ``allgather`` (every rank's array, in rank
+order, to every rank), ``allreduce_sum`` and ``bcast_array`` (rank 0's array to every rank). :class:`LocalGroup` runs ``size`` ranks as threads of this
 process; it is what the CPU tests use. :class:`MpiComm` is one rank of an MPI job (mpi4py, ``mpirun -n P``),
 its collectives on host arrays.
 """
@@ -14,6 +14,9 @@ from typing import Callable, Protocol
 import numpy as np
 
 
+BCAST_PIECE = 1 << 30  # bytes per MPI broadcast
+
+
 class Communicator(Protocol):
     rank: int
     size: int
@@ -23,6 +26,9 @@ class Communicator(Protocol):
 
     def allreduce_sum(self, value: float) -> float:
         """The sum of every rank's ``value``."""
+
+    def bcast_array(self, array: np.ndarray | None) -> np.ndarray:
+        """Rank 0's ``array`` on every rank (the others pass None)."""
 
 
 class LocalGroup:
@@ -79,6 +85,9 @@ class _LocalComm:
     def allreduce_sum(self, value: float) -> float:
         return float(sum(self._group._exchange(self.rank, float(value))))
 
+    def bcast_array(self, array: np.ndarray | None) -> np.ndarray:
+        return self._group._exchange(self.rank, array)[0]  # one process: rank 0's array itself
+
 
 class MpiComm:
     """This process's rank of an MPI communicator (mpi4py's ``COMM_WORLD`` unless ``comm`` is given); every
@@ -107,3 +116,13 @@ class MpiComm:
 
     def allreduce_sum(self, value: float) -> float:
         return float(self._comm.allreduce(float(value)))
+
+    def bcast_array(self, array: np.ndarray | None) -> np.ndarray:
+        """Rank 0's ``array`` on every rank, sent as bytes in pieces of at most :data:`BCAST_PIECE` (MPI
+        counts are 32-bit)."""
+        head = self._comm.bcast(None if array is None else (np.dtype(array.dtype).str, array.shape), root=0)
+        out = np.ascontiguousarray(array) if self.rank == 0 else np.empty(head[1], np.dtype(head[0]))
+        flat = out.reshape(-1).view(np.uint8)
+        for lo in range(0, flat.size, BCAST_PIECE):
+            self._comm.Bcast(flat[lo:lo + BCAST_PIECE], root=0)
+        return out

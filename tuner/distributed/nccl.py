@@ -67,6 +67,9 @@ class SoloDevice:
     def allreduce_sum(self, value: float) -> float:
         return float(value)
 
+    def bcast_array(self, array):
+        return array
+
     def allgather_into(self, part, out, stream: int = 0) -> None:
         if out.data.ptr != part.data.ptr:
             out[:part.size] = part
@@ -110,6 +113,9 @@ class NcclComm:
 
     def allreduce_sum(self, value: float) -> float:
         return self.host.allreduce_sum(value)
+
+    def bcast_array(self, array):
+        return self.host.bcast_array(array)
 
     def _type(self, array):
         t = self._types.get(np.dtype(array.dtype))

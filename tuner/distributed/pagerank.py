@@ -61,14 +61,22 @@ class _Step:
 def pull_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: bool = True,
                  **options) -> DistributedSpMV:
     """The distributed SpMV by Aᵀ that :func:`pagerank_on_devices` pulls ranks with, to reuse across calls
-    (the compile is the costly part of a short run).
+    (the compile is the costly part of a short run). On a device communicator Wᵀ is built on the rank's GPU
+    from one upload of A (:func:`~tuner.graph.device_pull.pull_on_device`) where it fits, and the rank-cache
+    factors made there are kept with the product (``pull_factors``) for PageRank; else on the host.
 
     Example (on a GPU machine):
         >>> spmv = pull_product(A, comm)                                   # doctest: +SKIP
         >>> x = pagerank_on_devices(A, comm, product=spmv)                 # doctest: +SKIP
     """
-    return DistributedSpMV(transpose(edge_weights(A, weighted, keep_float=True), dtype), comm, overlap=overlap,
-                           **options)
+    on_device = pull_on_device(A, weighted, dtype) if hasattr(comm, "allgather_into") else None
+    if on_device is None:
+        return DistributedSpMV(transpose(edge_weights(A, weighted, keep_float=True), dtype), comm, overlap=overlap,
+                               **options)
+    Wt, dangling, inverse = on_device
+    spmv = DistributedSpMV(Wt, comm, overlap=overlap, **options)
+    spmv.pull_factors = (weighted, dangling, inverse)
+    return spmv
 
 
 def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_iter: int = 100,
@@ -102,6 +110,8 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     if on_device is not None:
         Wt, dangling_nodes, inverse = on_device
         spmv = DistributedSpMV(Wt, comm, **options)
+    elif product is not None and getattr(product, "pull_factors", (None,))[0] == weighted:
+        spmv, (_, dangling_nodes, inverse) = product, product.pull_factors  # made with Wᵀ on the device
     else:
         W = edge_weights(A, weighted, keep_float=True)  # cast to dtype on the GPU
         dangling_nodes, inverse = rank_cache_factors(W)

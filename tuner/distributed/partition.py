@@ -65,9 +65,11 @@ class RowPartition:
         return where
 
 
-def bitonic_partition(weights: np.ndarray, parts: int, order_by: np.ndarray | None = None) -> RowPartition:
+def bitonic_partition(weights: np.ndarray, parts: int, order_by: np.ndarray | None = None, xp=np) -> RowPartition:
     """Deal the rows to ``parts`` ranks in bitonic order of their ``weights`` (ties by row index); each
     rank's rows ascending, or by decreasing ``order_by`` (ties by row index) where given and ``parts`` > 1.
+    ``xp``: the module whose stable sort orders the rows (CuPy: on the GPU, seconds sooner for 100M rows);
+    the partition is the same either way.
 
     Example:
         >>> p = bitonic_partition(np.array([5, 1, 9, 3, 7, 2]), 2)
@@ -89,7 +91,7 @@ def bitonic_partition(weights: np.ndarray, parts: int, order_by: np.ndarray | No
         return RowPartition(parts=1, owner=np.zeros(weights.size, np.int64),
                             rows=(np.arange(weights.size, dtype=np.int64),),
                             weight=np.array([weights.sum(dtype=np.float64)]))
-    order = np.argsort(-weights.astype(np.float64), kind="stable")  # heaviest first, ties by row index
+    order = _by_decreasing(weights, xp)  # heaviest first, ties by row index
     slot = np.arange(weights.size)
     rank_in_round, round_ = slot % parts, slot // parts
     owner = np.empty(weights.size, np.int64)
@@ -101,8 +103,17 @@ def bitonic_partition(weights: np.ndarray, parts: int, order_by: np.ndarray | No
         if order_by.shape != weights.shape:
             raise ValueError(f"order_by must be one per row like the weights {weights.shape}, got {order_by.shape}")
         # One stable sort by decreasing key, then each rank's rows picked from it in that order.
-        by_key = np.argsort(-order_by.astype(np.float64), kind="stable")
+        by_key = _by_decreasing(order_by, xp)
         rank_of = owner[by_key]
         rows = tuple(by_key[rank_of == r] for r in range(parts))
     weight = np.bincount(owner, weights=weights.astype(np.float64), minlength=parts)
     return RowPartition(parts=int(parts), owner=owner, rows=rows, weight=weight)
+
+
+def _by_decreasing(values: np.ndarray, xp) -> np.ndarray:
+    """Indices by decreasing ``values``, ties by index: a stable sort of the negated values (integers stay
+    integers, exact; floats as float64)."""
+    keys = -(values.astype(np.int64) if np.issubdtype(values.dtype, np.integer) else values.astype(np.float64))
+    if xp is np:
+        return np.argsort(keys, kind="stable")
+    return xp.argsort(xp.asarray(keys)).get()  # CuPy's sort is stable

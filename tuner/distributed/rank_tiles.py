@@ -20,6 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..families.tile_composite import NOMINAL_ACTIVE_WARPS, fill_workload
+from ..formats.device_reorder import DeviceCsr, gather_rows
 from ..formats.tile_composite import TileComposite, build_tile_composite
 from ..formats.tiles import tile_bounds, tile_entries
 from ..formats.xp import host
@@ -136,7 +137,8 @@ def gather_chunks(partition: RowPartition, order: np.ndarray, bounds: np.ndarray
 def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_lengths: np.ndarray,
                tile_width: int, index_dtype=np.int32, values: bool = True, workloads: tuple | None = None,
                active_warps: int = NOMINAL_ACTIVE_WARPS, share: float = FIRST_COLUMNS, xp=np) -> RankTiles:
-    """Rank ``rank``'s rows of square ``Wt`` (SciPy CSR) in the tiles of ``tile_width`` columns that the
+    """Rank ``rank``'s rows of square ``Wt`` (SciPy CSR, or a DeviceCsr whose rows are then gathered on
+    the device) in the tiles of ``tile_width`` columns that the
     one-GPU plan cuts over the nodes in ``order`` (by decreasing degree), given the columns' ``col_lengths``;
     without ``values`` (a pattern matrix, every value the same) the layout holds none. ``workloads``: the
     workload size of every tile, best the one-GPU plan's (a rank's share of a tile then runs as that plan
@@ -157,7 +159,7 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
         >>> evaluate_tile_composite(t.layout, buf, t.n_rows).tolist() == (W @ x)[p.rows[0]].tolist()
         True
     """
-    n = Wt.shape[0]
+    n = np.asarray(col_lengths).size
     order = np.asarray(order, np.int64)
     position = np.empty(n, np.int64)
     position[order] = np.arange(n, dtype=np.int64)
@@ -174,10 +176,15 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
     at[read] = chunks.offsets(partition.owner[read], k[read])
     del k
 
-    mine = sp.csr_matrix(Wt)[partition.rows[rank]]  # SciPy's row gather (C++)
-    cols = xp.asarray(mine.indices)  # the per-entry relabels below run where the layout is built
+    if isinstance(Wt, DeviceCsr):  # gathered where it is
+        indptr, cols, data = gather_rows(Wt.indptr, Wt.indices, Wt.data if values else None, partition.rows[rank])
+    else:
+        mine = sp.csr_matrix(Wt)[partition.rows[rank]]  # SciPy's row gather (C++)
+        indptr, cols = mine.indptr.astype(np.int64), xp.asarray(mine.indices)  # relabelled where the layout is built
+        data = xp.asarray(mine.data) if values else None
+        del mine
     plan_cols = xp.asarray(position)[cols]
-    tiled = tile_entries(xp.asarray(mine.indptr.astype(np.int64)), plan_cols, n, bounds)
+    tiled = tile_entries(xp.asarray(indptr), plan_cols, n, bounds)
     del plan_cols
     if workloads is None:
         lengths, runs = host(tiled.run_lengths), tiled.tile_runs
@@ -190,7 +197,6 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
                          f"{len(workloads)} workload sizes were given")
     buffer_cols = xp.asarray(at.astype(index_dtype))[cols]
     del cols
-    data = xp.asarray(mine.data) if values else None
     layout = build_tile_composite(buffer_cols, data, tiled, tuple(workloads), False, index_dtype)
     tw = layout.tile_warps
     phases = (0, int(tw[t1]), layout.warps) if len(chunks.cuts) > 2 else (0, layout.warps)

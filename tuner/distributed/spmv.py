@@ -7,6 +7,7 @@ with its own compiled kernel.
 """
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import numpy as np
@@ -19,6 +20,30 @@ from .comm import Communicator
 from .partition import RowPartition, bitonic_partition
 
 RANK_KERNELS = ("auto", "tiles", "compile")
+
+
+class _Stages:
+    """Wall seconds of a setup's stages, each from the end of the previous one."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def stage(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = now - self._last
+        self._last = now
+
+
+def _sorts(device_comm: bool):
+    """Where the partition's sorts run: CuPy for a device communicator where it is installed, else NumPy."""
+    if device_comm:
+        try:
+            import cupy
+            return cupy
+        except ImportError:  # a stand-in device communicator (the CPU tests)
+            pass
+    return np
 
 
 def local_rows(A, partition: RowPartition, rank: int) -> sp.csr_matrix:
@@ -73,10 +98,14 @@ class DistributedSpMV:
     With a device communicator (:class:`~tuner.distributed.nccl.NcclComm`) and a CuPy ``x_local``, x is
     gathered on the GPUs by NCCL into a buffer the kernel reads in place, and y stays on the device.
 
+    ``setup_seconds``: wall seconds of the setup's stages ('partition', 'plan': the one-GPU plan the tiles
+    follow, 'layout': the rank's tiles or compile).
+
     ``rank_kernel`` says how a rank multiplies on several GPUs:
 
-    * 'tiles' (under 'auto', the default, where the model plans tile_composite for the whole matrix, whatever
-      ``tune`` says): the rank's rows in the one-GPU plan's tiles, reading x where NCCL gathers it
+    * 'tiles' (under 'auto', the default, where the model predicts a tile_composite candidate for the whole
+      matrix, whatever ``tune`` says; its pick if it picks tile_composite, else the fastest of those): the
+      rank's rows in that plan's tiles, reading x where NCCL gathers it
       (:mod:`~tuner.distributed.rank_tiles`); with ``overlap``, the tiles of the hub columns run while NCCL
       gathers the rest of x. The rank's compile options are not used.
     * 'compile' (otherwise, and with a ``local_compile``): the rank's rows planned and compiled on their own;
@@ -103,6 +132,8 @@ class DistributedSpMV:
         if m.n_rows != m.n_cols:
             raise MatrixError(f"the distributed SpMV splits x like A's rows: A must be square, got {m.shape}")
         self.comm = comm
+        device_comm = comm.size > 1 and hasattr(comm, "allgather_into")
+        clock = _Stages()
         # Slots by row + column length: the key of the one-GPU plan's relabelling by degree (square A), those
         # whose column is empty (x no row reads: a graph's dangling nodes) after every other, where a
         # gather can leave them out. One rank keeps every row in order and counts no column.
@@ -110,7 +141,9 @@ class DistributedSpMV:
         if partition is None and comm.size > 1:
             key = m.row_lengths.astype(np.int64) + m.col_lengths
             key += (int(key.max(initial=0)) + 1) * (m.col_lengths > 0)
-        self.partition = partition or bitonic_partition(m.row_lengths, comm.size, order_by=key)
+        self.partition = partition or bitonic_partition(m.row_lengths, comm.size, order_by=key,
+                                                        xp=_sorts(device_comm))
+        clock.stage("partition")
         if self.partition.parts != comm.size or self.partition.owner.size != m.n_rows:
             raise ValueError(f"the partition has {self.partition.parts} parts of {self.partition.owner.size} rows; "
                              f"the communicator {comm.size} ranks and A {m.n_rows} rows")
@@ -125,8 +158,10 @@ class DistributedSpMV:
         self.dtype = m.value_dtype
         self.local = self._own = self._rest = self._tiles = None
         self.overlap = overlap  # with tiles, read at each call: may be switched between calls
-        device_comm = comm.size > 1 and hasattr(comm, "allgather_into")
+        self.pull_factors = None  # (weighted, dangling, inverse) where pull_product made them on the device
+        self.one_gpu_family = None
         tiles = self._tile_params(m, rank_kernel, tuned, options) if device_comm else None
+        clock.stage("plan")
         if tiles is not None:
             self._tiles = self._rank_tiles(m, tiles, options.get("cache_dir"))
             self.kernel_kind, self.local_nnz = "tiled", self._tiles.tiles.nnz
@@ -140,23 +175,32 @@ class DistributedSpMV:
                     self._own, self._rest = local_compile(own, **options), local_compile(rest, **options)
             if self._own is None:
                 self.local = local_compile(mine, **options)
+        clock.stage("layout")
+        self.setup_seconds = clock.seconds
         self._gathered = None  # the device buffer x is gathered into, made at the first device call
         self._send = None  # with tiles: this rank's part of x, gathered from there chunk by chunk
         self._overlap_state = None
 
-    @staticmethod
-    def _tile_params(m, rank_kernel: str, tuned: bool, options: dict):
-        """The one-GPU plan's tile_composite parameters (tile width, workload size of every tile) for the
-        rank kernel in its tiles, or None for a compiled one."""
+    def _tile_params(self, m, rank_kernel: str, tuned: bool, options: dict):
+        """The tile_composite parameters (tile width, workload size of every tile) the rank kernel takes from
+        the one-GPU plan, or None for a compiled one; the family the model plans for the whole matrix goes
+        to ``one_gpu_family`` (None: no profile, or not asked).
+
+        Where the model plans another family for one GPU (tile_coo, say), the ranks still take the
+        tile_composite candidate it predicts fastest: a rank's own compile relabels its columns its own way,
+        so it must permute x every product and cuts its tiles thinner, and that costs more on P GPUs than the
+        gap between the two families on one."""
         if rank_kernel == "compile" or not tuned:
             return None
-        from ..compiler import model_choice
+        from ..compiler import model_ranking
         from ..families import tile_composite
-        # Even under tune='none': the one-GPU plan is predicted only (well under a second of a rank's setup),
-        # and a rank's generic kernel would leave the GPUs waiting on the exchange.
-        choice = model_choice(m, options.get("profile")) if "family" not in options else None
-        if choice is not None and choice.family == "tile_composite":
-            return choice.params
+        # Even under tune='none': the one-GPU plan is predicted only (seconds of a rank's setup), and a rank's
+        # generic kernel would leave the GPUs waiting on the exchange.
+        ranking = model_ranking(m, options.get("profile")) if "family" not in options else None
+        self.one_gpu_family = ranking[0][0].family if ranking else None
+        best = next((spec for spec, _ in ranking or () if spec.family == "tile_composite"), None)
+        if best is not None:
+            return best.params
         if rank_kernel == "auto":
             return None
         return tile_composite.space(m)[0]  # forced: the L1's first tiling, Algorithm 2's bounds
@@ -166,11 +210,14 @@ class DistributedSpMV:
         from ..cache import Cache
         from ..families.base import ordering
         from ..families.tiles import TILE_ORDER
+        from ..formats.device_reorder import known_copy
         from .rank_kernel import RankKernel
         from .rank_tiles import rank_tiles
         order = host(ordering(m, TILE_ORDER).col_order)
-        tiles = rank_tiles(m.to_scipy(), self.partition, self.comm.rank, order, m.col_lengths, params.tile_width,
+        csr = known_copy(m)  # Wᵀ built on the device (pull_product): the rank's rows are gathered there
+        tiles = rank_tiles(m.to_scipy() if csr is None else csr, self.partition, self.comm.rank, order, m.col_lengths, params.tile_width,
                            m.index_dtype, values=not m.value_free, workloads=params.workloads, xp=cupy)
+        del csr  # the whole matrix's device copies go with m, at the end of the setup
         return RankKernel(tiles, m.value_dtype, m.index_dtype, m.value_free, m.pattern_value, Cache(cache_dir))
 
     def plan_order(self):

@@ -1,0 +1,54 @@
+"""A graph loaded once per job and handed to every rank: rank 0 reads (or generates) it and broadcasts its
+CSR arrays, so that P ranks on one machine spend one load instead of P at once, each competing for the
+same cores and memory."""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from .. import loaders
+
+
+def load_once(source, comm) -> sp.csr_matrix:
+    """:func:`tuner.loaders.load` of ``source`` on rank 0, the same matrix on every rank of ``comm`` (every
+    rank calls it). A load that fails on rank 0 raises there, and on every other rank an error naming it.
+
+    Example:
+        >>> from tuner.distributed.comm import LocalGroup
+        >>> [A.nnz for A in LocalGroup(2).run(lambda comm: load_once("rmat:8:4:3", comm))]
+        [852, 852]
+    """
+    A, error = None, None
+    if comm.rank == 0:
+        try:
+            A = loaders.load(source)
+        except Exception as e:  # noqa: BLE001 - the other ranks hear of it before it is raised
+            error = e
+    failed = comm.bcast_array(np.array([error is not None]) if comm.rank == 0 else None)
+    if failed[0]:
+        if error is not None:
+            raise error
+        raise RuntimeError(f"rank 0 could not load {source}: see its error")
+    return share_csr(A, comm)
+
+
+def share_csr(A: sp.csr_matrix | None, comm) -> sp.csr_matrix:
+    """Rank 0's CSR matrix ``A`` on every rank (the others pass None); its canonical flag comes along.
+
+    Example:
+        >>> from tuner.distributed.comm import LocalGroup
+        >>> M = sp.csr_matrix(np.eye(3))
+        >>> LocalGroup(2).run(lambda comm: float(share_csr(M if comm.rank == 0 else None, comm).toarray().trace()))
+        [3.0, 3.0]
+    """
+    if comm.size == 1:
+        return A
+    root = comm.rank == 0
+    head = comm.bcast_array(np.array([*A.shape, A.has_canonical_format], np.int64) if root else None)
+    indptr, indices, data = (comm.bcast_array(getattr(A, name) if root else None)
+                             for name in ("indptr", "indices", "data"))
+    if root:
+        return A
+    out = sp.csr_matrix((data, indices, indptr), shape=(int(head[0]), int(head[1])), copy=False)
+    out.has_canonical_format = bool(head[2])
+    return out
