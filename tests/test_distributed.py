@@ -477,7 +477,8 @@ def test_multigpu_bench_table_shows_times_in_ms_efficiency_and_the_check():
     line = table[1].split()
     assert line[:9] == ["spmv", "rmat:9", "5,738", "4", "1.000", "3.000", "3.00", "0.75", "0.400"]
     assert line[9:13] == ["0.700", "1.200", "tiled", "WRONG"]
-    assert table[2] == "setup rmat:9: load 3.0 s; 4 ranks 1.0 s (pull 0.2, partition 0.8); one GPU 2.0 s; model plans tile_composite"
+    assert table[2] == ("setup rmat:9: load 3.0 s; 4 ranks 1.0 s (pull 0.2, partition 0.8); one GPU 2.0 s; "
+                        "model plans tile_composite")
 
 
 MPI_SHARE_SCRIPT = """

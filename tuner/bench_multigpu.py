@@ -1,8 +1,9 @@
 """``python -m tuner bench-multigpu``: SpMV and PageRank across the GPUs of one machine against one GPU.
 
 Started with ``--gpus P`` it runs itself as P MPI ranks (``--distributed``), one per GPU. Per graph, rank 0
-loads it and hands it to the others, and every rank builds its rows of Aᵀ (bitonic partition; the one-GPU plan's tiles, or a kernel compiled
-for the rank's rows where the model plans another family); then
+loads it and hands it to the others, and every rank builds its rows of Aᵀ (bitonic partition; the tiles of
+the model's fastest tile_composite plan for one GPU, or a kernel compiled for the rank's rows where it
+predicts none); then
 
 * ``spmv``: a product is NCCL's all-gather of x and the rank's kernel; ``ours_s`` is the slowest rank's
   median per product, vectors in the rank's slots' order. The same DistributedSpMV on rank 0's GPU alone
@@ -57,8 +58,8 @@ class MultiGpuRow:
         rows_per_rank, nnz_per_rank: how the bitonic partition split the work.
         rank_kernel: how each rank multiplied (:class:`~tuner.distributed.spmv.DistributedSpMV`'s
             ``kernel_kind``: 'tiled', the one-GPU plan's tiles; 'tuned', its rows compiled on their own).
-        one_gpu_family: the family the model plans for the whole matrix (the ranks take its tiles where it is
-            tile_composite; None without a profile).
+        one_gpu_family: the family the model plans for the whole matrix on one GPU (None without a profile;
+            the ranks take the tiles of its fastest tile_composite candidate whatever this is).
     """
 
     op: str
@@ -210,7 +211,8 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
             speedup=ours1 / ours, efficiency=ours1 / ours / comm.size,
             correct=bool(diff <= tol and (scipy_err is None or scipy_err <= tol)),
             max_rel_diff_vs_one_gpu=diff, rel_error_vs_scipy=scipy_err, iterations=iters, one_gpu_iterations=iters1,
-            setup_s=setup, one_gpu_setup_s=setup1, setup_stages=stages, load_s=load, allgather_s=gather if op == "spmv" else None,
+            setup_s=setup, one_gpu_setup_s=setup1, setup_stages=stages, load_s=load,
+            allgather_s=gather if op == "spmv" else None,
             local_s=local if op == "spmv" else None, single_kernel_s=single_kernel if op == "spmv" else None,
             rows_per_rank=[r for r, _ in per_rank],
             nnz_per_rank=[z for _, z in per_rank], rank_kernel=kind,

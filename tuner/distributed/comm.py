@@ -1,9 +1,9 @@
 """What the distributed products need of a communicator, and an in-process group that provides it.
 
 A communicator has a ``rank``, a ``size`` and three collectives: ``allgather`` (every rank's array, in rank
-order, to every rank), ``allreduce_sum`` and ``bcast_array`` (rank 0's array to every rank). :class:`LocalGroup` runs ``size`` ranks as threads of this
-process; it is what the CPU tests use. :class:`MpiComm` is one rank of an MPI job (mpi4py, ``mpirun -n P``),
-its collectives on host arrays.
+order, to every rank), ``allreduce_sum`` and ``bcast_array`` (rank 0's array to every rank).
+:class:`LocalGroup` runs ``size`` ranks as threads of this process; it is what the CPU tests use.
+:class:`MpiComm` is one rank of an MPI job (mpi4py, ``mpirun -n P``), its collectives on host arrays.
 """
 from __future__ import annotations
 

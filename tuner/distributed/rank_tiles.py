@@ -180,7 +180,8 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
         indptr, cols, data = gather_rows(Wt.indptr, Wt.indices, Wt.data if values else None, partition.rows[rank])
     else:
         mine = sp.csr_matrix(Wt)[partition.rows[rank]]  # SciPy's row gather (C++)
-        indptr, cols = mine.indptr.astype(np.int64), xp.asarray(mine.indices)  # relabelled where the layout is built
+        # The per-entry relabels below run where the layout is built.
+        indptr, cols = mine.indptr.astype(np.int64), xp.asarray(mine.indices)
         data = xp.asarray(mine.data) if values else None
         del mine
     plan_cols = xp.asarray(position)[cols]

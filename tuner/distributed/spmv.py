@@ -36,7 +36,8 @@ class _Stages:
 
 
 def _sorts(device_comm: bool):
-    """Where the partition's sorts run: CuPy for a device communicator where it is installed, else NumPy."""
+    """Where the partition's per-row steps run: CuPy for a device communicator where it is installed, else
+    NumPy."""
     if device_comm:
         try:
             import cupy
@@ -215,8 +216,9 @@ class DistributedSpMV:
         from .rank_tiles import rank_tiles
         order = host(ordering(m, TILE_ORDER).col_order)
         csr = known_copy(m)  # Wᵀ built on the device (pull_product): the rank's rows are gathered there
-        tiles = rank_tiles(m.to_scipy() if csr is None else csr, self.partition, self.comm.rank, order, m.col_lengths, params.tile_width,
-                           m.index_dtype, values=not m.value_free, workloads=params.workloads, xp=cupy)
+        tiles = rank_tiles(m.to_scipy() if csr is None else csr, self.partition, self.comm.rank, order,
+                           m.col_lengths, params.tile_width, m.index_dtype, values=not m.value_free,
+                           workloads=params.workloads, xp=cupy)
         del csr  # the whole matrix's device copies go with m, at the end of the setup
         return RankKernel(tiles, m.value_dtype, m.index_dtype, m.value_free, m.pattern_value, Cache(cache_dir))
 

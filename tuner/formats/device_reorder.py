@@ -311,7 +311,8 @@ def gather_rows(indptr, indices, data, rows):
     arrays are (NumPy or CuPy).
 
     Example:
-        >>> ip, ix, d = gather_rows(np.array([0, 2, 2, 3]), np.array([4, 1, 0]), np.array([1., 2, 3]), np.array([2, 0]))
+        >>> indptr, indices, data = np.array([0, 2, 2, 3]), np.array([4, 1, 0]), np.array([1.0, 2.0, 3.0])
+        >>> ip, ix, d = gather_rows(indptr, indices, data, np.array([2, 0]))
         >>> ip.tolist(), ix.tolist(), d.tolist()
         ([0, 1, 3], [0, 4, 1], [3.0, 1.0, 2.0])
     """

@@ -133,7 +133,8 @@ def make_ordering(m: CanonicalMatrix, name: str) -> Ordering | None:
 
 def _relabel_bytes(m: CanonicalMatrix) -> int:
     """Device memory the relabelling of ``m`` needs (its upload, the relabelled copy, one piece's work)."""
-    return device_reorder.relabel_bytes(m.nnz, m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize))
+    entry = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
+    return device_reorder.relabel_bytes(m.nnz, entry)
 
 
 def _ordering_on_device(m: CanonicalMatrix, build) -> Ordering:
