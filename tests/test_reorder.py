@@ -255,3 +255,23 @@ def test_the_device_relabelling_in_pieces_gives_the_host_relabellings_arrays(chu
     assert np.array_equal(got.indptr, expected.indptr)
     assert np.array_equal(got.indices, expected.indices) and got.indices.dtype == expected.indices.dtype
     assert np.array_equal(got.data, expected.data)
+
+
+def test_a_tile_composite_layout_built_on_the_device_a_group_of_tiles_at_a_time_equals_the_host_launch(monkeypatch):
+    from tuner.formats import tile_composite as tile_composite_format
+    fam = families.get("tile_composite")
+    A = power_law(60000, seed=26).T.tocsr()  # wider than a tile
+    params = [p for p in fam.candidates(canonicalize(A), None) if p.tile_width]
+    assert params
+    expected = [fam.launch(canonicalize(A), p) for p in params]
+    from tuner.families import base
+    device_reorder = _numpy_device(monkeypatch)
+    for name in ("device_csr", "permute_device"):  # the names the device layouts call
+        monkeypatch.setattr(base, name, getattr(device_reorder, name))
+    monkeypatch.setattr(tile_composite_format, "GROUP_ENTRIES", 20000)
+    for p, host in zip(params, expected):
+        dev = fam.device_launch(canonicalize(A), p)
+        assert [n for n, _ in host.arrays] == [n for n, _ in dev.arrays]
+        for (label, a), (_, b) in zip(host.arrays, dev.arrays):
+            assert a.dtype == b.dtype and np.array_equal(a, b), label
+        assert (host.scalars, host.grid) == (dev.scalars, dev.grid)

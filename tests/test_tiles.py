@@ -600,3 +600,46 @@ def test_row_major_workloads_of_several_rows_run_at_the_rate_measured_for_as_man
     t = {name: tc_model.tile_time(np.array([64]), np.array([20_000]), 256, p, tc_model.tile_keys(p, False),
                                   np.array([1.0, 0.0, 0.0])) for name, p in (("one", one), ("four", four))}
     assert t["four"] == pytest.approx(t["one"] / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("group_entries", [1, 5_000, 40_000, 1 << 40])
+@pytest.mark.parametrize("pattern,camping", [(False, False), (True, True)])
+def test_a_layout_built_a_group_of_tiles_at_a_time_equals_the_one_build(group_entries, pattern, camping):
+    from tuner.formats.tile_composite import build_tile_composite_grouped, tile_groups
+    from tuner.formats.tiles import tile_entries
+    A = power_law(6000, seed=81).T.tocsr()  # hub columns: tiles of very different sizes
+    A.sort_indices()
+    lengths = np.bincount(A.indices, minlength=A.shape[1])
+    order = np.argsort(-lengths, kind="stable")  # the degree order tiles are cut in
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    B = sp.csr_matrix((A.data, rank[A.indices], A.indptr), shape=A.shape)
+    B.sort_indices()
+    lengths = lengths[order]
+    bounds = tile_bounds(lengths, 256)
+    rng = np.random.default_rng(5)
+    workloads = tuple(int(w) for w in rng.choice([32, 64, 128, 256, 512], bounds.size - 1))
+    data = None if pattern else B.data
+    one = build_tile_composite(B.indices, data, tile_entries(B.indptr, B.indices, B.shape[1], bounds), workloads,
+                               camping)
+    grouped = build_tile_composite_grouped(B.indptr, B.indices, data, bounds, lengths, workloads, camping,
+                                           group_entries=group_entries)
+    groups = tile_groups(lengths, bounds, group_entries)
+    assert (len(groups) == 1) == (group_entries == 1 << 40)
+    total = np.concatenate([[0], np.cumsum(lengths)])
+    for t0, t1 in groups:  # within the budget, or a single tile over it
+        assert t1 - t0 == 1 or total[bounds[t1]] - total[bounds[t0]] <= group_entries
+    for field in ("cols", "vals", "rows", "wl_slot", "wl_row", "wl_w", "wl_h", "tile_warps"):
+        a, b = getattr(one, field), getattr(grouped, field)
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), field
+    x = np.random.default_rng(6).uniform(0.5, 1.5, B.shape[1])
+    y = evaluate_tile_composite(grouped, x, B.shape[0], pattern_value=1.0)
+    assert np.allclose(y, (abs(B) > 0 if pattern else B) @ x, rtol=1e-12)
+
+
+def test_tile_groups_hold_at_most_their_entries_unless_one_tile_is_larger():
+    from tuner.formats.tile_composite import tile_groups
+    lengths = np.array([9, 1, 1, 1, 3, 3, 0, 2])
+    bounds = np.array([0, 1, 2, 4, 6, 8])  # tiles of 9, 1, 2, 6 and 2 entries
+    assert tile_groups(lengths, bounds, 4) == [(0, 1), (1, 3), (3, 4), (4, 5)]
+    assert tile_groups(lengths, bounds, 100) == [(0, 5)]

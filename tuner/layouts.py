@@ -217,8 +217,11 @@ def on_device(m: CanonicalMatrix, spec: Specialization) -> bool:
         >>> on_device(m, families.specializations(m, ["tile_coo"])[0])   # far too small to pay
         False
     """
-    return families.get(spec.family).device_launch is not None and device_reorder.usable(
-        m.n_rows, m.n_cols, m.nnz, device_reorder.WORK_BYTES_PER_ENTRY * m.nnz)
+    family = families.get(spec.family)
+    if family.device_launch is None:
+        return False
+    need = family.device_bytes(m) if family.device_bytes is not None else device_reorder.WORK_BYTES_PER_ENTRY * m.nnz
+    return device_reorder.usable(m.n_rows, m.n_cols, m.nnz, need)
 
 
 def build(m: CanonicalMatrix, spec: Specialization) -> tuple[Launch, str]:

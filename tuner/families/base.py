@@ -76,6 +76,8 @@ class Family:
         uses_profile: ``space`` also takes the GPU's profile (or None), e.g. for tile widths from its L1.
         device_launch: (matrix, params) -> the same :class:`Launch` built on the GPU from the matrix's
             device copy (its arrays CuPy arrays), for families whose builders run on CuPy; None: host only.
+        device_bytes: matrix -> device memory ``device_launch`` needs; None: the work arrays of every entry
+            at once (:data:`~tuner.formats.device_reorder.WORK_BYTES_PER_ENTRY` each).
     """
 
     name: str
@@ -87,6 +89,7 @@ class Family:
     evaluate: Callable[[CanonicalMatrix, Launch, np.ndarray], np.ndarray]
     uses_profile: bool = False
     device_launch: Callable[[CanonicalMatrix, object], Launch] | None = None
+    device_bytes: Callable[[CanonicalMatrix], int] | None = None
 
     def candidates(self, m: CanonicalMatrix, profile=None) -> list:
         """The family's parameter sets for ``m`` (on the GPU ``profile`` describes, for families that ask)."""

@@ -14,9 +14,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..formats.tile_composite import (Shapes, TileComposite, build_tile_composite, evaluate_tile_composite, pack_runs,
-                                      tile_ranks)
-from ..formats.tiles import RankedRuns, tile_bounds, tile_entries
+from ..formats.device_reorder import WORK_BYTES_PER_ENTRY
+from ..formats.tile_composite import (GROUP_ENTRIES, Shapes, TileComposite, build_tile_composite,
+                                      build_tile_composite_grouped, evaluate_tile_composite, pack_runs, tile_ranks)
+from ..formats.tiles import RankedRuns, tile_bounds
 from ..matrix import CanonicalMatrix
 from .base import (UNROLL, Family, Launch, check_launch, ceil_div, ordered_device_launch, ordered_launch, ordered_matrix,
                    shared_layout)
@@ -142,13 +143,21 @@ def device_launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:
     """:func:`launch` built on the GPU from the relabelled matrix's device arrays: the same arrays, as CuPy
     arrays."""
     def build(m, csr, col_lengths):
-        t = tile_entries(csr.indptr, csr.indices, m.n_cols, tile_bounds(col_lengths, p.tile_width))
-        if len(p.workloads) != t.n_tiles:
-            raise ValueError(f"tile_composite with tile_width={p.tile_width} cuts this matrix into {t.n_tiles} "
-                             f"tiles, but {len(p.workloads)} workload sizes were given")
-        return _launch(build_tile_composite(csr.indices, csr.data, t, p.workloads, p.camping_pad,
-                                            m.index_dtype), p)
+        bounds = tile_bounds(col_lengths, p.tile_width)
+        if len(p.workloads) != bounds.size - 1:
+            raise ValueError(f"tile_composite with tile_width={p.tile_width} cuts this matrix into "
+                             f"{bounds.size - 1} tiles, but {len(p.workloads)} workload sizes were given")
+        # A group of tiles at a time: the work arrays of a billion entries would not fit beside the layout.
+        return _launch(build_tile_composite_grouped(csr.indptr, csr.indices, csr.data, bounds, col_lengths,
+                                                    p.workloads, p.camping_pad, m.index_dtype), p)
     return ordered_device_launch(m, p.order, build)
+
+
+def device_bytes(m: CanonicalMatrix) -> int:
+    """Device memory :func:`device_launch` needs beyond the relabelled matrix: the layout (slots, padding
+    included, counted as twice the entries) and one group's work (:data:`GROUP_ENTRIES`)."""
+    entry = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
+    return 2 * entry * m.nnz + WORK_BYTES_PER_ENTRY * min(m.nnz, GROUP_ENTRIES)
 
 
 def _launch(f: TileComposite, p: TileCompositeParams) -> Launch:
@@ -171,4 +180,4 @@ def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
 
 FAMILY = Family(name="tile_composite", template="tile_composite.cu.j2", params_type=TileCompositeParams,
                 space=space, launch=launch, context=context, evaluate=evaluate, uses_profile=True,
-                device_launch=device_launch)
+                device_launch=device_launch, device_bytes=device_bytes)
