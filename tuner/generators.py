@@ -64,6 +64,11 @@ _RMAT_STEP_WORK = 8
 # local rows and masked columns (33 B per edge of the partition) and its kept columns.
 _RMAT_PARTITION_WORK = 33
 
+# Kronecker, per output edge: its int64 (row, column) key; per edge of G and block in flight, the block's
+# int64 rows and columns and their relabelled copies.
+_KRON_KEY_BYTES = 8
+_KRON_BLOCK_BYTES = 32
+
 # _pattern_csr, per edge on top of the int64 rows and columns its caller holds: sort keys (8 B), keep
 # mask (1), deduplicated keys (8), their divmod into rows and columns (16, the pre-dedupe keys freed by
 # then), and the result's indices and float32 values. lexsort order and reordered copies instead when
@@ -192,19 +197,22 @@ def kronecker_size(g_shape, g_nnz: int, k: int, seed=None) -> tuple[tuple[int, i
     without building it: ``(shape, nnz, peak_bytes)``.
 
     ``nnz = nnz(S)**k * nnz(G)`` (exact when G has no explicit zeros or duplicates). ``peak_bytes`` is
-    the estimated peak host memory of the build (with the default permutation): 49 B per output edge
-    with int32 indices, 53 B with int64 (the int64 rows and columns, 16 B, plus what the CSR build
-    adds, :func:`pattern_csr_bytes_per_edge`), 24-28 B per node and 16 B per edge of G. Measured with
-    tracemalloc and VmHWM: 49.4-49.7 B per output edge for k = 3..5 over R-MAT graphs; the estimate is
-    within 1% of it. ``g_shape`` may be None when unknown (an edge list before it is parsed): the shape
-    is then None and the estimate counts the edges only. Raises ValueError for a bad ``k`` or seed, or
-    when the result could not be addressed by int64 indices.
+    the estimated peak host memory of the build (with the default permutation): 16 B per output edge with
+    int32 indices (the int64 (row, column) key, the index and the float32 value), 20 B with int64; 32 B
+    per edge of G for each block being made at once (one per thread this process may run, at most one per
+    block); 24-28 B per node and 32 B per edge of G. Measured as VmHWM growth for cnr-2000 scaled 3 times
+    on 2 threads: 19.8 B per output edge, against 20.2 estimated; tracemalloc on R-MAT graphs, k = 2..3:
+    the estimate is 1.15-1.4x what it traces. Beyond int64 (row, column) keys the build sorts coordinates
+    instead, at 49-53 B per output edge. ``g_shape`` may be None when unknown (an edge list before it is
+    parsed): the shape is then None and the estimate counts the edges only, with int64 indices. Raises
+    ValueError for a bad ``k`` or seed, or when the result could not be addressed by int64 indices.
 
     Example:
-        >>> kronecker_size((325557, 325557), 3216152, 4)    # cnr-2000 scaled 4 times
-        ((5208912, 5208912), 260508312, 12962215256)
-        >>> kronecker_size((3, 3), 4, 2, seed=[[1, 0, 1]])
-        ((3, 27), 16, 1148)
+        >>> shape, nnz, peak = kronecker_size((325557, 325557), 3216152, 4)    # cnr-2000 scaled 4 times
+        >>> shape, nnz, 16 * nnz < peak < 30 * nnz
+        ((5208912, 5208912), 260508312, True)
+        >>> kronecker_size((3, 3), 4, 2, seed=[[1, 0, 1]])[:2]
+        ((3, 27), 16)
     """
     _check_k(k)
     _check_int("g_nnz", g_nnz, low=0)
@@ -219,15 +227,26 @@ def kronecker_size(g_shape, g_nnz: int, k: int, seed=None) -> tuple[tuple[int, i
 def _kron_size(g_shape, g_nnz: int, s_shape, s_nnz: int, k: int):
     shape = None if g_shape is None else _kron_shape(g_shape, s_shape, k)
     nnz = s_nnz**k * g_nnz
-    # The int64 rows and columns (16 B), twice while they are permuted, then what _pattern_csr adds.
-    per_edge = 16 + max(16, pattern_csr_bytes_per_edge(shape, nnz))
-    node_bytes = 0
-    if shape is not None:
-        # The int64 permutations (one when square), then _pattern_csr's row counts and index pointer.
+    blocks = s_nnz**k
+    if shape is not None and shape[0] * shape[1] > _INT64_MAX:
+        # Coordinates and a lexsort (_pattern_csr): the int64 rows and columns (16 B), twice while they are
+        # permuted, then what _pattern_csr adds; the permutations and _pattern_csr's row arrays per node.
+        per_edge = 16 + max(16, pattern_csr_bytes_per_edge(shape, nnz))
         permuted = shape[0] + (shape[1] if shape[1] != shape[0] else 0)
         node_bytes = 8 * permuted + pattern_csr_bytes_per_row(shape, nnz) * shape[0]
-    # G's int64 pattern coordinates stay alive throughout.
-    return shape, nnz, per_edge * nnz + node_bytes + 16 * g_nnz
+        return shape, nnz, per_edge * nnz + node_bytes + 16 * g_nnz
+    # _kron_csr: the int64 keys, the result's indices and float32 values per edge; per block in flight, its
+    # int64 rows and columns and their relabelled copies; per node, the permutations (int64), the searched
+    # row pointers (int64) and their cast.
+    idx_bytes = 8 if shape is None else np.dtype(_index_dtype(shape, nnz)).itemsize
+    per_edge = _KRON_KEY_BYTES + idx_bytes + 4
+    in_flight = _KRON_BLOCK_BYTES * g_nnz * min(_thread_count(None), max(blocks, 1))
+    node_bytes = 0
+    if shape is not None:
+        permuted = shape[0] + (shape[1] if shape[1] != shape[0] else 0)
+        node_bytes = 8 * permuted + (8 + idx_bytes) * (shape[0] + 1)
+    # G's int64 pattern coordinates stay alive throughout, and its COO copy while they are made.
+    return shape, nnz, per_edge * nnz + node_bytes + in_flight + 32 * g_nnz
 
 
 def _kron_shape(g_shape, s_shape, k: int) -> tuple[int, int]:
@@ -337,21 +356,61 @@ def kronecker(
         per_edge_text(peak, nnz, "output edge"),
     )
 
-    rows, cols = g_rows, g_cols
+    # S (x) ... (x) S (x) G is a grid of blocks: block (I, J) is G wherever the k-th power of S has (I, J).
+    block_rows, block_cols = np.zeros(1, np.int64), np.zeros(1, np.int64)
     shape = g_shape
-    for _ in range(int(k)):
-        # One step left-multiplies by S: block (i, j) of the new matrix is S[i, j] * (previous result).
-        grown = (shape[0] * s_shape[0], shape[1] * s_shape[1])
-        rows = (s_rows[:, None] * shape[0] + rows[None, :]).ravel()
-        cols = (s_cols[:, None] * shape[1] + cols[None, :]).ravel()
-        shape = grown
-
+    for _ in range(int(k)):  # nnz(S)**k blocks: a few dozen
+        block_rows = (s_rows[:, None] * (shape[0] // g_shape[0]) + block_rows[None, :]).ravel()
+        block_cols = (s_cols[:, None] * (shape[1] // g_shape[1]) + block_cols[None, :]).ravel()
+        shape = (shape[0] * s_shape[0], shape[1] * s_shape[1])
+    row_perm = col_perm = None
     if permute:
         rng = np.random.default_rng(rng_seed)
         row_perm = rng.permutation(shape[0])
         col_perm = row_perm if shape[0] == shape[1] else rng.permutation(shape[1])
-        rows, cols = row_perm[rows], col_perm[cols]
-    return _pattern_csr(rows, cols, shape)
+    if shape[0] * shape[1] > _INT64_MAX:  # (row, column) keys would overflow: coordinates and a lexsort
+        rows = (block_rows[:, None] * g_shape[0] + g_rows[None, :]).ravel()
+        cols = (block_cols[:, None] * g_shape[1] + g_cols[None, :]).ravel()
+        if permute:
+            rows, cols = row_perm[rows], col_perm[cols]
+        return _pattern_csr(rows, cols, shape)
+    return _kron_csr(g_rows, g_cols, g_shape, block_rows, block_cols, shape, row_perm, col_perm)
+
+
+def _kron_csr(g_rows, g_cols, g_shape, block_rows, block_cols, shape, row_perm, col_perm) -> sp.csr_matrix:
+    """The CSR pattern of G's entries placed in every block (``block_rows``, ``block_cols``), relabelled by
+    the permutations (None: as they are). Each block's (row, column) keys are made in a thread of its own;
+    one sort orders them (distinct already: G's pattern is, and blocks do not overlap), the row pointers are
+    searched in the sorted keys and the columns taken from them in parallel pieces."""
+    n_g, n_cols = g_rows.size, shape[1]
+    keys = np.empty(block_rows.size * n_g, dtype=np.int64)
+    workers = _thread_count(None)
+
+    def block(b: int) -> None:
+        rows = g_rows + int(block_rows[b]) * g_shape[0]
+        cols = g_cols + int(block_cols[b]) * g_shape[1]
+        if row_perm is not None:
+            rows, cols = row_perm[rows], col_perm[cols]
+        out = keys[b * n_g:(b + 1) * n_g]
+        np.multiply(rows, n_cols, out=out)
+        out += cols
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(block, range(block_rows.size)))
+        keys.sort()
+        idx_dtype = _index_dtype(shape, keys.size)
+        indptr = np.searchsorted(keys, np.arange(shape[0] + 1, dtype=np.int64) * n_cols).astype(idx_dtype)
+        indices = np.empty(keys.size, dtype=idx_dtype)
+        data = np.empty(keys.size, dtype=np.float32)
+        step = max(_PART_EDGES, -(-keys.size // workers))
+
+        def fill(start: int) -> None:  # first-touch page faults of the outputs cost as much as the copies
+            stop = min(start + step, keys.size)
+            np.remainder(keys[start:stop], n_cols, out=indices[start:stop], casting="unsafe")
+            data[start:stop] = 1.0
+
+        list(pool.map(fill, range(0, keys.size, step)))
+    return _csr_from_canonical(data, indices, indptr, shape)
 
 
 # --- R-MAT internals -------------------------------------------------------------------------------
