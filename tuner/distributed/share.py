@@ -1,7 +1,11 @@
 """A graph loaded once per job and handed to every rank: rank 0 reads (or generates) it and broadcasts its
 CSR arrays, so that P ranks on one machine spend one load instead of P at once, each competing for the
-same cores and memory."""
+same cores and memory. MPI launchers bind each rank to a share of the cores; the other ranks wait while
+rank 0 loads, so it loads on every core the machine lets it have."""
 from __future__ import annotations
+
+import os
+from contextlib import contextmanager
 
 import numpy as np
 import scipy.sparse as sp
@@ -21,7 +25,8 @@ def load_once(source, comm) -> sp.csr_matrix:
     A, error = None, None
     if comm.rank == 0:
         try:
-            A = loaders.load(source)
+            with every_cpu():
+                A = loaders.load(source)
         except Exception as e:  # noqa: BLE001 - the other ranks hear of it before it is raised
             error = e
     failed = comm.bcast_array(np.array([error is not None]) if comm.rank == 0 else None)
@@ -52,3 +57,31 @@ def share_csr(A: sp.csr_matrix | None, comm) -> sp.csr_matrix:
     out = sp.csr_matrix((data, indices, indptr), shape=(int(head[0]), int(head[1])), copy=False)
     out.has_canonical_format = bool(head[2])
     return out
+
+
+@contextmanager
+def every_cpu():
+    """Inside the block, this thread (and the threads it starts) may run on every CPU of the machine that
+    the system allows; after it, on those it was bound to before. Where affinity cannot be set, nothing
+    changes.
+
+    Example:
+        >>> before = os.sched_getaffinity(0)
+        >>> with every_cpu():
+        ...     wide = os.sched_getaffinity(0)
+        >>> wide >= before, os.sched_getaffinity(0) == before
+        (True, True)
+    """
+    try:
+        before = os.sched_getaffinity(0)
+    except AttributeError:  # not on Linux
+        yield
+        return
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except OSError:  # a CPU the cgroup forbids: keep the binding
+        pass
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
