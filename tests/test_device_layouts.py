@@ -151,25 +151,27 @@ def _same_runs(a, b, label):
         assert u.dtype == v.dtype and np.array_equal(u, v), (label, field)
 
 
-def test_runs_counted_by_sorting_equal_the_exact_count():
+@pytest.mark.parametrize("piece", [None, 1, 97, 5000])
+def test_runs_counted_by_sorting_equal_the_exact_count(piece):
     for name, A in _cases().items():
         m = canonicalize(A)
         b = _tilings(m)
         exact = tiles.ranked_runs_many(m.indptr, m.indices, b, sample=tiles.EXACT)
-        for k, (u, v) in enumerate(zip(exact, tiles.ranked_runs_sorted(m.indptr, m.indices, b))):
-            _same_runs(u, v, (name, k))
+        for k, (u, v) in enumerate(zip(exact, tiles.ranked_runs_sorted(m.indptr, m.indices, b, piece))):
+            _same_runs(u, v, (name, k, piece))
 
 
 @pytest.mark.gpu
-def test_the_gpu_counts_tile_runs_as_the_host_does():
+@pytest.mark.parametrize("piece", [None, 997])
+def test_the_gpu_counts_tile_runs_as_the_host_does(piece):
     pytest.importorskip("cupy")
     for name, A in _cases().items():
         m = canonicalize(A)
         csr = device_reorder.device_csr(m)
         b = _tilings(m)
         exact = tiles.ranked_runs_many(m.indptr, m.indices, b, sample=tiles.EXACT)
-        for k, (u, v) in enumerate(zip(exact, tiles.ranked_runs_sorted(csr.indptr, csr.indices, b))):
-            _same_runs(u, v, (name, k))
+        for k, (u, v) in enumerate(zip(exact, tiles.ranked_runs_sorted(csr.indptr, csr.indices, b, piece))):
+            _same_runs(u, v, (name, k, piece))
 
 
 def test_a_small_matrix_is_transposed_on_the_host_like_scipy():

@@ -161,6 +161,7 @@ class RankedRuns:
 COUNTED_LENGTHS = 64  # runs shorter than this are counted in a (tile, length) table; the longer few are sorted
 CHUNK_ENTRIES = 1 << 20  # entries counted at a time (whole rows)
 PARALLEL_ENTRIES = 1 << 23  # count on several threads from this many entries on
+SORTED_PIECE_ENTRIES = 1 << 28  # entries ranked_runs_sorted counts at once (its work: about 30 B an entry)
 
 
 @dataclass(frozen=True)
@@ -286,10 +287,12 @@ def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list,
     return out
 
 
-def ranked_runs_sorted(indptr, indices, bounds_list: list) -> list[RankedRuns]:
+def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | None = None) -> list[RankedRuns]:
     """:func:`ranked_runs_many` counted exactly, every row, by whole-array passes and one sort of (tile,
     length) keys per tiling, in the module of ``indices``: on the GPU for CuPy arrays (milliseconds for 100M
     entries, where the host counts a sample of the rows in tenths of a second), only the counts coming back.
+    Rows are counted in pieces of about ``piece_entries`` entries (default :data:`SORTED_PIECE_ENTRIES`; a
+    run never crosses a row), so that the work arrays are one piece's.
 
     Example (tiles of 2 and of 4 columns, as :func:`ranked_runs_many`'s example):
         >>> b2, b4 = np.array([0, 2, 4]), np.array([0, 4])
@@ -298,28 +301,41 @@ def ranked_runs_sorted(indptr, indices, bounds_list: list) -> list[RankedRuns]:
     """
     xp = module(indices)
     nnz = int(indptr[-1])
-    indices = indices[:nnz]
-    row_start = xp.zeros(nnz, dtype=bool)
-    if nnz:
-        row_start[indptr[:-1][indptr[1:] > indptr[:-1]]] = True
+    piece = SORTED_PIECE_ENTRIES if piece_entries is None else max(int(piece_entries), 1)
+    ptr = xp.asarray(indptr).astype(np.int64)  # where the entries are: only a few numbers come back
+    n_rows = int(ptr.size) - 1
+    span = (int(xp.diff(ptr).max()) if n_rows else 0) + 1  # longer than any run: every piece's keys agree
+    # Row cuts at about every piece's worth of entries.
+    cuts = np.unique(np.concatenate([[0], host(xp.searchsorted(ptr, xp.arange(0, nnz, piece, dtype=np.int64),
+                                                               side="right") - 1), [n_rows]]))
+    tables = [[] for _ in bounds_list]
+    for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        e0, e1 = (int(v) for v in host(ptr[xp.asarray([r0, r1])]))
+        if e1 == e0:
+            continue
+        cols = indices[e0:e1]
+        row_start = xp.zeros(e1 - e0, dtype=bool)
+        starts = ptr[r0:r1][ptr[r0 + 1:r1 + 1] > ptr[r0:r1]] - e0
+        row_start[starts] = True
+        for k, bounds in enumerate(bounds_list):
+            tile = tile_of(cols, host(bounds).astype(np.int64))
+            new = row_start.copy()
+            new[1:] |= tile[1:] != tile[:-1]
+            run = xp.flatnonzero(new)
+            del new
+            length = xp.diff(xp.concatenate([run, like(run, [e1 - e0])]))
+            keys, counts = xp.unique(tile[run].astype(np.int64) * span + length, return_counts=True)
+            del tile, run, length
+            tables[k].append((host(keys), host(counts).astype(np.int64)))
     out = []
-    for bounds in bounds_list:
-        bounds = host(bounds).astype(np.int64)
-        n_tiles = bounds.size - 1
-        if nnz == 0:
+    for bounds, table in zip(bounds_list, tables):
+        n_tiles = host(bounds).size - 1
+        if not table:
             z = np.zeros(0, np.int64)
             out.append(RankedRuns(z, z, np.zeros(n_tiles + 1, np.int64)))
             continue
-        tile = tile_of(indices, bounds)
-        new = row_start.copy()
-        new[1:] |= tile[1:] != tile[:-1]
-        starts = xp.flatnonzero(new)
-        del new
-        length = xp.diff(xp.concatenate([starts, like(starts, [nnz])]))
-        span = int(length.max()) + 1
-        keys, counts = xp.unique(tile[starts].astype(np.int64) * span + length, return_counts=True)
-        del tile, starts, length
-        keys, counts = host(keys), host(counts).astype(np.int64)
+        keys, inverse = np.unique(np.concatenate([k for k, _ in table]), return_inverse=True)
+        counts = np.bincount(inverse.ravel(), weights=np.concatenate([c for _, c in table])).astype(np.int64)
         run_tile, run_length = keys // span, keys % span
         order = np.lexsort((-run_length, run_tile))
         run_tile = run_tile[order]
