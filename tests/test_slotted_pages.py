@@ -184,3 +184,22 @@ def test_running_sum_of_partials_equals_their_sum_and_holds_a_few_sums():
         assert len(total.sums) == bin(k).count("1")  # one sum per set bit of the count: at most log2 + 1
     got = total.result()
     assert got.has_sorted_indices and abs(got - sum(parts)).max() < 1e-12
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 7, 100])
+def test_partials_summed_by_row_blocks_on_threads_equal_one_running_sum_bit_for_bit(blocks):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tuner.spgemm.slotted import BlockedSum, RunningSum
+    parts = [sp.random(60, 30, density=0.15, format="csr", random_state=k, dtype=np.float32) for k in range(13)]
+    one = RunningSum((60, 30), np.float32)
+    with ThreadPoolExecutor(4) as pool:
+        blocked = BlockedSum((60, 30), np.float32, pool, blocks)
+        for c in parts:
+            one.add(c)
+            blocked.add(c)
+        got = blocked.result()
+    want = one.result()
+    assert got.has_sorted_indices and got.dtype == want.dtype
+    assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+    assert np.array_equal(got.data, want.data)  # the same additions in the same order, row by row
