@@ -106,6 +106,7 @@ from tuner.cache import Cache  # noqa: E402
 from tuner.matrix import canonicalize  # noqa: E402
 from tuner.model import spgemm as spgemm_model  # noqa: E402
 from tuner.spgemm.base import DeviceMemoryError  # noqa: E402
+from tuner.spgemm.outer_product import operands as outer_operands  # noqa: E402
 from tuner.spgemm.slotted import SlottedProduct, page_need, plan_pages  # noqa: E402
 
 
@@ -123,7 +124,11 @@ def test_slotted_product_pages_sum_to_the_product_and_each_fits_the_budget(budge
     assert pages.pages > 1 and plan.heaviest_need_bytes <= budget
     need = page_need(pages.products, pages.entries, pages.slot_end - pages.slot_begin, 600, 8, 4)
     assert need.max() == plan.heaviest_need_bytes
-    C = sum(a.to_scipy() @ b.to_scipy() for a, b in product._operands)
+    for a, b, prepared in product._operands:  # each page's host work done once, on its own operands
+        ops = outer_operands(a, b)
+        assert np.array_equal(prepared.ops.a_colptr, ops.a_colptr) and np.array_equal(prepared.ops.a_rows, ops.a_rows)
+        assert prepared.table.products == int(np.sum(np.diff(ops.a_colptr) * np.diff(ops.b_rowptr)))
+    C = sum(a.to_scipy() @ b.to_scipy() for a, b, _ in product._operands)
     ref = A.astype(np.float64) @ A.T.astype(np.float64)
     assert abs(C - ref).max() < 1e-12 * abs(ref).max()
 

@@ -86,6 +86,34 @@ def operands(a: CanonicalMatrix, b: CanonicalMatrix) -> Operands:
                     pattern_value=a.pattern_value * b.pattern_value if both else None)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What an outer product computes on the host before its uploads: the operands' arrays and the workload
+    table (:func:`prepare`).
+
+    Attributes:
+        ops: :func:`operands` of the pair.
+        table: the WLT of the pair for the product's block size and split.
+    """
+
+    ops: Operands
+    table: WorkloadTable
+
+
+def prepare(a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams) -> Prepared:
+    """The host work of an outer product of ``a`` and ``b`` under ``params``, to make once for a pair that is
+    multiplied again (a slotted page every call).
+
+    Example:
+        >>> a = canonicalize(sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 3.0]])))
+        >>> p = prepare(a, a, OuterProductParams())
+        >>> p.ops.a_colptr.tolist(), int(p.table.pair.size)
+        ([0, 1, 3], 2)
+    """
+    ops = operands(a, b)
+    return Prepared(ops, workload_table(ops.a_colptr, ops.b_rowptr, params.block_size, params.split))
+
+
 def key_bits(shape: tuple[int, int]) -> int:
     """Bits of the largest (row * n_cols + column) key: the radix sort sorts only those.
 
@@ -145,7 +173,8 @@ class OuterProduct(Product):
 
     family = "outer_product"
 
-    def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams, cache: Cache):
+    def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams, cache: Cache,
+                 prepared: Prepared | None = None):
         super().__init__(a, b, params)
         index = np.dtype(np.int64) if np.dtype(np.int64) in (a.index_dtype, b.index_dtype) else np.dtype(np.int32)
         self.index_dtype = index
@@ -163,11 +192,12 @@ class OuterProduct(Product):
                         64: self._expand.sibling(f"{name}_indptr64", "PqqqP")}
         self._columns = {32: self._expand.sibling(f"{name}_columns32", "PqqP"),
                          64: self._expand.sibling(f"{name}_columns64", "PqqP")}
-        self._bind(a, b)
+        self._bind(a, b, prepared)
 
-    def rebind(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
+    def rebind(self, a: CanonicalMatrix, b: CanonicalMatrix, prepared: Prepared | None = None) -> None:
         """Multiply another pair from now on with the kernels already loaded: the same value and index types,
-        value-free or not, and C of the same shape (a slotted page's operands, say)."""
+        value-free or not, and C of the same shape (a slotted page's operands, say). ``prepared``: the pair's
+        :func:`prepare` made once for calls that come back to it (no host work but the uploads)."""
         same = (a.value_dtype == self.dtype and a.value_free == b.value_free == self.value_free
                 and (a.n_rows, b.n_cols) == self.shape
                 and np.dtype(np.int64 if np.dtype(np.int64) in (a.index_dtype, b.index_dtype) else np.int32)
@@ -175,14 +205,14 @@ class OuterProduct(Product):
         if not same:
             raise MatrixError("rebind needs operands of the compiled types and C's shape: compile them instead")
         Product.__init__(self, a, b, self.params)
-        self._bind(a, b)
+        self._bind(a, b, prepared)
 
-    def _bind(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
+    def _bind(self, a: CanonicalMatrix, b: CanonicalMatrix, prepared: Prepared | None = None) -> None:
         """The operands' CSC and CSR arrays, the workload table, and their uploads."""
         self._temp: int | None = None
-        self.ops = operands(a, b)
-        self.table = t = workload_table(self.ops.a_colptr, self.ops.b_rowptr, self.params.block_size,
-                                        self.params.split)
+        prepared = prepared or prepare(a, b, self.params)
+        self.ops, self.table = prepared.ops, prepared.table
+        t = self.table
         index = self.index_dtype
         self._dev = {k: gpu.upload_pooled(np.ascontiguousarray(x)) for k, x in (
             ("pair", t.pair), ("a_start", t.a_start), ("a_stop", t.a_stop), ("offset", t.offset),

@@ -35,7 +35,7 @@ from ..matrix import CanonicalMatrix, canonicalize
 from ..memory import check_fits
 from ..model import spgemm as model
 from .base import DeviceMemoryError, Product
-from .outer_product import OuterProduct, OuterProductParams, operands
+from .outer_product import OuterProduct, OuterProductParams, Prepared, operands, prepare
 
 SUM_BLOCKS_PER_THREAD = 4  # blocks of C's rows per summing thread: uneven rows still keep every thread busy
 SORT_COPIES = 3  # the expansion's keys and values held three times at the sort: input, output, CUB's own copy
@@ -280,9 +280,9 @@ class SlottedProduct(Product):
         return (f"slotted_page: {plan.reason}\nheaviest page needs {plan.heaviest_need_bytes:,} bytes of "
                 f"{plan.budget_bytes:,}; predicted by page size (entries): {sizes}")
 
-    def _pages(self) -> list[tuple[CanonicalMatrix, CanonicalMatrix]]:
+    def _pages(self) -> list[tuple[CanonicalMatrix, CanonicalMatrix, Prepared]]:
         """Every page's operands over its own slots (:func:`~tuner.formats.slotted_pages.page_operands`), in
-        the product's types."""
+        the product's types, with the outer product's host work on them done once (:func:`prepare`)."""
         o = self.ops
         # A pattern's values are counted as ones and scaled after.
         a_values = o.a_values if o.a_values is not None else np.ones(o.a_rows.size, self.dtype)
@@ -295,7 +295,7 @@ class SlottedProduct(Product):
             b = canonicalize(b, self.dtype, self.b.index_dtype)
             if not self.value_free:  # a page whose values happen to be equal still runs the valued kernels
                 a, b = (dataclasses.replace(m, pattern_value=None) for m in (a, b))
-            out.append((a, b))
+            out.append((a, b, prepare(a, b, self.params)))
         return out
 
     def _set_values(self, a: CanonicalMatrix, b: CanonicalMatrix) -> None:
@@ -316,11 +316,11 @@ class SlottedProduct(Product):
         with ThreadPoolExecutor(max_workers=workers) as pool:
             total = BlockedSum(self.shape, self.dtype, pool, blocks=SUM_BLOCKS_PER_THREAD * workers)
             page = None
-            for a, b in self._operands:  # one set of kernels, loaded once, for every page
+            for a, b, prepared in self._operands:  # one set of kernels, loaded once, for every page
                 if page is None:
-                    page = OuterProduct(a, b, self.params, self.cache)
+                    page = OuterProduct(a, b, self.params, self.cache, prepared)
                 else:
-                    page.rebind(a, b)
+                    page.rebind(a, b, prepared)
                 c = page(out="scipy")
                 self.up_bytes += sum(x.nbytes for m in (a, b)
                                      for x in (m.indptr, m.indices) + (() if m.value_free else (m.data,)))
