@@ -11,7 +11,7 @@ bytes it needs and those free.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp  # noqa: F401 - the examples use it
@@ -98,6 +98,29 @@ class Prepared:
 
     ops: Operands
     table: WorkloadTable
+    _uploads: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def uploads(self, index_dtype, dtype) -> dict:
+        """The arrays a product with these index and value types copies to the GPU, by name, each contiguous
+        and in its type (values None for a pattern): made once, so that they can be page-locked in place.
+
+        Example:
+            >>> a = canonicalize(sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 3.0]])))
+            >>> u = prepare(a, a, OuterProductParams()).uploads(np.int32, np.float32)
+            >>> u["a_rows"].dtype, u["a_vals"].tolist(), sorted(u)[:3]
+            (dtype('int32'), [1.0, 2.0, 3.0], ['a_rows', 'a_start', 'a_stop'])
+        """
+        key = (np.dtype(index_dtype), np.dtype(dtype))
+        if key not in self._uploads:
+            t, o = self.table, self.ops
+            arrays = {"pair": t.pair, "a_start": t.a_start, "a_stop": t.a_stop, "offset": t.offset,
+                      "a_rows": o.a_rows.astype(key[0], copy=False), "b_rowptr": o.b_rowptr,
+                      "b_cols": o.b_cols.astype(key[0], copy=False)}
+            arrays = {k: np.ascontiguousarray(x) for k, x in arrays.items()}
+            for k, values in (("a_vals", o.a_values), ("b_vals", o.b_values)):
+                arrays[k] = None if values is None else np.ascontiguousarray(values, key[1])
+            self._uploads[key] = arrays
+        return self._uploads[key]
 
 
 def prepare(a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams) -> Prepared:
@@ -212,13 +235,8 @@ class OuterProduct(Product):
         self._temp: int | None = None
         prepared = prepared or prepare(a, b, self.params)
         self.ops, self.table = prepared.ops, prepared.table
-        t = self.table
-        index = self.index_dtype
-        self._dev = {k: gpu.upload_pooled(np.ascontiguousarray(x)) for k, x in (
-            ("pair", t.pair), ("a_start", t.a_start), ("a_stop", t.a_stop), ("offset", t.offset),
-            ("a_rows", self.ops.a_rows.astype(index, copy=False)),
-            ("b_rowptr", self.ops.b_rowptr), ("b_cols", self.ops.b_cols.astype(index, copy=False)))}
-        self._upload_values(self.ops.a_values, self.ops.b_values)
+        self._dev = {k: None if x is None else gpu.upload_pooled(x)
+                     for k, x in prepared.uploads(self.index_dtype, self.dtype).items()}
 
     def _upload_values(self, a_values, b_values) -> None:
         for key, values in (("a_vals", a_values), ("b_vals", b_values)):

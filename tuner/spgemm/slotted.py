@@ -13,10 +13,11 @@ when the product is compiled, so a call copies, multiplies and downloads.
 The page size is the model's: among powers of two whose heaviest page fits the budget (:func:`page_need`),
 light slots sharing a page up to half the budget's worth of products, the one with the lowest predicted
 time, each page predicted by the outer_product model (its fixed cost and rates, :mod:`tuner.model.spgemm`)
-plus its copies at the H100's page-locked rates (:data:`H2D_GBS`, :data:`D2H_GBS`; a call's copies are
-from and to pageable memory today). Larger pages pay the per-page fixed cost fewer times and send back
-fewer partial entries (a page sums its own duplicates); the budget bounds them. The prediction leaves out
-the host's sums of the partials, which take most of a call (bench-stream-spgemm.json).
+plus its copies at the H100's page-locked rates (:data:`H2D_GBS`, :data:`D2H_GBS`; a call's uploads come
+from the pages' arrays, page-locked in place at the first call, its partials back to pageable memory).
+Larger pages pay the per-page fixed cost fewer times and send back fewer partial entries (a page sums its
+own duplicates); the budget bounds them. The prediction leaves out the host's sums of the partials, which
+take most of a call (bench-stream-spgemm.json).
 """
 from __future__ import annotations
 
@@ -29,14 +30,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
+from .. import gpu
 from ..cache import Cache
 from ..formats.slotted_pages import SlottedPages, page_operands, slotted_pages
 from ..matrix import CanonicalMatrix, canonicalize
-from ..memory import check_fits
+from ..memory import available_bytes, check_fits
 from ..model import spgemm as model
 from .base import DeviceMemoryError, Product
 from .outer_product import OuterProduct, OuterProductParams, Prepared, operands, prepare
 
+PIN_SHARE = 4  # the pages' uploads are page-locked where they take at most 1/PIN_SHARE of the free host memory
 SUM_BLOCKS_PER_THREAD = 4  # blocks of C's rows per summing thread: uneven rows still keep every thread busy
 SORT_COPIES = 3  # the expansion's keys and values held three times at the sort: input, output, CUB's own copy
 SMALLEST_PAGE = 64  # entries
@@ -270,6 +273,23 @@ class SlottedProduct(Product):
         self.up_bytes = self.down_bytes = 0
         self.ops = operands(a, b)
         self._operands = self._pages()
+        self._pins = None  # every page's uploads page-locked in place, at the first call
+
+    def _pin(self, index_dtype) -> None:
+        """Page-lock every page's uploads in place, once (copies from locked memory run at PCIe's rate,
+        from pageable memory at a tenth of it); they stay pageable where they would take over a quarter of
+        the free host memory or the system refuses to lock them."""
+        if self._pins is not None:
+            return
+        arrays = [x for _, _, prepared in self._operands
+                  for x in prepared.uploads(index_dtype, self.dtype).values() if x is not None]
+        self._pins = []
+        if sum(x.nbytes for x in arrays) > available_bytes() // PIN_SHARE:
+            return
+        try:
+            self._pins = [gpu.Pinned(x) for x in arrays]
+        except gpu.GpuError:  # a memlock limit, say: the copies run from pageable memory
+            self._pins = []
 
     def explain(self) -> str:
         """Why slotted pages, how many, and each page size's predicted seconds."""
@@ -302,6 +322,7 @@ class SlottedProduct(Product):
         self.a, self.b = a, b
         self.ops = operands(a, b)
         self._operands = self._pages()
+        self._pins = None
 
     def __call__(self, A=None, B=None, out: str = "scipy"):
         if out != "scipy":
@@ -319,6 +340,7 @@ class SlottedProduct(Product):
             for a, b, prepared in self._operands:  # one set of kernels, loaded once, for every page
                 if page is None:
                     page = OuterProduct(a, b, self.params, self.cache, prepared)
+                    self._pin(page.index_dtype)
                 else:
                     page.rebind(a, b, prepared)
                 c = page(out="scipy")
