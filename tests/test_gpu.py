@@ -344,3 +344,12 @@ def test_relabelled_rectangular_plan_is_correct_in_both_orders():
     assert rel_error(spmv(x), ref) < 1e-5
     y_plan = spmv.in_plan_order()(spmv.to_plan_order(x))
     assert rel_error(y_plan, ref[np.argsort(spmv.row_rank)]) < 1e-5
+
+
+@pytest.mark.parametrize("stages", [0.5, 1, 3.3])
+def test_a_download_through_the_staging_buffers_equals_the_device_array(stages):
+    n = int(stages * gpu.STAGE_BYTES) // 4
+    host = np.random.default_rng(11).uniform(-1, 1, n).astype(np.float32)
+    device = gpu.device_vector(n, np.float32, gpu.upload(host))
+    got = gpu.download(device)
+    assert got.dtype == np.float32 and got.shape == (n,) and np.array_equal(got, host)

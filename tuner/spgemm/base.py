@@ -49,7 +49,8 @@ class DeviceCSR:
         need = sum(int(a.shape[0]) * np.dtype(a.dtype).itemsize for a in arrays) + self.indices.shape[0] * 8
         check_fits(need, f"C = A B ({self.shape[0]:,} x {self.shape[1]:,}, {self.nnz:,} entries) in host memory",
                    "its CSR arrays", hint="keep it on the GPU with out='device'")
-        c = sp.csr_matrix((self.data.get(), self.indices.get(), self.indptr.get()), shape=self.shape)
+        c = sp.csr_matrix((gpu.download(self.data), gpu.download(self.indices), gpu.download(self.indptr)),
+                          shape=self.shape)
         c.has_sorted_indices = True  # every family leaves each row's columns ascending
         if timer is not None:
             timer._phase("download")
