@@ -542,10 +542,10 @@ def build_tile_composite_grouped(indptr, indices, data, bounds: np.ndarray, col_
     """:func:`build_tile_composite` of the CSR matrix (``indptr``, ``indices``, ``data``; NumPy or CuPy)
     cut into the tiles of column ``bounds``, built for a group of consecutive tiles at a time
     (:func:`tile_groups`, at most ``group_entries`` entries each, default :data:`GROUP_ENTRIES`) and
-    concatenated: the same arrays, while the tiling's work arrays (an entry's
-    tile, its place in tile-major order, its row, the runs) exist for one group's entries only. The layout is
-    tile-major and a tile's workloads depend on that tile's rows alone, so the groups' layouts, their slots
-    and rows offset by the groups before them, are the whole layout.
+    concatenated: the same arrays, while the tiling's work arrays (an entry's tile, its place in tile-major
+    order, its row, the runs) exist for one group's entries only. The layout is tile-major and a tile's
+    workloads depend on that tile's rows alone, so the groups' layouts, their slots and rows offset by the
+    groups before them, are the whole layout.
 
     Example (one tile per group gives the one-build arrays):
         >>> from tuner.formats.tiles import tile_entries
