@@ -191,6 +191,17 @@ def test_running_sum_of_partials_equals_their_sum_and_holds_a_few_sums():
     assert got.has_sorted_indices and abs(got - sum(parts)).max() < 1e-12
 
 
+def test_partials_of_a_product_without_rows_sum_to_an_empty_matrix():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tuner.spgemm.slotted import BlockedSum
+    with ThreadPoolExecutor(2) as pool:
+        s = BlockedSum((0, 5), np.float32, pool, 4)
+        s.add(sp.csr_matrix((0, 5), dtype=np.float32))
+        got = s.result()
+    assert got.shape == (0, 5) and got.nnz == 0
+
+
 @pytest.mark.parametrize("blocks", [1, 3, 7, 100])
 def test_partials_summed_by_row_blocks_on_threads_equal_one_running_sum_bit_for_bit(blocks):
     from concurrent.futures import ThreadPoolExecutor

@@ -224,6 +224,8 @@ class BlockedSum:
     def __init__(self, shape: tuple[int, int], dtype, pool, blocks: int):
         self.shape, self.pool = shape, pool
         self.cuts = np.unique(np.linspace(0, shape[0], max(int(blocks), 1) + 1).astype(np.int64))
+        if self.cuts.size < 2:  # no rows: one empty block
+            self.cuts = np.array([0, shape[0]], np.int64)
         self.sums = [RunningSum((int(hi - lo), shape[1]), dtype) for lo, hi in zip(self.cuts, self.cuts[1:])]
         self._pending = [None] * len(self.sums)
 
