@@ -211,3 +211,22 @@ def test_pinned_transfers_round_trip_arrays_larger_than_their_staging_buffers():
     assert np.array_equal(on_gpu.get(), a)
     back = device_reorder.download(on_gpu)
     assert back.dtype == a.dtype and np.array_equal(back, a)
+
+
+@pytest.mark.parametrize("pieces", [0.3, 1, 2, 4.7])
+def test_a_staged_drain_fills_the_result_whatever_the_pieces_and_order_of_arrival(pieces):
+    from tuner import staging
+    src = np.random.default_rng(8).integers(0, 256, int(pieces * staging.STAGE_BYTES), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    stages = [np.zeros(staging.STAGE_BYTES, np.uint8) for _ in range(2)]
+    queued = {}
+
+    def fetch(k, start, size):  # the copy lands only when waited for, as an asynchronous one may
+        assert k not in queued, "a stage fetched into again before it was emptied"
+        queued[k] = (start, size)
+
+    def wait(k):
+        start, size = queued.pop(k)
+        np.copyto(stages[k][:size], src[start:start + size])
+    staging.drain(dst, stages, fetch, wait)
+    assert np.array_equal(dst, src) and not queued

@@ -105,7 +105,7 @@ def _median_seconds(run, comm, trials: int = TRIALS, repeats: int = PRODUCTS) ->
             run()
         cupy.cuda.Device().synchronize()
         times.append((time.perf_counter() - t0) / repeats)
-    return float(max(p[0] for p in comm.allgather(np.array([np.median(times)]))))
+    return _slowest(comm, float(np.median(times)))
 
 
 def _spmv_times(spmv, x, comm) -> tuple[float, float, float, np.ndarray]:

@@ -15,6 +15,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from .staging import STAGE_BYTES, drain
+
 try:  # PyCUDA is the optional 'gpu' extra: without it (or without a driver) nothing here runs.
     import pycuda.driver as drv
     _IMPORT_ERROR = None
@@ -405,51 +407,33 @@ def device_vector(n: int, dtype, data=None):
     return gpuarray.GPUArray((int(n),), np.dtype(dtype), gpudata=data)
 
 
-STAGE_BYTES = 32 << 20  # one page-locked staging buffer of download(); two alternate
-STAGE_THREADS = 4  # threads emptying a staging buffer: one host thread copies 5-10 GB/s, PCIe brings 50
-_stages: list = []
+_stages: list = []  # download()'s two page-locked staging buffers, made at the first large download
 
 
 def download(array) -> np.ndarray:
-    """A host copy of a device array (a PyCUDA GPUArray) through two page-locked staging buffers, each
-    emptied into the result by several threads while the other fills: a copy into pageable memory runs at
-    a tenth of PCIe's rate. Small arrays are copied directly.
+    """A host copy of a device array (a PyCUDA GPUArray) through two page-locked staging buffers
+    (:func:`tuner.staging.drain`): a copy into pageable memory runs at a tenth of PCIe's rate. Small arrays
+    are copied directly.
 
     Example (on a GPU machine):
         >>> download(device_vector(3, np.float32, upload(np.arange(3, dtype=np.float32)))).tolist()  # doctest: +SKIP
         [0.0, 1.0, 2.0]
     """
-    from concurrent.futures import ThreadPoolExecutor
-    n = int(array.nbytes)
-    if n <= STAGE_BYTES:
+    if int(array.nbytes) <= STAGE_BYTES:
         return array.get()
     _context()
     if not _stages:
         _stages.extend(drv.pagelocked_empty(STAGE_BYTES, np.uint8, mem_flags=drv.host_alloc_flags.PORTABLE)
                        for _ in range(2))
     out = np.empty(array.shape, array.dtype)
-    dst = out.reshape(-1).view(np.uint8)
     src = int(array.gpudata)
     stream = drv.Stream()  # a blocking stream: it starts after the default stream's work that made the array
     arrived = [drv.Event(), drv.Event()]
-    starts = list(range(0, n, STAGE_BYTES))
-    part = -(-STAGE_BYTES // STAGE_THREADS)
 
-    def fetch(i: int) -> None:
-        k, start = i % 2, starts[i]
-        drv.memcpy_dtoh_async(_stages[k][:min(STAGE_BYTES, n - start)], src + start, stream)
+    def fetch(k: int, start: int, size: int) -> None:
+        drv.memcpy_dtoh_async(_stages[k][:size], src + start, stream)
         arrived[k].record(stream)
-
-    with ThreadPoolExecutor(STAGE_THREADS) as pool:
-        fetch(0)
-        for i, start in enumerate(starts):
-            k = i % 2
-            arrived[k].synchronize()
-            if i + 1 < len(starts):
-                fetch(i + 1)  # into the other buffer, emptied in the previous round, while this one is emptied
-            size = min(STAGE_BYTES, n - start)
-            list(pool.map(lambda p: np.copyto(dst[start + p:start + min(p + part, size)],
-                                              _stages[k][p:min(p + part, size)]), range(0, size, part)))
+    drain(out.reshape(-1).view(np.uint8), _stages, fetch, lambda k: arrived[k].synchronize())
     return out
 
 

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..staging import STAGE_BYTES, STAGE_THREADS, drain
 from .xp import host, module
 
 MIN_NNZ = 1 << 20  # below this the host permutes in tens of milliseconds: not worth two copies
 WORK_BYTES_PER_ENTRY = 64  # positions, rows, sources, columns, keys and the sort order (8 B each), inputs, outputs
 CHUNK_ENTRIES = 1 << 27  # entries relabelled at once: their work arrays (about 9 GB) and no more are live
-STAGE_BYTES = 32 << 20  # one pinned staging buffer; two alternate, so a copy to the device overlaps the next fill
-STAGE_THREADS = 4  # threads filling a staging buffer: one host thread copies 5-10 GB/s, PCIe takes 50
 
 
 def available() -> bool:
@@ -213,30 +212,17 @@ def download(array) -> np.ndarray:
     if n <= STAGE_BYTES:
         return array.get()
     src = cupy.ascontiguousarray(array)
-    dst = out.reshape(-1).view(np.uint8)
     buffers = [cupy.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
     stages = [np.frombuffer(b, np.uint8, STAGE_BYTES) for b in buffers]
     stream = cupy.cuda.Stream(non_blocking=True)
     cupy.cuda.get_current_stream().synchronize()  # the array is complete before the side stream reads it
-    part = -(-STAGE_BYTES // STAGE_THREADS)
-    starts = list(range(0, n, STAGE_BYTES))
     done = [None, None]
 
-    def fetch(i):
-        k, start = i % 2, starts[i]
-        cupy.cuda.runtime.memcpyAsync(stages[k].ctypes.data, src.data.ptr + start, min(STAGE_BYTES, n - start),
+    def fetch(k, start, size):
+        cupy.cuda.runtime.memcpyAsync(stages[k].ctypes.data, src.data.ptr + start, size,
                                       cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
         done[k] = stream.record()
-    with ThreadPoolExecutor(STAGE_THREADS) as pool:
-        fetch(0)
-        for i, start in enumerate(starts):
-            k = i % 2
-            done[k].synchronize()
-            if i + 1 < len(starts):
-                fetch(i + 1)  # into the other buffer, while this one is emptied
-            size = min(STAGE_BYTES, n - start)
-            list(pool.map(lambda p: np.copyto(dst[start + p:start + min(p + part, size)],
-                                              stages[k][p:min(p + part, size)]), range(0, size, part)))
+    drain(out.reshape(-1).view(np.uint8), stages, fetch, lambda k: done[k].synchronize())
     return out
 
 
