@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..formats.xp import host
+
 
 @dataclass(frozen=True)
 class RowPartition:
@@ -104,15 +106,15 @@ def bitonic_partition(weights: np.ndarray, parts: int, order_by: np.ndarray | No
     owner[order] = xp.where(round_ % 2 == 0, rank_in_round, parts - 1 - rank_in_round)
     del slot, rank_in_round, round_, order
     if order_by is None:
-        rows = tuple(_host(xp.flatnonzero(owner == r)) for r in range(parts))
+        rows = tuple(host(xp.flatnonzero(owner == r)) for r in range(parts))
     else:
         # One stable sort by decreasing key, then each rank's rows picked from it in that order.
         by_key = _by_decreasing(order_by, xp)
         rank_of = owner[by_key]
-        rows = tuple(_host(by_key[rank_of == r]) for r in range(parts))
+        rows = tuple(host(by_key[rank_of == r]) for r in range(parts))
         del by_key, rank_of
-    weight = np.bincount(_host(owner), weights=weights.astype(np.float64), minlength=parts)
-    return RowPartition(parts=int(parts), owner=_host(owner), rows=rows, weight=weight)
+    weight = np.bincount(host(owner), weights=weights.astype(np.float64), minlength=parts)
+    return RowPartition(parts=int(parts), owner=host(owner), rows=rows, weight=weight)
 
 
 def _by_decreasing(values: np.ndarray, xp) -> np.ndarray:
@@ -123,6 +125,3 @@ def _by_decreasing(values: np.ndarray, xp) -> np.ndarray:
         return np.argsort(keys, kind="stable")
     return xp.argsort(xp.asarray(keys))  # CuPy's sort is stable
 
-
-def _host(a) -> np.ndarray:
-    return a if isinstance(a, np.ndarray) else a.get()

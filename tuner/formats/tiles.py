@@ -308,6 +308,7 @@ def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | 
     # Row cuts at about every piece's worth of entries.
     cuts = np.unique(np.concatenate([[0], host(xp.searchsorted(ptr, xp.arange(0, nnz, piece, dtype=np.int64),
                                                                side="right") - 1), [n_rows]]))
+    bounds_list = [host(b).astype(np.int64) for b in bounds_list]
     tables = [[] for _ in bounds_list]
     for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
         e0, e1 = (int(v) for v in host(ptr[xp.asarray([r0, r1])]))
@@ -318,7 +319,7 @@ def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | 
         starts = ptr[r0:r1][ptr[r0 + 1:r1 + 1] > ptr[r0:r1]] - e0
         row_start[starts] = True
         for k, bounds in enumerate(bounds_list):
-            tile = tile_of(cols, host(bounds).astype(np.int64))
+            tile = tile_of(cols, bounds)
             new = row_start.copy()
             new[1:] |= tile[1:] != tile[:-1]
             run = xp.flatnonzero(new)
@@ -329,7 +330,7 @@ def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | 
             tables[k].append((host(keys), host(counts).astype(np.int64)))
     out = []
     for bounds, table in zip(bounds_list, tables):
-        n_tiles = host(bounds).size - 1
+        n_tiles = bounds.size - 1
         if not table:
             z = np.zeros(0, np.int64)
             out.append(RankedRuns(z, z, np.zeros(n_tiles + 1, np.int64)))
