@@ -105,13 +105,13 @@ def test_the_gpu_builds_the_same_tiled_layouts_as_the_host():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family,group_entries", [("tile_composite", None), ("tile_composite", 3000),
-                                                  ("tile_coo", None)])
+                                                  ("tile_coo", None), ("tile_coo", 3000)])
 def test_a_family_launch_built_on_the_gpu_equals_the_host_launch(monkeypatch, family, group_entries):
     pytest.importorskip("cupy")
-    from tuner.formats import tile_composite as tile_composite_format
+    from tuner.formats import tiles
     monkeypatch.setattr(device_reorder, "MIN_NNZ", 0)
     if group_entries is not None:  # tiles built a group of at most 3,000 entries at a time
-        monkeypatch.setattr(tile_composite_format, "GROUP_ENTRIES", group_entries)
+        monkeypatch.setattr(tiles, "GROUP_ENTRIES", group_entries)
     fam = families.get(family)
     for name, A in _cases().items():
         m = canonicalize(A)

@@ -472,13 +472,15 @@ def test_multigpu_bench_table_shows_times_in_ms_efficiency_and_the_check():
                       iterations=None, one_gpu_iterations=None, setup_s=1.0, one_gpu_setup_s=2.0,
                       setup_stages={"pull": 0.25, "partition": 0.75}, load_s=3.0, allgather_s=4e-4,
                       local_s=7e-4, single_kernel_s=1.2e-3, rows_per_rank=[128] * 4, nnz_per_rank=[1434] * 4,
-                      rank_kernel="tiled", one_gpu_family="tile_composite")
+                      rank_kernel="tiled", one_gpu_family="tile_composite",
+                      one_gpu_setup_stages={"pull": 0.5, "plan": 0.25, "layout": 1.25, "layout_source": "device",
+                                            "family": "tile_coo"})
     table = format_table([row]).splitlines()
     line = table[1].split()
     assert line[:9] == ["spmv", "rmat:9", "5,738", "4", "1.000", "3.000", "3.00", "0.75", "0.400"]
     assert line[9:13] == ["0.700", "1.200", "tiled", "WRONG"]
-    assert table[2] == ("setup rmat:9: load 3.0 s; 4 ranks 1.0 s (pull 0.2, partition 0.8); one GPU 2.0 s; "
-                        "model plans tile_composite")
+    assert table[2] == ("setup rmat:9: load 3.0 s; 4 ranks 1.0 s (pull 0.2, partition 0.8); one GPU 2.0 s "
+                        "(pull 0.5, plan 0.2, layout 1.2; tile_coo layout device); model plans tile_composite")
 
 
 MPI_SHARE_SCRIPT = """
@@ -515,3 +517,13 @@ def test_a_load_that_fails_on_rank_0_fails_on_every_rank_naming_the_source():
     got = LocalGroup(3).run(rank)
     assert got[0][0] == "FileNotFoundError" and "no-such-graph.npz" in got[0][1]
     assert got[1] == got[2] == ("RuntimeError", "rank 0 could not load no-such-graph.npz: see its error")
+
+
+def test_multigpu_bench_splits_a_one_gpu_setup_into_pull_planning_and_layout():
+    from types import SimpleNamespace
+    from tuner.bench_multigpu import _solo_stages
+    plan = SimpleNamespace(family="tile_coo", seconds={"relabel": 1.5, "plan": 0.5, "plan_runs": [0.5, 0.4]})
+    spmv = SimpleNamespace(setup_seconds={"partition": 0.25, "plan": 0.0, "layout": 7.0},
+                           local=SimpleNamespace(plan=plan, layout_source="device"))
+    assert _solo_stages(spmv, 10.0) == {"pull": 2.75, "plan": 2.0, "layout": 5.0, "layout_source": "device",
+                                        "family": "tile_coo"}

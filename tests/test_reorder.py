@@ -257,9 +257,10 @@ def test_the_device_relabelling_in_pieces_gives_the_host_relabellings_arrays(chu
     assert np.array_equal(got.data, expected.data)
 
 
-def test_a_tile_composite_layout_built_on_the_device_a_group_of_tiles_at_a_time_equals_the_host_launch(monkeypatch):
-    from tuner.formats import tile_composite as tile_composite_format
-    fam = families.get("tile_composite")
+@pytest.mark.parametrize("family", ["tile_composite", "tile_coo"])
+def test_a_tiled_layout_built_on_the_device_a_group_of_tiles_at_a_time_equals_the_host_launch(monkeypatch, family):
+    from tuner.formats import tiles
+    fam = families.get(family)
     A = power_law(60000, seed=26).T.tocsr()  # wider than a tile
     params = [p for p in fam.candidates(canonicalize(A), None) if p.tile_width]
     assert params
@@ -268,7 +269,10 @@ def test_a_tile_composite_layout_built_on_the_device_a_group_of_tiles_at_a_time_
     device_reorder = _numpy_device(monkeypatch)
     for name in ("device_csr", "permute_device"):  # the names the device layouts call
         monkeypatch.setattr(base, name, getattr(device_reorder, name))
-    monkeypatch.setattr(tile_composite_format, "GROUP_ENTRIES", 20000)
+    monkeypatch.setattr(tiles, "GROUP_ENTRIES", 20000)
+    assert len(tiles.tile_groups(canonicalize(A).col_lengths[np.argsort(-canonicalize(A).col_lengths)],
+                                 tiles.tile_bounds(np.sort(canonicalize(A).col_lengths)[::-1], params[0].tile_width),
+                                 20000)) > 1  # several groups
     for p, host in zip(params, expected):
         dev = fam.device_launch(canonicalize(A), p)
         assert [n for n, _ in host.arrays] == [n for n, _ in dev.arrays]

@@ -605,8 +605,8 @@ def test_row_major_workloads_of_several_rows_run_at_the_rate_measured_for_as_man
 @pytest.mark.parametrize("group_entries", [1, 5_000, 40_000, 1 << 40])
 @pytest.mark.parametrize("pattern,camping", [(False, False), (True, True)])
 def test_a_layout_built_a_group_of_tiles_at_a_time_equals_the_one_build(group_entries, pattern, camping):
-    from tuner.formats.tile_composite import build_tile_composite_grouped, tile_groups
-    from tuner.formats.tiles import tile_entries
+    from tuner.formats.tile_composite import build_tile_composite_grouped
+    from tuner.formats.tiles import tile_entries, tile_groups
     A = power_law(6000, seed=81).T.tocsr()  # hub columns: tiles of very different sizes
     A.sort_indices()
     lengths = np.bincount(A.indices, minlength=A.shape[1])
@@ -637,8 +637,38 @@ def test_a_layout_built_a_group_of_tiles_at_a_time_equals_the_one_build(group_en
     assert np.allclose(y, (abs(B) > 0 if pattern else B) @ x, rtol=1e-12)
 
 
+@pytest.mark.parametrize("group_entries", [1, 5_000, 40_000, 1 << 40])
+@pytest.mark.parametrize("pattern", [False, True])
+def test_a_tile_coo_layout_built_a_group_of_tiles_at_a_time_equals_the_one_build(group_entries, pattern):
+    from tuner.formats.tile_coo import build_tile_coo, build_tile_coo_grouped
+    from tuner.formats.tiles import tile_entries
+    A = power_law(6000, seed=83).T.tocsr()
+    A.sort_indices()
+    lengths = np.bincount(A.indices, minlength=A.shape[1])
+    order = np.argsort(-lengths, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    B = sp.csr_matrix((A.data, rank[A.indices], A.indptr), shape=A.shape)
+    B.sort_indices()
+    lengths = lengths[order]
+    bounds = tile_bounds(lengths, 256)
+    assert bounds.size > 3
+    data = None if pattern else B.data
+    one = build_tile_coo(B.indptr, B.indices, data, tile_entries(B.indptr, B.indices, B.shape[1], bounds))
+    grouped = build_tile_coo_grouped(B.indptr, B.indices, data, bounds, lengths, group_entries=group_entries)
+    assert grouped.sizes == one.sizes and grouped.layout == one.layout == "flat"
+    for field in ("flat_rows", "flat_cols", "flat_vals"):
+        a, b = getattr(one, field), getattr(grouped, field)
+        assert (a is None and b is None) or (a.dtype == b.dtype and np.array_equal(a, b)), field
+    live = grouped.flat_rows >= 0
+    y = np.bincount(grouped.flat_rows[live], minlength=B.shape[0],
+                    weights=(np.ones(live.sum()) if pattern else grouped.flat_vals[live]) *
+                    np.arange(1.0, B.shape[1] + 1)[grouped.flat_cols[live]])
+    assert np.allclose(y, (abs(B) > 0 if pattern else B) @ np.arange(1.0, B.shape[1] + 1), rtol=1e-12)
+
+
 def test_tile_groups_hold_at_most_their_entries_unless_one_tile_is_larger():
-    from tuner.formats.tile_composite import tile_groups
+    from tuner.formats.tiles import tile_groups
     lengths = np.array([9, 1, 1, 1, 3, 3, 0, 2])
     bounds = np.array([0, 1, 2, 4, 6, 8])  # tiles of 9, 1, 2, 6 and 2 entries
     assert tile_groups(lengths, bounds, 4) == [(0, 1), (1, 3), (3, 4), (4, 5)]

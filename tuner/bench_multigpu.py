@@ -64,6 +64,9 @@ class MultiGpuRow:
             ``kernel_kind``: 'tiled', the one-GPU plan's tiles; 'tuned', its rows compiled on their own).
         one_gpu_family: the family the model plans for the whole matrix on one GPU (None without a profile;
             the ranks take the tiles of its fastest tile_composite candidate whatever this is).
+        one_gpu_setup_stages: seconds of ``one_gpu_setup_s``'s stages ('pull', then the compile's: 'plan' for
+            its statistics and model, 'layout' for relabelling, layout and binary), and where the layout was
+            built ('layout_source': 'device', or 'built' on the host).
     """
 
     op: str
@@ -90,6 +93,7 @@ class MultiGpuRow:
     nnz_per_rank: list
     rank_kernel: str
     one_gpu_family: str | None
+    one_gpu_setup_stages: dict
 
 
 def _median_seconds(run, comm, trials: int = TRIALS, repeats: int = PRODUCTS) -> float:
@@ -191,7 +195,8 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
     t0 = time.perf_counter()
     spmv1 = pull_product(A, solo, dtype=dtype)
     setup1 = time.perf_counter() - t0
-    say(f"one GPU set up in {setup1:.1f} s")
+    stages1 = _solo_stages(spmv1, setup1)
+    say(f"one GPU set up in {setup1:.1f} s ({stages1})")
     whole1, y1 = _plan_order_times(spmv1, x.astype(dtype), solo)
     pr1, info1 = pagerank_on_devices(A, solo, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500,
                                      check_every=CHECK_EVERY,
@@ -221,8 +226,21 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
             local_s=local if op == "spmv" else None, single_kernel_s=single_kernel if op == "spmv" else None,
             rows_per_rank=[r for r, _ in per_rank],
             nnz_per_rank=[z for _, z in per_rank], rank_kernel=kind,
-            one_gpu_family=family))
+            one_gpu_family=family, one_gpu_setup_stages=stages1))
     return rows
+
+
+def _solo_stages(spmv, seconds: float) -> dict:
+    """The stages of a one-GPU setup of ``seconds``: Wᵀ made ('pull'), planning, and the layout with its
+    relabelling and binary, with where the layout was built."""
+    stages = {"pull": seconds - sum(spmv.setup_seconds.values())}
+    compiled = spmv.local
+    plan = getattr(compiled, "plan", None)
+    made = plan.seconds if plan is not None and plan.seconds else {}  # a plan-cache hit: as it was made
+    planning = float(made.get("relabel", 0.0) + made.get("plan", 0.0))
+    stages.update(plan=planning, layout=spmv.setup_seconds["layout"] - planning,
+                  layout_source=getattr(compiled, "layout_source", None), family=getattr(plan, "family", None))
+    return stages
 
 
 WARM_UP = "rmat:17"  # large enough for every device build (device_reorder.MIN_NNZ), a second to set up
@@ -252,8 +270,11 @@ def format_table(rows: list[MultiGpuRow]) -> str:
                      f"{'ok' if r.correct else 'WRONG'} (vs 1 GPU {r.max_rel_diff_vs_one_gpu:.1e})")
     for r in rows[::2]:  # one setup per graph
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r.setup_stages.items())
+        solo = r.one_gpu_setup_stages
+        solo_stages = ", ".join(f"{k} {solo[k]:.1f}" for k in ("pull", "plan", "layout") if k in solo)
         lines.append(f"setup {r.name}: load {r.load_s:.1f} s; {r.gpus} ranks {r.setup_s:.1f} s ({stages}); "
-                     f"one GPU {r.one_gpu_setup_s:.1f} s; model plans {r.one_gpu_family}")
+                     f"one GPU {r.one_gpu_setup_s:.1f} s ({solo_stages}; {solo.get('family')} layout "
+                     f"{solo.get('layout_source')}); model plans {r.one_gpu_family}")
     return "\n".join(lines)
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..formats.tile_coo import build_tile_coo
-from ..formats.tiles import tile_bounds, tile_entries
+from ..formats import device_reorder
+from ..formats.tile_coo import build_tile_coo, build_tile_coo_grouped
+from ..formats.tiles import GROUP_ENTRIES, tile_bounds
 from ..matrix import CanonicalMatrix
 from .aligned_coo import evaluate, layout_launch
 from .base import UNROLL, Family, Launch, check_launch, ordered_device_launch, ordered_launch, shared_layout
@@ -53,9 +54,19 @@ def device_launch(m: CanonicalMatrix, p: TileCooParams) -> Launch:
     """:func:`launch` built on the GPU from the relabelled matrix's device arrays: the same arrays, as CuPy
     arrays."""
     def build(m, csr, col_lengths):
-        t = tile_entries(csr.indptr, csr.indices, m.n_cols, tile_bounds(col_lengths, p.tile_width))
-        return layout_launch(build_tile_coo(csr.indptr, csr.indices, csr.data, t, m.index_dtype), p.block_size)
+        # A group of tiles at a time: the work arrays of a billion entries would not fit beside the layout.
+        return layout_launch(build_tile_coo_grouped(csr.indptr, csr.indices, csr.data,
+                                                    tile_bounds(col_lengths, p.tile_width), col_lengths,
+                                                    m.index_dtype), p.block_size)
     return ordered_device_launch(m, p.order, build)
+
+
+def device_bytes(m: CanonicalMatrix) -> int:
+    """Device memory :func:`device_launch` needs beyond the relabelled matrix: the layout (a row, a column
+    and a value per entry; a tile's padding to whole warps is noise) and one group's work
+    (:data:`~tuner.formats.tiles.GROUP_ENTRIES`) with its part of the layout."""
+    entry = 2 * m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
+    return entry * m.nnz + (device_reorder.WORK_BYTES_PER_ENTRY + entry) * min(m.nnz, GROUP_ENTRIES)
 
 
 def _launch(m: CanonicalMatrix, p: TileCooParams) -> Launch:
@@ -69,4 +80,5 @@ def context(m: CanonicalMatrix, p: TileCooParams) -> dict:
 
 
 FAMILY = Family(name="tile_coo", template="aligned_coo.cu.j2", params_type=TileCooParams, space=space,
-                launch=launch, context=context, evaluate=evaluate, uses_profile=True, device_launch=device_launch)
+                launch=launch, context=context, evaluate=evaluate, uses_profile=True, device_launch=device_launch,
+                device_bytes=device_bytes)

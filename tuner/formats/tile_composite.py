@@ -510,39 +510,12 @@ def evaluate_tile_composite(f: TileComposite, x: np.ndarray, n_rows: int, patter
     return y + np.bincount(row[live].astype(np.int64), weights=v, minlength=n_rows)
 
 
-# Entries a grouped build tiles at once: one group's work arrays (about 50 B an entry) stay near 13 GB.
-GROUP_ENTRIES = 1 << 28
-
-
-def tile_groups(col_lengths: np.ndarray, bounds: np.ndarray, group_entries: int = GROUP_ENTRIES) -> list:
-    """Consecutive tiles gathered into groups of at most ``group_entries`` entries (a tile with more is a
-    group of its own), as (first tile, end tile) pairs, from the columns' lengths and the tiles' column
-    ``bounds``.
-
-    Example (tiles of 5, 1, 4 and 7 entries, groups of at most 6):
-        >>> tile_groups(np.array([5, 1, 2, 2, 7]), np.array([0, 1, 2, 4, 5]), 6)
-        [(0, 2), (2, 3), (3, 4)]
-    """
-    bounds = host(bounds).astype(np.int64)
-    total = np.concatenate([[0], np.cumsum(host(col_lengths), dtype=np.int64)])
-    per_tile = total[bounds[1:]] - total[bounds[:-1]]
-    groups, first, held = [], 0, 0
-    for t, entries in enumerate(per_tile.tolist()):  # a loop over tiles (thousands), not entries
-        if t > first and held + entries > group_entries:
-            groups.append((first, t))
-            first, held = t, 0
-        held += entries
-    groups.append((first, int(per_tile.size)))
-    return groups
-
-
 def build_tile_composite_grouped(indptr, indices, data, bounds: np.ndarray, col_lengths: np.ndarray,
                                  workload_sizes: tuple, camping_pad: bool = False, index_dtype=np.int32,
                                  group_entries: int | None = None) -> TileComposite:
     """:func:`build_tile_composite` of the CSR matrix (``indptr``, ``indices``, ``data``; NumPy or CuPy)
     cut into the tiles of column ``bounds``, built for a group of consecutive tiles at a time
-    (:func:`tile_groups`, at most ``group_entries`` entries each, default :data:`GROUP_ENTRIES`) and
-    concatenated: the same arrays, while the tiling's work arrays (an entry's tile, its place in tile-major
+    (:func:`~tuner.formats.tiles.grouped_tiles`) and concatenated: the same arrays, while the tiling's work arrays (an entry's tile, its place in tile-major
     order, its row, the runs) exist for one group's entries only. The layout is tile-major and a tile's
     workloads depend on that tile's rows alone, so the groups' layouts, their slots and rows offset by the
     groups before them, are the whole layout.
@@ -556,28 +529,14 @@ def build_tile_composite_grouped(indptr, indices, data, bounds: np.ndarray, col_
         >>> all((getattr(one, f) == getattr(two, f)).all() for f in ("cols", "rows", "wl_slot", "wl_w", "wl_h"))
         True
     """
-    from .tiles import entry_rows_search, tile_entries
-    xp = module(indices)
+    from .tiles import grouped_tiles
     bounds = host(bounds).astype(np.int64)
-    n_tiles, n_rows = bounds.size - 1, int(indptr.size) - 1
-    if len(workload_sizes) != n_tiles:
-        raise ValueError(f"need one workload size per tile ({n_tiles}), got {len(workload_sizes)}")
-    groups = tile_groups(col_lengths, bounds, GROUP_ENTRIES if group_entries is None else group_entries)
-    if len(groups) == 1:
-        return build_tile_composite(indices, data, tile_entries(indptr, indices, int(bounds[-1]), bounds),
-                                    workload_sizes, camping_pad, index_dtype)
-    parts = []
-    for t0, t1 in groups:
-        lo, hi = int(bounds[t0]), int(bounds[t1])
-        pos = xp.flatnonzero((indices >= lo) & (indices < hi))  # the group's entries, in CSR order
-        ptr = xp.zeros(n_rows + 1, np.int64)
-        xp.cumsum(xp.bincount(entry_rows_search(indptr, pos), minlength=n_rows), out=ptr[1:])
-        cols = indices[pos]
-        tiled = tile_entries(ptr, cols - lo, hi - lo, bounds[t0:t1 + 1] - lo)
-        parts.append(build_tile_composite(cols, None if data is None else data[pos], tiled,
-                                          tuple(workload_sizes[t0:t1]), camping_pad, index_dtype))
-        del pos, ptr, cols, tiled
-    return _concatenate(parts, index_dtype)
+    if len(workload_sizes) != bounds.size - 1:
+        raise ValueError(f"need one workload size per tile ({bounds.size - 1}), got {len(workload_sizes)}")
+    parts = [build_tile_composite(g.cols, g.vals, g.tiled, tuple(workload_sizes[g.first:g.end]), camping_pad,
+                                  index_dtype)
+             for g in grouped_tiles(indptr, indices, data, bounds, col_lengths, group_entries)]
+    return parts[0] if len(parts) == 1 else _concatenate(parts, index_dtype)
 
 
 def _concatenate(parts: list, index_dtype) -> TileComposite:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .aligned_coo import WARP, AlignedCoo, Sizes
-from .tiles import TiledEntries, entry_rows
-from .xp import like, module, segment_of
+from .tiles import TiledEntries, entry_rows, grouped_tiles
+from .xp import host, like, module, segment_of
 
 
 def build_tile_coo(indptr, indices, data, tiled: TiledEntries, index_dtype=np.int32) -> AlignedCoo:
@@ -44,3 +44,42 @@ def build_tile_coo(indptr, indices, data, tiled: TiledEntries, index_dtype=np.in
     empty = xp.zeros(0, dtype=index_dtype)
     return AlignedCoo(empty, empty, None if data is None else xp.zeros(0, dtype=data.dtype), rows, cols, vals,
                       Sizes(seg_len=0, lanes=0, n_seg=0, n_flat=n), "flat")
+
+
+def build_tile_coo_grouped(indptr, indices, data, bounds: np.ndarray, col_lengths: np.ndarray,
+                           index_dtype=np.int32, group_entries: int | None = None) -> AlignedCoo:
+    """:func:`build_tile_coo` of the CSR matrix (NumPy or CuPy arrays) cut into the tiles of column
+    ``bounds``, a group of consecutive tiles at a time (:func:`~tuner.formats.tiles.grouped_tiles`): the
+    same arrays, since every tile is padded to whole warps on its own.
+
+    Example (one tile per group gives the one-build arrays):
+        >>> from tuner.formats.tiles import tile_entries
+        >>> indptr, indices = np.array([0, 3, 4]), np.array([0, 2, 3, 1])
+        >>> bounds, lengths = np.array([0, 2, 4]), np.ones(4, int)
+        >>> one = build_tile_coo(indptr, indices, None, tile_entries(indptr, indices, 4, bounds))
+        >>> two = build_tile_coo_grouped(indptr, indices, None, bounds, lengths, group_entries=1)
+        >>> bool((one.flat_rows == two.flat_rows).all() and (one.flat_cols == two.flat_cols).all())
+        True
+    """
+    xp = module(indices)
+    bounds = host(bounds).astype(np.int64)
+    total = np.concatenate([[0], np.cumsum(host(col_lengths), dtype=np.int64)])
+    slot0 = np.concatenate([[0], np.cumsum(-(-(total[bounds[1:]] - total[bounds[:-1]]) // WARP) * WARP)])
+    # Each group's part is written into the whole layout as it is made: one layout and one part, not the
+    # parts and their concatenation, are live at once.
+    out = None
+    for g in grouped_tiles(indptr, indices, data, bounds, col_lengths, group_entries):
+        part = build_tile_coo(g.indptr, g.cols, g.vals, g.tiled, index_dtype)
+        if g.first == 0 and g.end == bounds.size - 1:
+            return part
+        if out is None:
+            n = int(slot0[-1])
+            out = AlignedCoo(part.seg_rows, part.seg_cols, part.seg_vals, xp.empty(n, index_dtype),
+                             xp.empty(n, index_dtype), None if data is None else xp.empty(n, data.dtype),
+                             Sizes(seg_len=0, lanes=0, n_seg=0, n_flat=n), "flat")
+        lo, hi = int(slot0[g.first]), int(slot0[g.end])
+        for name in ("flat_rows", "flat_cols", "flat_vals"):
+            if getattr(out, name) is not None:
+                getattr(out, name)[lo:hi] = getattr(part, name)
+        del part
+    return out

@@ -540,3 +540,80 @@ def tile_widths(l1_sectors: float, itemsize: int, n_cols: int, multiples=(1, 2, 
         if w not in out:
             out.append(w)
     return out
+
+
+# Entries a grouped build tiles at once: one group's work arrays (about 50 B an entry) stay near 13 GB.
+GROUP_ENTRIES = 1 << 28
+
+
+def tile_groups(col_lengths: np.ndarray, bounds: np.ndarray, group_entries: int = GROUP_ENTRIES) -> list:
+    """Consecutive tiles gathered into groups of at most ``group_entries`` entries (a tile with more is a
+    group of its own), as (first tile, end tile) pairs, from the columns' lengths and the tiles' column
+    ``bounds``.
+
+    Example (tiles of 5, 1, 4 and 7 entries, groups of at most 6):
+        >>> tile_groups(np.array([5, 1, 2, 2, 7]), np.array([0, 1, 2, 4, 5]), 6)
+        [(0, 2), (2, 3), (3, 4)]
+    """
+    bounds = host(bounds).astype(np.int64)
+    total = np.concatenate([[0], np.cumsum(host(col_lengths), dtype=np.int64)])
+    per_tile = total[bounds[1:]] - total[bounds[:-1]]
+    groups, first, held = [], 0, 0
+    for t, entries in enumerate(per_tile.tolist()):  # a loop over tiles (thousands), not entries
+        if t > first and held + entries > group_entries:
+            groups.append((first, t))
+            first, held = t, 0
+        held += entries
+    groups.append((first, int(per_tile.size)))
+    return groups
+
+
+@dataclass(frozen=True, eq=False)
+class TileGroup:
+    """The entries of tiles ``first`` to ``end - 1`` of a CSR matrix, tiled on their own.
+
+    Attributes:
+        first, end: the group's tiles.
+        indptr: the row pointers of the group's entries (as many rows as the matrix).
+        cols, vals: its entries' columns (the matrix's numbering) and values (None: value-free), in CSR order.
+        tiled: :func:`tile_entries` of the group, its positions into ``cols``, its rows the matrix's.
+    """
+
+    first: int
+    end: int
+    indptr: object
+    cols: object
+    vals: object
+    tiled: TiledEntries
+
+
+def grouped_tiles(indptr, indices, data, bounds: np.ndarray, col_lengths: np.ndarray,
+                  group_entries: int | None = None):
+    """The tiles of column ``bounds`` of a CSR matrix (NumPy or CuPy arrays), a group of consecutive
+    tiles of at most ``group_entries`` entries (:func:`tile_groups`, default :data:`GROUP_ENTRIES`) at a
+    time: the work arrays of a tiling (an entry's tile, its place in tile-major order, its row, the runs)
+    then exist for one group's entries only. A tile-major layout whose parts depend on their own tile
+    alone is the concatenation of its groups' layouts. One group is the matrix itself, no copy.
+
+    Example (tiles {0, 1} and {2, 3}, one group each):
+        >>> indptr, indices = np.array([0, 3, 4]), np.array([0, 2, 3, 1])
+        >>> [(g.first, g.cols.tolist(), g.tiled.order.tolist()) for g in
+        ...  grouped_tiles(indptr, indices, None, np.array([0, 2, 4]), np.ones(4, int), group_entries=1)]
+        [(0, [0, 1], [0, 1]), (1, [2, 3], [0, 1])]
+    """
+    xp = module(indices)
+    bounds = host(bounds).astype(np.int64)
+    n_rows, n_tiles = int(indptr.size) - 1, bounds.size - 1
+    groups = tile_groups(col_lengths, bounds, GROUP_ENTRIES if group_entries is None else group_entries)
+    if len(groups) == 1:
+        yield TileGroup(0, n_tiles, indptr, indices, data, tile_entries(indptr, indices, int(bounds[-1]), bounds))
+        return
+    for first, end in groups:
+        lo, hi = int(bounds[first]), int(bounds[end])
+        pos = xp.flatnonzero((indices >= lo) & (indices < hi))  # the group's entries, in CSR order
+        ptr = xp.zeros(n_rows + 1, np.int64)
+        xp.cumsum(xp.bincount(entry_rows_search(indptr, pos), minlength=n_rows), out=ptr[1:])
+        cols = indices[pos]
+        tiled = tile_entries(ptr, cols - lo, hi - lo, bounds[first:end + 1] - lo)
+        yield TileGroup(first, end, ptr, cols, None if data is None else data[pos], tiled)
+        del pos, ptr, cols, tiled
