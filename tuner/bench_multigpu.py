@@ -184,6 +184,8 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
     pr, info = pagerank_on_devices(A, comm, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, product=spmv,
                                    check_every=CHECK_EVERY,
                                    return_info=True)
+    say(f"{comm.size} ranks: SpMV {1e3 * whole:.3f} ms (gather {1e3 * gather:.3f}, local {1e3 * local:.3f}), "
+        f"PageRank {1e3 * info.seconds['iterations'] / info.iterations:.3f} ms an iteration ({info.iterations})")
     per_rank = [(int(p[0]), int(p[1])) for p in comm.allgather(np.array([spmv.rows.size, spmv.local_nnz]))]
     kind, family = spmv.kernel_kind, spmv.one_gpu_family
     del spmv

@@ -433,10 +433,8 @@ def build_tile_composite(indices, data, tiled: TiledEntries, workload_sizes: tup
     gap = np.where(slots % CAMPING_PERIOD == 0, CAMPING_PAD, 0) if camping_pad else 0
     wl_slot = np.concatenate([[0], np.cumsum(slots + gap)]).astype(np.int64)
     wl_row = np.concatenate([[0], np.cumsum(h)]).astype(np.int64)
+    # Slots may pass 2^31 with int32 entries: the offsets, and the kernel's slot arithmetic, are 64-bit.
     n_slots, n_row_slots = int(wl_slot[-1]), int(wl_row[-1])
-    if index_dtype == np.int32 and max(n_slots, n_row_slots) > np.iinfo(np.int32).max:
-        raise OverflowError(f"the TILE-Composite layout needs {n_slots} slots: more than int32 offsets hold; "
-                            "compile with index_dtype=np.int64")
 
     # Every run's workload and its row within it, from its rank in its tile.
     tile_of_run = _run_tiles(tiled).astype(np.int64)
@@ -536,17 +534,14 @@ def build_tile_composite_grouped(indptr, indices, data, bounds: np.ndarray, col_
     parts = [build_tile_composite(g.cols, g.vals, g.tiled, tuple(workload_sizes[g.first:g.end]), camping_pad,
                                   index_dtype)
              for g in grouped_tiles(indptr, indices, data, bounds, col_lengths, group_entries)]
-    return parts[0] if len(parts) == 1 else _concatenate(parts, index_dtype)
+    return parts[0] if len(parts) == 1 else _concatenate(parts)
 
 
-def _concatenate(parts: list, index_dtype) -> TileComposite:
+def _concatenate(parts: list) -> TileComposite:
     """The layout of consecutive groups of tiles, each group's workloads after the previous groups'."""
     xp = module(parts[0].cols)
     slots = np.concatenate([[0], np.cumsum([p.cols.size for p in parts])]).astype(np.int64)
     row_slots = np.concatenate([[0], np.cumsum([p.rows.size for p in parts])]).astype(np.int64)
-    if index_dtype == np.int32 and max(int(slots[-1]), int(row_slots[-1])) > np.iinfo(np.int32).max:
-        raise OverflowError(f"the TILE-Composite layout needs {int(slots[-1])} slots: more than int32 offsets "
-                            "hold; compile with index_dtype=np.int64")
     warps = np.concatenate([[0], np.cumsum([p.warps for p in parts])]).astype(np.int64)
     vals = None if parts[0].vals is None else xp.concatenate([p.vals for p in parts])
     return TileComposite(
