@@ -198,7 +198,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
     spmv1 = pull_product(A, solo, dtype=dtype)
     setup1 = time.perf_counter() - t0
     stages1 = _solo_stages(spmv1, setup1)
-    say(f"one GPU set up in {setup1:.1f} s ({stages1})")
+    say(f"one GPU set up in {setup1:.1f} s ({_stages_text(stages1)})")
     whole1, y1 = _plan_order_times(spmv1, x.astype(dtype), solo)
     pr1, info1 = pagerank_on_devices(A, solo, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500,
                                      check_every=CHECK_EVERY,
@@ -261,6 +261,12 @@ def _warm_up(comm, solo_factory) -> None:
     comm.allgather(np.zeros(1))
 
 
+def _stages_text(solo: dict) -> str:
+    """A one-GPU setup's stages (:func:`_solo_stages`) in a line."""
+    seconds = ", ".join(f"{k} {solo[k]:.1f}" for k in ("pull", "plan", "layout") if k in solo)
+    return f"{seconds}; {solo.get('family')} layout {solo.get('layout_source')}"
+
+
 def format_table(rows: list[MultiGpuRow]) -> str:
     lines = [f"{'op':<9}{'graph':<12}{'nnz':>13}{'gpus':>5}{'ours ms':>10}{'1 GPU ms':>10}{'speedup':>8}"
              f"{'eff':>6}{'gather ms':>10}{'local ms':>9}{'1 kernel':>9}  {'rank':<8}check"]
@@ -272,11 +278,9 @@ def format_table(rows: list[MultiGpuRow]) -> str:
                      f"{'ok' if r.correct else 'WRONG'} (vs 1 GPU {r.max_rel_diff_vs_one_gpu:.1e})")
     for r in rows[::2]:  # one setup per graph
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r.setup_stages.items())
-        solo = r.one_gpu_setup_stages
-        solo_stages = ", ".join(f"{k} {solo[k]:.1f}" for k in ("pull", "plan", "layout") if k in solo)
         lines.append(f"setup {r.name}: load {r.load_s:.1f} s; {r.gpus} ranks {r.setup_s:.1f} s ({stages}); "
-                     f"one GPU {r.one_gpu_setup_s:.1f} s ({solo_stages}; {solo.get('family')} layout "
-                     f"{solo.get('layout_source')}); model plans {r.one_gpu_family}")
+                     f"one GPU {r.one_gpu_setup_s:.1f} s ({_stages_text(r.one_gpu_setup_stages)}); "
+                     f"model plans {r.one_gpu_family}")
     return "\n".join(lines)
 
 
