@@ -245,6 +245,8 @@ class Relay:  # device collectives through the host, so that two ranks can share
         return self.host.allgather(part)
     def allreduce_sum(self, value):
         return self.host.allreduce_sum(value)
+    def bcast_array(self, array):
+        return self.host.bcast_array(array)
     def allgather_into(self, part, out, stream=0):
         cupy.cuda.Device().synchronize()
         out.set(np.concatenate(self.host.allgather(part.get())))
@@ -312,6 +314,37 @@ if comm.rank == 0:
 @pytest.mark.gpu
 def test_ranks_build_their_rows_on_the_device_and_match_scipy_and_one_gpu():
     spmv_err, pagerank_diff = ranks_errors(MPI_DEVICE_SETUP_SCRIPT, 2, 600)
+    assert spmv_err <= 1e-6 and pagerank_diff <= 1e-5
+
+
+MPI_SHARD_SCRIPT = RELAY + """
+from tuner import loaders
+from tuner.distributed import MpiComm
+from tuner.distributed.nccl import SoloDevice
+from tuner.distributed.pagerank import pagerank_on_devices
+from tuner.distributed.shard import sharded_product
+from tuner.graph.pagerank import edge_weights
+comm = Relay(MpiComm())
+# Only rank 0 holds the graph; its rows reach the ranks in pieces of 100,000 entries.
+spmv = sharded_product(loaders.load("rmat:17") if comm.rank == 0 else None, comm, piece_entries=100_000)
+assert spmv.kernel_kind == "tiled" and spmv.pull_factors is not None, (spmv.kernel_kind, spmv.pull_factors)
+assert set(spmv.setup_seconds) == {"facts", "partition", "rows", "plan", "layout"}, spmv.setup_seconds
+A = loaders.load("rmat:17")  # the references
+Wt = edge_weights(A).T.tocsr()
+x = np.random.default_rng(9).uniform(0.5, 1.5, A.shape[0]).astype(np.float32)
+ref = Wt.astype(np.float64) @ x
+y = spmv.gather(spmv(cupy.asarray(spmv.scatter(x))))
+pr = pagerank_on_devices(None, comm, tol=1e-9, tol_rule="per_node", product=spmv)
+one = pagerank_on_devices(A, SoloDevice(), tol=1e-9, tol_rule="per_node")
+each = comm.allgather(np.array([np.abs(y - ref).max() / np.abs(ref).max(), np.abs(pr - one).max() / one.max()]))
+if comm.rank == 0:
+    print("ranks", comm.size, "errors", max(e[0] for e in each), max(e[1] for e in each))
+"""
+
+
+@pytest.mark.gpu
+def test_ranks_given_only_their_rows_of_a_graph_rank_0_holds_match_scipy_and_one_gpu():
+    spmv_err, pagerank_diff = ranks_errors(MPI_SHARD_SCRIPT, 2, 600)
     assert spmv_err <= 1e-6 and pagerank_diff <= 1e-5
 
 
@@ -465,22 +498,55 @@ def test_split_kernels_for_own_and_gathered_columns_add_up_to_the_whole_product(
         assert np.abs(y - A.astype(np.float64) @ x).max() <= 1e-5 * np.abs(A).max() * A.shape[0]
 
 
+def _bench_row(**changes):
+    from tuner.bench_multigpu import MultiGpuRow
+    row = dict(op="spmv", name="rmat:9", nnz=5738, gpus=4, ours_s=1e-3, one_gpu_s=3e-3, speedup=3.0,
+               efficiency=0.75, correct=False, max_rel_diff_vs_one_gpu=2e-3, rel_error_vs_scipy=None,
+               iterations=None, one_gpu_iterations=None, setup_s=1.0, one_gpu_setup_s=2.0,
+               setup_stages={"pull": 0.25, "partition": 0.75}, load_s=3.0, allgather_s=4e-4,
+               local_s=7e-4, single_kernel_s=1.2e-3, rows_per_rank=[128] * 4, nnz_per_rank=[1434] * 4,
+               rank_kernel="tiled", one_gpu_family="tile_composite",
+               one_gpu_setup_stages={"pull": 0.5, "plan": 0.25, "layout": 1.25, "layout_source": "device",
+                                     "family": "tile_coo"}, sharded=False, scipy_check=None)
+    row.update(changes)
+    return MultiGpuRow(**row)
+
+
 def test_multigpu_bench_table_shows_times_in_ms_efficiency_and_the_check():
-    from tuner.bench_multigpu import MultiGpuRow, format_table
-    row = MultiGpuRow(op="spmv", name="rmat:9", nnz=5738, gpus=4, ours_s=1e-3, one_gpu_s=3e-3, speedup=3.0,
-                      efficiency=0.75, correct=False, max_rel_diff_vs_one_gpu=2e-3, rel_error_vs_scipy=None,
-                      iterations=None, one_gpu_iterations=None, setup_s=1.0, one_gpu_setup_s=2.0,
-                      setup_stages={"pull": 0.25, "partition": 0.75}, load_s=3.0, allgather_s=4e-4,
-                      local_s=7e-4, single_kernel_s=1.2e-3, rows_per_rank=[128] * 4, nnz_per_rank=[1434] * 4,
-                      rank_kernel="tiled", one_gpu_family="tile_composite",
-                      one_gpu_setup_stages={"pull": 0.5, "plan": 0.25, "layout": 1.25, "layout_source": "device",
-                                            "family": "tile_coo"})
-    table = format_table([row]).splitlines()
+    from tuner.bench_multigpu import format_table
+    table = format_table([_bench_row()]).splitlines()
     line = table[1].split()
     assert line[:9] == ["spmv", "rmat:9", "5,738", "4", "1.000", "3.000", "3.00", "0.75", "0.400"]
     assert line[9:13] == ["0.700", "1.200", "tiled", "WRONG"]
     assert table[2] == ("setup rmat:9: load 3.0 s; 4 ranks 1.0 s (pull 0.2, partition 0.8); one GPU 2.0 s "
                         "(pull 0.5, plan 0.2, layout 1.2; tile_coo layout device); model plans tile_composite")
+
+
+def test_multigpu_bench_table_shows_a_graph_larger_than_one_gpu_without_a_one_gpu_side():
+    from tuner.bench_multigpu import format_table
+    row = _bench_row(one_gpu_s=None, speedup=None, efficiency=None, max_rel_diff_vs_one_gpu=None, correct=True,
+                     rel_error_vs_scipy=3e-8, scipy_check="100000 sampled", one_gpu_setup_s=None,
+                     one_gpu_setup_stages={}, sharded=True, setup_stages={"facts": 2.0, "rows": 5.0})
+    table = format_table([row]).splitlines()
+    assert table[1].split()[5:8] == ["-", "-", "-"]
+    assert table[1].endswith("ok (vs SciPy (100000 sampled) 3.0e-08)")
+    assert table[2] == ("setup rmat:9: load 3.0 s; 4 ranks (sharded) 1.0 s (facts 2.0, rows 5.0); larger than one "
+                        "GPU; model plans tile_composite")
+
+
+def test_the_one_gpu_side_is_skipped_only_where_the_bare_transpose_exceeds_the_gpu():
+    from tuner.bench_multigpu import one_gpu_fits
+    assert one_gpu_fits(1000, 10_000, 8, 10_000 * 8 + 8 * 1001)
+    assert not one_gpu_fits(1000, 10_000, 8, 10_000 * 8 + 8 * 1000)
+
+
+def test_the_sampled_scipy_check_equals_the_whole_product_on_its_nodes():
+    from tuner.bench_multigpu import sampled_pull
+    from tuner.graph.pagerank import edge_weights
+    A = abs(power_law(3000, seed=77)).tocsr()
+    x = np.random.default_rng(2).uniform(0.5, 1.5, 3000)
+    nodes = np.sort(np.random.default_rng(3).choice(3000, 500, replace=False))
+    assert np.allclose(sampled_pull(A, x, nodes), (edge_weights(A).T @ x)[nodes], rtol=1e-12, atol=0)
 
 
 MPI_SHARE_SCRIPT = """

@@ -12,6 +12,10 @@ predicts none); then
 * ``pagerank``: :func:`~tuner.distributed.pagerank.pagerank_on_devices` on P GPUs and on one, to the same
   per-node tolerance; ``ours_s`` and ``one_gpu_s`` are seconds per iteration.
 
+With ``--sharded`` only rank 0 loads a graph and every rank is sent just its rows
+(:func:`~tuner.distributed.shard.sharded_product`); a graph whose Aᵀ does not fit one GPU then runs without
+a one-GPU side, its SpMV checked against SciPy on sampled nodes.
+
 Rows are written after each graph, so a run cut short keeps what it measured. The whole path runs once on a
 small graph first, unrecorded, so that CuPy's first-use kernel compiles stay out of the setups.
 """
@@ -30,6 +34,8 @@ SUITE = ("rmat:21", "rmat:23", "rmat:25")
 SCIPY_CHECK_NNZ = 60_000_000  # PageRank: above this a float64 SciPy reference costs more than the run it checks
 # SpMV: one product by the transpose's CSC view, no copy: about 10 s for a billion edges on one host thread.
 SCIPY_SPMV_CHECK_NNZ = 1_200_000_000
+SAMPLED_ROWS = 100_000  # rows of Aᵀ x checked against SciPy above that, from one pass over A's entries
+
 PAGERANK_TOL = 1e-9  # per node; float32 ranks of hubs (1e-4) still resolve it
 CHECK_EVERY = 8  # iterations between the host's reads of the change: the iterations stay on the GPUs
 AGREE = 1e-4  # float32 results against float64 ones, relative to the largest entry
@@ -67,6 +73,14 @@ class MultiGpuRow:
         one_gpu_setup_stages: seconds of ``one_gpu_setup_s``'s stages ('pull', then the compile's: 'plan' for
             its statistics and model, 'layout' for relabelling, layout and binary), and where the layout was
             built ('layout_source': 'device', or 'built' on the host).
+        sharded: the ranks were given only their rows (:func:`~tuner.distributed.shard.sharded_product`;
+            only rank 0 held the graph); their setup stages are then 'facts', 'partition', 'rows', 'plan'
+            and 'layout'.
+        scipy_check: what ``rel_error_vs_scipy`` compared: 'all' rows, 'N sampled' rows (a graph too large
+            for a whole float64 product on the host), or None. A PageRank with neither SciPy's nor one GPU's
+            result is checked as converged to the tolerance with ranks summing to 1.
+
+    The one-GPU fields are None where the graph does not fit one GPU at all (:func:`one_gpu_fits`).
     """
 
     op: str
@@ -74,16 +88,16 @@ class MultiGpuRow:
     nnz: int
     gpus: int
     ours_s: float
-    one_gpu_s: float
-    speedup: float
-    efficiency: float
+    one_gpu_s: float | None
+    speedup: float | None
+    efficiency: float | None
     correct: bool
-    max_rel_diff_vs_one_gpu: float
+    max_rel_diff_vs_one_gpu: float | None
     rel_error_vs_scipy: float | None
     iterations: int | None
     one_gpu_iterations: int | None
     setup_s: float
-    one_gpu_setup_s: float
+    one_gpu_setup_s: float | None
     setup_stages: dict
     load_s: float
     allgather_s: float | None
@@ -94,6 +108,37 @@ class MultiGpuRow:
     rank_kernel: str
     one_gpu_family: str | None
     one_gpu_setup_stages: dict
+    sharded: bool
+    scipy_check: str | None
+
+
+def one_gpu_fits(n: int, nnz: int, entry_bytes: int, memory_bytes: int) -> bool:
+    """Whether Aᵀ itself (CSR: ``entry_bytes`` a column index and value, 8 B a row pointer) fits one GPU's
+    ``memory_bytes``; a graph that does not is run only across the GPUs.
+
+    Example (rmat:27 in float32 on an 80 GB GPU; 21 billion pattern entries):
+        >>> one_gpu_fits(2**27, 2_125_680_981, 8, 85_017_493_504), one_gpu_fits(83_342_592, 21_101_573_272, 4, 85_017_493_504)
+        (True, False)
+    """
+    return entry_bytes * nnz + 8 * (n + 1) <= memory_bytes
+
+
+def sampled_pull(A, x: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """(Wᵀ x)[nodes] in float64 for the edge-weight matrix W of ``A`` (SciPy CSR, canonical): one pass over
+    A's entries, the sampled nodes' in-edges picked, no transpose.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> A = sp.csr_matrix(np.array([[0, 2.0, 1], [0, 0, 0], [3, 0, 0]]))
+        >>> sampled_pull(A, np.array([1.0, 10, 100]), np.array([0, 2])).tolist()
+        [300.0, 1.0]
+    """
+    picked = np.zeros(A.shape[0], bool)
+    picked[nodes] = True
+    at = np.flatnonzero(picked[A.indices])
+    sources = np.searchsorted(A.indptr, at, side="right") - 1
+    sums = np.bincount(A.indices[at], weights=A.data[at].astype(np.float64) * x[sources], minlength=A.shape[0])
+    return sums[nodes]
 
 
 def _median_seconds(run, comm, trials: int = TRIALS, repeats: int = PRODUCTS) -> float:
@@ -150,25 +195,29 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), np.finfo(np.float64).tiny))
 
 
-def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None) -> list[MultiGpuRow]:
+def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None,
+                sharded: bool = False) -> list[MultiGpuRow]:
     """Both rows of one graph (every rank calls it; rank 0 returns them, the others nothing); ``progress``
-    (rank 0's) hears where a long graph is."""
+    (rank 0's) hears where a long graph is. ``sharded``: only rank 0 loads the graph and the ranks are
+    given their rows (:func:`~tuner.distributed.shard.sharded_product`); else every rank holds it."""
     say = (lambda text: progress(f"{source}: {text}")) if progress is not None and comm.rank == 0 else \
         (lambda text: None)
     from .distributed.pagerank import pagerank_on_devices, pull_product
-    from .graph.pagerank import edge_weights
-    from .distributed.share import load_once
+    from .distributed.shard import sharded_product
+    from .distributed.share import load_on_root, load_once
     t0 = time.perf_counter()
-    A = load_once(source, comm)  # rank 0 loads, the others receive it
+    A = load_on_root(source, comm) if sharded else load_once(source, comm)
     load = _slowest(comm, time.perf_counter() - t0)
+    n, nnz = (int(v) for v in comm.bcast_array(np.array([A.shape[0], A.nnz]) if comm.rank == 0 else None))
     name = loaders.display_name(source)
-    say(f"loaded in {load:.1f} s ({A.nnz:,} edges)")
-    x = np.random.default_rng(7).uniform(0.5, 1.5, A.shape[0])  # not all equal: every gathered entry counts
+    say(f"loaded in {load:.1f} s ({nnz:,} edges)")
+    x = np.random.default_rng(7).uniform(0.5, 1.5, n)  # not all equal: every gathered entry counts
 
     t0 = time.perf_counter()
-    spmv = pull_product(A, comm, dtype=dtype)
+    spmv = sharded_product(A, comm, dtype=dtype) if sharded else pull_product(A, comm, dtype=dtype)
     seconds = time.perf_counter() - t0
-    stages = {"pull": seconds - sum(spmv.setup_seconds.values()), **spmv.setup_seconds}
+    stages = dict(spmv.setup_seconds) if sharded else \
+        {"pull": seconds - sum(spmv.setup_seconds.values()), **spmv.setup_seconds}
     setup = _slowest(comm, seconds)
     stages = {k: _slowest(comm, v) for k, v in stages.items()}
     say(f"{comm.size} ranks set up in {setup:.1f} s")
@@ -181,9 +230,8 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
         single = pull_product(A, comm, dtype=dtype, overlap=False)
         single_kernel = _spmv_times(single, x.astype(dtype), comm)[0]
         del single
-    pr, info = pagerank_on_devices(A, comm, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, product=spmv,
-                                   check_every=CHECK_EVERY,
-                                   return_info=True)
+    pr, info = pagerank_on_devices(None if sharded else A, comm, tol=PAGERANK_TOL, tol_rule="per_node",
+                                   max_iter=500, product=spmv, check_every=CHECK_EVERY, return_info=True)
     say(f"{comm.size} ranks: SpMV {1e3 * whole:.3f} ms (gather {1e3 * gather:.3f}, local {1e3 * local:.3f}), "
         f"PageRank {1e3 * info.seconds['iterations'] / info.iterations:.3f} ms an iteration ({info.iterations})")
     per_rank = [(int(p[0]), int(p[1])) for p in comm.allgather(np.array([spmv.rows.size, spmv.local_nnz]))]
@@ -193,6 +241,63 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
         comm.allgather(np.zeros(1))  # wait while rank 0 runs the one-GPU side
         return []
 
+    solo = _one_gpu(A, solo_factory, x, dtype, say)
+    ref_y, check = None, None
+    if A.nnz <= SCIPY_SPMV_CHECK_NNZ:
+        ref_y, check = edge_weights_pull(A, x), "all"  # float64, independent of both GPU paths
+    elif solo is None:  # no other reference: SciPy on a sample of the nodes
+        nodes = np.sort(np.random.default_rng(8).choice(n, min(SAMPLED_ROWS, n), replace=False))
+        ref_y, check = (nodes, sampled_pull(A, x, nodes)), f"{nodes.size} sampled"
+    ref_pr = None
+    if A.nnz <= SCIPY_CHECK_NNZ:
+        from .graph import pagerank
+        ref_pr = pagerank(A, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, backend="scipy")
+    comm.allgather(np.zeros(1))
+    rows = []
+    for op, ours, result, ref in (("spmv", whole, y, ref_y),
+                                  ("pagerank", info.seconds["iterations"] / info.iterations, pr, ref_pr)):
+        one = None if solo is None else solo[op]
+        diff = None if one is None else _rel(result, one["result"])
+        if isinstance(ref, tuple):  # sampled nodes
+            scipy_err = _rel(result[ref[0]], ref[1])
+        else:
+            scipy_err = None if ref is None else _rel(result, ref)
+        if diff is None and scipy_err is None:  # PageRank with no reference: converged, ranks summing to 1
+            ok = op == "pagerank" and abs(float(result.sum()) - 1.0) <= AGREE
+        else:
+            ok = (diff is None or diff <= AGREE) and (scipy_err is None or scipy_err <= AGREE)
+        ones = one["seconds"] if one is not None else None
+        rows.append(MultiGpuRow(
+            op=op, name=name, nnz=int(A.nnz), gpus=comm.size, ours_s=ours, one_gpu_s=ones,
+            speedup=None if ones is None else ones / ours,
+            efficiency=None if ones is None else ones / ours / comm.size,
+            correct=bool(ok), max_rel_diff_vs_one_gpu=diff, rel_error_vs_scipy=scipy_err,
+            iterations=info.iterations if op == "pagerank" else None,
+            one_gpu_iterations=one["iterations"] if one is not None and op == "pagerank" else None,
+            setup_s=setup, one_gpu_setup_s=None if solo is None else solo["setup_s"], setup_stages=stages,
+            load_s=load, allgather_s=gather if op == "spmv" else None,
+            local_s=local if op == "spmv" else None, single_kernel_s=single_kernel if op == "spmv" else None,
+            rows_per_rank=[r for r, _ in per_rank],
+            nnz_per_rank=[z for _, z in per_rank], rank_kernel=kind,
+            one_gpu_family=family, one_gpu_setup_stages={} if solo is None else solo["stages"],
+            sharded=sharded, scipy_check=check if op == "spmv" else ("all" if ref is not None else None)))
+    return rows
+
+
+def edge_weights_pull(A, x: np.ndarray) -> np.ndarray:
+    """Wᵀ x in float64 by the transpose's CSC view (no copy of A)."""
+    from .graph.pagerank import edge_weights
+    return edge_weights(A).T @ x
+
+
+def _one_gpu(A, solo_factory, x: np.ndarray, dtype, say) -> dict | None:
+    """The one-GPU side on rank 0's GPU: per op its 'seconds', 'result' and 'iterations', and the setup's
+    'setup_s' and 'stages'; None where A does not fit one GPU (:func:`one_gpu_fits`)."""
+    from .distributed.pagerank import pagerank_on_devices, pull_product
+    entry = np.dtype(A.indices.dtype).itemsize + np.dtype(dtype).itemsize
+    if not one_gpu_fits(A.shape[0], A.nnz, entry, gpu.device_info().memory_bytes):
+        say("larger than one GPU: the one-GPU side is not run")
+        return None
     solo = solo_factory()
     t0 = time.perf_counter()
     spmv1 = pull_product(A, solo, dtype=dtype)
@@ -201,35 +306,12 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
     say(f"one GPU set up in {setup1:.1f} s ({_stages_text(stages1)})")
     whole1, y1 = _plan_order_times(spmv1, x.astype(dtype), solo)
     pr1, info1 = pagerank_on_devices(A, solo, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500,
-                                     check_every=CHECK_EVERY,
-                                     product=spmv1, return_info=True)
+                                     check_every=CHECK_EVERY, product=spmv1, return_info=True)
     del spmv1
-    ref_y = ref_pr = None
-    if A.nnz <= SCIPY_SPMV_CHECK_NNZ:
-        ref_y = edge_weights(A).T @ x  # float64, independent of both GPU paths
-    if A.nnz <= SCIPY_CHECK_NNZ:
-        from .graph import pagerank
-        ref_pr = pagerank(A, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, backend="scipy")
-    comm.allgather(np.zeros(1))
-    rows = []
-    for op, ours, ours1, result, result1, ref, iters, iters1, tol in (
-            ("spmv", whole, whole1, y, y1, ref_y, None, None, AGREE),
-            ("pagerank", info.seconds["iterations"] / info.iterations, info1.seconds["iterations"] / info1.iterations,
-             pr, pr1, ref_pr, info.iterations, info1.iterations, AGREE)):
-        diff = _rel(result, result1)
-        scipy_err = None if ref is None else _rel(result, ref)
-        rows.append(MultiGpuRow(
-            op=op, name=name, nnz=int(A.nnz), gpus=comm.size, ours_s=ours, one_gpu_s=ours1,
-            speedup=ours1 / ours, efficiency=ours1 / ours / comm.size,
-            correct=bool(diff <= tol and (scipy_err is None or scipy_err <= tol)),
-            max_rel_diff_vs_one_gpu=diff, rel_error_vs_scipy=scipy_err, iterations=iters, one_gpu_iterations=iters1,
-            setup_s=setup, one_gpu_setup_s=setup1, setup_stages=stages, load_s=load,
-            allgather_s=gather if op == "spmv" else None,
-            local_s=local if op == "spmv" else None, single_kernel_s=single_kernel if op == "spmv" else None,
-            rows_per_rank=[r for r, _ in per_rank],
-            nnz_per_rank=[z for _, z in per_rank], rank_kernel=kind,
-            one_gpu_family=family, one_gpu_setup_stages=stages1))
-    return rows
+    return {"spmv": {"seconds": whole1, "result": y1, "iterations": None},
+            "pagerank": {"seconds": info1.seconds["iterations"] / info1.iterations, "result": pr1,
+                         "iterations": info1.iterations},
+            "setup_s": setup1, "stages": stages1}
 
 
 def _solo_stages(spmv, seconds: float) -> dict:
@@ -248,13 +330,15 @@ def _solo_stages(spmv, seconds: float) -> dict:
 WARM_UP = "rmat:17"  # large enough for every device build (device_reorder.MIN_NNZ), a second to set up
 
 
-def _warm_up(comm, solo_factory) -> None:
+def _warm_up(comm, solo_factory, sharded: bool = False) -> None:
     """The whole path once on a small graph, unrecorded: CuPy compiles its kernels at their first use (for
     seconds on a machine whose kernel cache is empty), which would otherwise land in the first graph's setup."""
     from .distributed.pagerank import pagerank_on_devices, pull_product
+    from .distributed.shard import sharded_product
     from .distributed.share import load_once
     A = load_once(WARM_UP, comm)
-    pagerank_on_devices(A, comm, product=pull_product(A, comm), max_iter=500, check_every=CHECK_EVERY)
+    product = sharded_product(A if comm.rank == 0 else None, comm) if sharded else pull_product(A, comm)
+    pagerank_on_devices(A, comm, product=product, max_iter=500, check_every=CHECK_EVERY)
     if comm.rank == 0:
         solo = solo_factory()
         pagerank_on_devices(A, solo, product=pull_product(A, solo), max_iter=500, check_every=CHECK_EVERY)
@@ -270,28 +354,33 @@ def _stages_text(solo: dict) -> str:
 def format_table(rows: list[MultiGpuRow]) -> str:
     lines = [f"{'op':<9}{'graph':<12}{'nnz':>13}{'gpus':>5}{'ours ms':>10}{'1 GPU ms':>10}{'speedup':>8}"
              f"{'eff':>6}{'gather ms':>10}{'local ms':>9}{'1 kernel':>9}  {'rank':<8}check"]
+    ms = lambda v: "-" if v is None else f"{1e3 * v:.3f}"  # noqa: E731
+    fixed = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for r in rows:
-        ms = lambda v: "-" if v is None else f"{1e3 * v:.3f}"  # noqa: E731
+        against = [f"vs 1 GPU {r.max_rel_diff_vs_one_gpu:.1e}"] if r.max_rel_diff_vs_one_gpu is not None else []
+        if r.rel_error_vs_scipy is not None:
+            against.append(f"vs SciPy ({r.scipy_check}) {r.rel_error_vs_scipy:.1e}")
         lines.append(f"{r.op:<9}{r.name:<12}{r.nnz:>13,}{r.gpus:>5}{ms(r.ours_s):>10}{ms(r.one_gpu_s):>10}"
-                     f"{r.speedup:>8.2f}{r.efficiency:>6.2f}{ms(r.allgather_s):>10}{ms(r.local_s):>9}"
+                     f"{fixed(r.speedup):>8}{fixed(r.efficiency):>6}{ms(r.allgather_s):>10}{ms(r.local_s):>9}"
                      f"{ms(r.single_kernel_s):>9}  {r.rank_kernel:<8}"
-                     f"{'ok' if r.correct else 'WRONG'} (vs 1 GPU {r.max_rel_diff_vs_one_gpu:.1e})")
+                     f"{'ok' if r.correct else 'WRONG'} ({'; '.join(against) or 'converged, sums to 1'})")
     for r in rows[::2]:  # one setup per graph
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r.setup_stages.items())
-        lines.append(f"setup {r.name}: load {r.load_s:.1f} s; {r.gpus} ranks {r.setup_s:.1f} s ({stages}); "
-                     f"one GPU {r.one_gpu_setup_s:.1f} s ({_stages_text(r.one_gpu_setup_stages)}); "
-                     f"model plans {r.one_gpu_family}")
+        solo = (f"one GPU {r.one_gpu_setup_s:.1f} s ({_stages_text(r.one_gpu_setup_stages)})"
+                if r.one_gpu_setup_s is not None else "larger than one GPU")
+        lines.append(f"setup {r.name}: load {r.load_s:.1f} s; {r.gpus} ranks{' (sharded)' if r.sharded else ''} "
+                     f"{r.setup_s:.1f} s ({stages}); {solo}; model plans {r.one_gpu_family}")
     return "\n".join(lines)
 
 
-def run_ranks(suite: list[str], out: Path, comm, command: str, progress=print) -> int:
+def run_ranks(suite: list[str], out: Path, comm, command: str, progress=print, sharded: bool = False) -> int:
     """The bench as rank ``comm.rank`` of an MPI job (``--distributed``); rank 0 writes ``out`` after each
-    graph."""
+    graph. ``sharded``: :func:`bench_graph`'s."""
     from .distributed.nccl import SoloDevice
-    _warm_up(comm, lambda: SoloDevice(comm.device))
+    _warm_up(comm, lambda: SoloDevice(comm.device), sharded)
     rows: list[MultiGpuRow] = []
     for source in suite:
-        rows += bench_graph(source, comm, lambda: SoloDevice(comm.device), progress=progress)
+        rows += bench_graph(source, comm, lambda: SoloDevice(comm.device), progress=progress, sharded=sharded)
         if comm.rank == 0:
             info = gpu.device_info()
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -346,7 +346,8 @@ def cmd_bench_multigpu(args) -> int:
     if spawned is not None:
         return spawned
     out = args.out or paths.gpu_results_dir(gpu.device_info().name) / "bench-multigpu.json"
-    return bench_multigpu.run_ranks(args.suite or list(bench_multigpu.SUITE), Path(out), comm, args.command_line)
+    return bench_multigpu.run_ranks(args.suite or list(bench_multigpu.SUITE), Path(out), comm, args.command_line,
+                                    sharded=args.sharded)
 
 
 def cmd_bench_graph(args) -> int:
@@ -764,6 +765,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=int, default=None, help="ranks to start, one per GPU (default: every GPU)")
     p.add_argument("--distributed", action="store_true",
                    help="this process is already one rank of an MPI job (what --gpus starts)")
+    p.add_argument("--sharded", action="store_true",
+                   help="only rank 0 loads each graph; every rank is sent just its rows of Aᵀ and plans from "
+                        "the ranks' statistics added up, so a graph larger than one GPU runs (its one-GPU side "
+                        "is then skipped and the SpMV checked against SciPy on sampled nodes)")
     p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-multigpu.json)")
     p.set_defaults(func=cmd_bench_multigpu)
 

@@ -86,7 +86,8 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     """PageRank of ``A`` (edge u -> v is ``A[u, v]``) on the GPUs of device communicator ``comm``.
 
     ``comm``: :class:`~tuner.distributed.nccl.NcclComm` (one MPI rank per GPU; every rank calls this with the
-    same A) or :class:`~tuner.distributed.nccl.SoloDevice`. ``dtype``: of the matrix and the vectors (the
+    same A, or with None and a ``product`` from :func:`~tuner.distributed.shard.sharded_product`) or
+    :class:`~tuner.distributed.nccl.SoloDevice`. ``dtype``: of the matrix and the vectors (the
     sums are accumulated in float64). ``options`` go to each rank's :func:`tuner.compile`; ``product``
     reuses one made by :func:`pull_product` for the same A, comm and options. Returns the whole
     rank vector (float64, A's order) on every rank, and with ``return_info`` an
@@ -97,6 +98,9 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
         >>> from tuner.distributed.nccl import SoloDevice                   # doctest: +SKIP
         >>> x = pagerank_on_devices(A, SoloDevice(), dtype=np.float64)      # doctest: +SKIP
     """
+    if A is None and (product is None or getattr(product, "pull_factors", (None,))[0] != weighted):
+        raise ValueError("without the graph (A None) pass a product that holds its rank-cache factors for "
+                         f"weighted={weighted}: sharded_product's")
     import cupy
     if not 0 <= alpha <= 1:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
@@ -117,7 +121,7 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
         dangling_nodes, inverse = rank_cache_factors(W)
         spmv = product or DistributedSpMV(transpose(W, dtype), comm, **options)
     n = spmv.partition.owner.size
-    if (product is not None and n != A.shape[0]) or spmv.comm is not comm:
+    if (product is not None and A is not None and n != A.shape[0]) or spmv.comm is not comm:
         raise ValueError(f"product multiplies {n} nodes on another communicator: make it with "
                          "pull_product(A, comm) for this graph")
     x0 = None if nstart is None else _node_vector(nstart, n, "nstart")

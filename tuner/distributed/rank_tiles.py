@@ -19,14 +19,32 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from dataclasses import replace
+
 from ..families.tile_composite import NOMINAL_ACTIVE_WARPS, fill_workload
 from ..formats.device_reorder import DeviceCsr, gather_rows
-from ..formats.tile_composite import TileComposite, build_tile_composite
-from ..formats.tiles import tile_bounds, tile_entries
-from ..formats.xp import host
+from ..formats.tile_composite import TileComposite, build_tile_composite, concatenate_layouts
+from ..formats.tiles import grouped_tiles, tile_bounds
+from ..formats.xp import host, module
 from .partition import RowPartition
 
 FIRST_COLUMNS = 1 / 16  # share of x in the first chunk: the gather that is not hidden
+RELABEL_PIECE = 1 << 27  # layout slots relabelled at once: the temporaries of one piece, not of all
+
+
+@dataclass(frozen=True, eq=False)
+class RankRows:
+    """A rank's rows of Wᵀ already picked, in the order of its slots (``partition.rows[rank]``).
+
+    Attributes:
+        indptr: their row pointers (int64, from 0).
+        indices: their columns, the graph's node numbers (each row's ascending, as a canonical matrix has them).
+        data: their values, or None.
+    """
+
+    indptr: object
+    indices: object
+    data: object = None
 
 
 @dataclass(frozen=True)
@@ -137,8 +155,8 @@ def gather_chunks(partition: RowPartition, order: np.ndarray, bounds: np.ndarray
 def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_lengths: np.ndarray,
                tile_width: int, index_dtype=np.int32, values: bool = True, workloads: tuple | None = None,
                active_warps: int = NOMINAL_ACTIVE_WARPS, share: float = FIRST_COLUMNS, xp=np) -> RankTiles:
-    """Rank ``rank``'s rows of square ``Wt`` (SciPy CSR, or a DeviceCsr whose rows are then gathered on
-    the device) in the tiles of ``tile_width`` columns that the
+    """Rank ``rank``'s rows of square ``Wt`` (SciPy CSR, a DeviceCsr whose rows are then gathered on the
+    device, or :class:`RankRows`: those rows already picked, the whole matrix nowhere) in the tiles of ``tile_width`` columns that the
     one-GPU plan cuts over the nodes in ``order`` (by decreasing degree), given the columns' ``col_lengths``;
     without ``values`` (a pattern matrix, every value the same) the layout holds none. ``workloads``: the
     workload size of every tile, best the one-GPU plan's (a rank's share of a tile then runs as that plan
@@ -176,7 +194,10 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
     at[read] = chunks.offsets(partition.owner[read], k[read])
     del k
 
-    if isinstance(Wt, DeviceCsr):  # gathered where it is
+    if isinstance(Wt, RankRows):  # picked already
+        indptr, cols = Wt.indptr, xp.asarray(Wt.indices)
+        data = xp.asarray(Wt.data) if values and Wt.data is not None else None
+    elif isinstance(Wt, DeviceCsr):  # gathered where it is
         indptr, cols, data = gather_rows(Wt.indptr, Wt.indices, Wt.data if values else None, partition.rows[rank])
     else:
         mine = sp.csr_matrix(Wt)[partition.rows[rank]]  # SciPy's row gather (C++)
@@ -184,22 +205,38 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
         indptr, cols = mine.indptr.astype(np.int64), xp.asarray(mine.indices)
         data = xp.asarray(mine.data) if values else None
         del mine
-    plan_cols = xp.asarray(position)[cols]
-    tiled = tile_entries(xp.asarray(indptr), plan_cols, n, bounds)
-    del plan_cols
-    if workloads is None:
-        lengths, runs = host(tiled.run_lengths), tiled.tile_runs
-        workloads = []
-        for t in range(tiled.n_tiles):
-            seg = lengths[runs[t]:runs[t + 1]]
-            workloads.append(fill_workload(int(seg.max()) if seg.size else 0, int(seg.sum()), active_warps))
-    elif len(workloads) != tiled.n_tiles:
-        raise ValueError(f"tiles of {tile_width} columns cut this matrix into {tiled.n_tiles} tiles, but "
-                         f"{len(workloads)} workload sizes were given")
-    buffer_cols = xp.asarray(at.astype(index_dtype))[cols]
+    # Columns as the plan numbers them; the layout is built a group of tiles at a time (a rank's share of a
+    # billion-entry graph would not fit beside its work arrays), then its columns rewritten to buffer places.
+    plan_cols = xp.asarray(position.astype(index_dtype))[cols]
     del cols
-    layout = build_tile_composite(buffer_cols, data, tiled, tuple(workloads), False, index_dtype)
+    if workloads is not None and len(workloads) != bounds.size - 1:
+        raise ValueError(f"tiles of {tile_width} columns cut this matrix into {bounds.size - 1} tiles, but "
+                         f"{len(workloads)} workload sizes were given")
+    sizes, parts = [], []
+    for g in grouped_tiles(xp.asarray(indptr), plan_cols, data, bounds, xp.bincount(plan_cols, minlength=n)):
+        if workloads is None:
+            lengths, runs = host(g.tiled.run_lengths), g.tiled.tile_runs
+            sizes += [fill_workload(int(lengths[a:b].max(initial=0)), int(lengths[a:b].sum()), active_warps)
+                      for a, b in zip(runs[:-1], runs[1:])]
+        wl = tuple(workloads[g.first:g.end]) if workloads is not None else tuple(sizes[g.first:g.end])
+        parts.append(build_tile_composite(g.cols, g.vals, g.tiled, wl, False, index_dtype))
+    del plan_cols, data
+    layout = parts[0] if len(parts) == 1 else concatenate_layouts(parts)
+    del parts
+    layout = replace(layout, cols=_relabel(layout.cols, at[order].astype(index_dtype)))
+    workloads = tuple(workloads) if workloads is not None else tuple(sizes)
     tw = layout.tile_warps
     phases = (0, int(tw[t1]), layout.warps) if len(chunks.cuts) > 2 else (0, layout.warps)
     return RankTiles(layout=layout, chunks=chunks, phase_warps=phases, tile_width=int(tile_width),
                      workloads=tuple(workloads), n_rows=int(partition.rows[rank].size))
+
+
+def _relabel(cols, places: np.ndarray):
+    """``places[c]`` for every column c of the layout (NumPy or CuPy), padding (-1) kept, in place and a
+    piece at a time."""
+    xp = module(cols)
+    places = xp.asarray(places)
+    for lo in range(0, int(cols.size), RELABEL_PIECE):
+        c = cols[lo:lo + RELABEL_PIECE]
+        cols[lo:lo + RELABEL_PIECE] = xp.where(c >= 0, places[xp.maximum(c, 0)], c)
+    return cols

@@ -22,6 +22,19 @@ def load_once(source, comm) -> sp.csr_matrix:
         >>> [A.nnz for A in LocalGroup(2).run(lambda comm: load_once("rmat:8:4:3", comm))]
         [852, 852]
     """
+    return share_csr(load_on_root(source, comm), comm)
+
+
+def load_on_root(source, comm) -> sp.csr_matrix | None:
+    """:func:`tuner.loaders.load` of ``source`` on rank 0 (on every CPU the machine allows), None on the
+    other ranks (every rank calls it). A load that fails on rank 0 raises there, and on every other rank an
+    error naming it.
+
+    Example:
+        >>> from tuner.distributed.comm import LocalGroup
+        >>> [A is None for A in LocalGroup(2).run(lambda comm: load_on_root("rmat:8:4:3", comm))]
+        [False, True]
+    """
     A, error = None, None
     if comm.rank == 0:
         try:
@@ -34,7 +47,7 @@ def load_once(source, comm) -> sp.csr_matrix:
         if error is not None:
             raise error
         raise RuntimeError(f"rank 0 could not load {source}: see its error")
-    return share_csr(A, comm)
+    return A
 
 
 def share_csr(A: sp.csr_matrix | None, comm) -> sp.csr_matrix:

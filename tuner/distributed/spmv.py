@@ -182,6 +182,24 @@ class DistributedSpMV:
         self._send = None  # with tiles: this rank's part of x, gathered from there chunk by chunk
         self._overlap_state = None
 
+    @classmethod
+    def from_rank_kernel(cls, comm: Communicator, partition: RowPartition, kernel, dtype, overlap: bool = True,
+                         setup_seconds: dict | None = None) -> "DistributedSpMV":
+        """The product of a rank whose tiles were made elsewhere (:func:`~tuner.distributed.shard.sharded_product`:
+        its rows only, the whole matrix nowhere): ``kernel`` a :class:`~tuner.distributed.rank_kernel.RankKernel`
+        over this rank's rows of ``partition``."""
+        self = cls.__new__(cls)
+        self.comm, self.partition = comm, partition
+        self.rows = partition.rows[comm.rank]
+        self.kernel_kind, self.dtype = "tiled", np.dtype(dtype)
+        self.local = self._own = self._rest = None
+        self._tiles, self.local_nnz = kernel, kernel.tiles.nnz
+        self.overlap = overlap
+        self.pull_factors = self.one_gpu_family = None
+        self.setup_seconds = dict(setup_seconds or {})
+        self._gathered = self._send = self._overlap_state = None
+        return self
+
     def _tile_params(self, m, rank_kernel: str, tuned: bool, options: dict):
         """The tile_composite parameters (tile width, workload size of every tile) the rank kernel takes from
         the one-GPU plan, or None for a compiled one; the family the model plans for the whole matrix goes

@@ -534,11 +534,12 @@ def build_tile_composite_grouped(indptr, indices, data, bounds: np.ndarray, col_
     parts = [build_tile_composite(g.cols, g.vals, g.tiled, tuple(workload_sizes[g.first:g.end]), camping_pad,
                                   index_dtype)
              for g in grouped_tiles(indptr, indices, data, bounds, col_lengths, group_entries)]
-    return parts[0] if len(parts) == 1 else _concatenate(parts)
+    return parts[0] if len(parts) == 1 else concatenate_layouts(parts)
 
 
-def _concatenate(parts: list) -> TileComposite:
-    """The layout of consecutive groups of tiles, each group's workloads after the previous groups'."""
+def concatenate_layouts(parts: list) -> TileComposite:
+    """The layout of consecutive groups of tiles (each group's layout built on its own), each group's
+    workloads after the previous groups'."""
     xp = module(parts[0].cols)
     slots = np.concatenate([[0], np.cumsum([p.cols.size for p in parts])]).astype(np.int64)
     row_slots = np.concatenate([[0], np.cumsum([p.rows.size for p in parts])]).astype(np.int64)

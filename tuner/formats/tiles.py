@@ -337,11 +337,7 @@ def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | 
             continue
         keys, inverse = np.unique(np.concatenate([k for k, _ in table]), return_inverse=True)
         counts = np.bincount(inverse.ravel(), weights=np.concatenate([c for _, c in table])).astype(np.int64)
-        run_tile, run_length = keys // span, keys % span
-        order = np.lexsort((-run_length, run_tile))
-        run_tile = run_tile[order]
-        out.append(RankedRuns(run_length[order].astype(np.int64), counts[order],
-                              np.searchsorted(run_tile, np.arange(n_tiles + 1)).astype(np.int64)))
+        out.append(_runs_from_keys(keys, counts, span, n_tiles))
     return out
 
 
@@ -617,3 +613,51 @@ def grouped_tiles(indptr, indices, data, bounds: np.ndarray, col_lengths: np.nda
         tiled = tile_entries(ptr, cols - lo, hi - lo, bounds[first:end + 1] - lo)
         yield TileGroup(first, end, ptr, cols, None if data is None else data[pos], tiled)
         del pos, ptr, cols, tiled
+
+
+def tile_runs(tiled: TiledEntries) -> RankedRuns:
+    """The :class:`RankedRuns` of a tiling already made (its runs counted by tile and length; few numbers
+    come back from the device).
+
+    Example (tile 0: a run of 1 in row 0, of 1 in row 1; tile 1: a run of 2):
+        >>> tile_runs(tile_entries(np.array([0, 3, 4]), np.array([0, 2, 3, 1]), 4, np.array([0, 2, 4]))).ranked(0).tolist()
+        [1, 1]
+    """
+    xp = module(tiled.run_lengths)
+    n_tiles = tiled.n_tiles
+    tile = np.repeat(np.arange(n_tiles, dtype=np.int64), np.diff(tiled.tile_runs))
+    span = int(xp.max(tiled.run_lengths)) + 1 if tiled.run_lengths.size else 1
+    keys, counts = xp.unique(like(tiled.run_lengths, tile) * span + tiled.run_lengths.astype(np.int64),
+                             return_counts=True)
+    return _runs_from_keys(host(keys), host(counts).astype(np.int64), span, n_tiles)
+
+
+def merge_runs(parts: list) -> RankedRuns:
+    """The :class:`RankedRuns` of a matrix from those of disjoint sets of its rows (the same tiles): the
+    counts of each (tile, length) add up.
+
+    Example:
+        >>> a = RankedRuns(np.array([3, 1]), np.array([1, 2]), np.array([0, 1, 2]))
+        >>> b = RankedRuns(np.array([1, 2]), np.array([5, 1]), np.array([0, 1, 2]))
+        >>> m = merge_runs([a, b]); m.ranked(0).tolist(), m.ranked(1).tolist()
+        ([3, 1, 1, 1, 1, 1], [2, 1, 1])
+    """
+    n_tiles = parts[0].n_tiles
+    if any(p.n_tiles != n_tiles for p in parts):
+        raise ValueError(f"runs of different tilings: {[p.n_tiles for p in parts]} tiles")
+    span = max((int(p.lengths.max(initial=0)) for p in parts), default=0) + 1
+    keys = np.concatenate([np.repeat(np.arange(n_tiles, dtype=np.int64), np.diff(p.offsets)) * span + p.lengths
+                           for p in parts])
+    keys, at = np.unique(keys, return_inverse=True)
+    counts = np.bincount(at.ravel(), weights=np.concatenate([p.counts for p in parts]),
+                         minlength=keys.size).astype(np.int64)
+    return _runs_from_keys(keys, counts, span, n_tiles)
+
+
+def _runs_from_keys(keys: np.ndarray, counts: np.ndarray, span: int, n_tiles: int) -> RankedRuns:
+    """:class:`RankedRuns` from distinct keys tile x ``span`` + length and their counts."""
+    tile, length = keys // span, keys % span
+    order = np.lexsort((-length, tile))
+    tile = tile[order]
+    return RankedRuns(length[order].astype(np.int64), counts[order].astype(np.int64),
+                      np.searchsorted(tile, np.arange(n_tiles + 1)).astype(np.int64))

@@ -162,6 +162,14 @@ def partition_tiles(plan: CanonicalMatrix, width: int, runs, profile: Profile | 
     Algorithm 2's bounds alone). The chosen packings are kept for the model's warps of the plan
     (:func:`~tuner.families.tile_composite.packed`). Every tile's lengths are looked up, and every tile
     packed and timed at every candidate size, at once, each tile with its own gather shares."""
+    timed = timed_partition(plan, width, runs, profile)
+    return None if timed is None else timed[0]
+
+
+def timed_partition(plan, width: int, runs, profile: Profile | None) -> tuple[tuple, float] | None:
+    """:func:`partition_tiles` and the sum of the chosen tiles' predicted times PM(T, WL) (Algorithm 3's,
+    in the tables' unit), for ``plan`` a matrix or a lengths-only view in the plan's order (columns by
+    the tiling's order; only its column lengths, types and shape are read)."""
     if profile is None:
         return None
     keys = tile_keys(profile, plan.value_free)
@@ -169,11 +177,11 @@ def partition_tiles(plan: CanonicalMatrix, width: int, runs, profile: Profile | 
         return None
     tile = np.repeat(np.arange(runs.n_tiles), np.diff(runs.offsets))
     rates = length_rates(runs.lengths, profile, keys, tile_fractions(plan, profile, width)[tile])
-    wls, _, (packings, best) = _partition(runs.lengths, runs.counts, runs.offsets, rates,
-                                          profile.max_active_warps(keys["row"]))
+    wls, times, (packings, best) = _partition(runs.lengths, runs.counts, runs.offsets, rates,
+                                              profile.max_active_warps(keys["row"]))
     for t in np.flatnonzero(best >= 0).tolist():
         packed(plan, width, t, int(wls[t]), packings.shapes(int(best[t])))
-    return tuple(int(w) for w in wls)
+    return tuple(int(w) for w in wls), float(np.sum(times))
 
 
 # The family's space reads a profile through this Algorithm 2: the family does not import the model.

@@ -1,0 +1,281 @@
+"""A rank's rows of Aᵀ made without the whole graph on any GPU: PageRank's pull product for a graph larger
+than one GPU's memory (paper 003's row partition, section 3.4, each GPU holding only its part).
+
+Only rank 0 holds the graph, on the host. What every rank needs of the whole is a few numbers per node:
+its out- and in-degree and its out-weight (:class:`GraphFacts`, broadcast). From those alone every rank
+makes the same bitonic partition and the same plan order (nodes by in- plus out-degree, the one-GPU
+plan's relabelling of Aᵀ). A's rows then pass every rank in pieces (:func:`shard_rows`); each keeps the
+entries whose target node it owns, its rows of Aᵀ. The tile width and every tile's workload size come from
+the ranks' tile statistics added up (:func:`shard_params`: their rows are disjoint, so the counts of each
+tile's row lengths add), by Algorithm 2 over the lookup model as the one-GPU plan chooses them.
+
+Example (on a GPU machine, one MPI rank per GPU; only rank 0 passes the graph):
+    >>> spmv = sharded_product(A if comm.rank == 0 else None, comm)         # doctest: +SKIP
+    >>> x = pagerank_on_devices(None, comm, product=spmv)                   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..families.tile_composite import NOMINAL_ACTIVE_WARPS, fill_workload
+from ..families.tiles import widths
+from ..formats.reorder import Structure, degree_ordering
+from ..formats.tiles import RankedRuns, grouped_tiles, merge_runs, tile_bounds, tile_entries, tile_runs
+from ..formats.xp import host, stable_argsort
+from ..matrix import MatrixError
+from .partition import RowPartition, bitonic_partition
+from .rank_tiles import RankRows
+
+PIECE_ENTRIES = 1 << 27  # A's entries broadcast at once: one piece's arrays on every rank, not the graph
+
+
+@dataclass(frozen=True)
+class GraphFacts:
+    """What every rank needs of the whole graph: a few numbers per node.
+
+    Attributes:
+        n, nnz: nodes and edges.
+        out_degree: each node's out-edges (A's row lengths, the columns' lengths of Aᵀ), int64.
+        in_degree: each node's in-edges (the rows' lengths of Aᵀ), int64.
+        out_weight: each node's summed out-edge weights (float64; 0: dangling).
+        index_dtype: of A's indices (int32 where every index and nnz fit).
+        pattern_value: the common weight of every edge (a pattern graph, multiplied by value-free kernels),
+            or None.
+    """
+
+    n: int
+    nnz: int
+    out_degree: np.ndarray
+    in_degree: np.ndarray
+    out_weight: np.ndarray
+    index_dtype: np.dtype
+    pattern_value: float | None
+
+    def plan_order(self) -> np.ndarray:
+        """The nodes in the one-GPU plan's order for Aᵀ: by decreasing in- plus out-degree, ties by node."""
+        return np.asarray(degree_ordering(self.in_degree, self.out_degree, np.int64).col_order, np.int64)
+
+    def rank_cache_factors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(dangling nodes, 1 / out-weight or 0): :func:`~tuner.graph.pagerank.rank_cache_factors`'."""
+        dangling = self.out_weight == 0
+        return dangling, np.divide(1.0, self.out_weight, out=np.zeros(self.n), where=~dangling)
+
+
+def graph_facts(W, comm) -> GraphFacts:
+    """Rank 0's :class:`GraphFacts` of its edge-weight matrix ``W`` (square SciPy CSR, canonical; the other
+    ranks pass None), on every rank.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> from tuner.distributed.comm import LocalGroup
+        >>> W = sp.csr_matrix(np.array([[0, 2.0, 1], [0, 0, 0], [3, 0, 0]]))
+        >>> f = LocalGroup(2).run(lambda c: graph_facts(W if c.rank == 0 else None, c))[1]
+        >>> f.out_degree.tolist(), f.in_degree.tolist(), f.out_weight.tolist(), f.pattern_value
+        ([2, 0, 1], [1, 1, 1], [3.0, 0.0, 3.0], None)
+    """
+    from ..graph.pagerank import row_sums
+    head = None
+    if comm.rank == 0:
+        if W.shape[0] != W.shape[1]:
+            raise MatrixError(f"the graph's adjacency matrix must be square, got {W.shape}")
+        data = W.data
+        same = W.nnz > 0 and float(data.min()) == float(data.max())
+        head = np.array([W.shape[0], W.nnz, np.dtype(W.indices.dtype).itemsize, int(same),
+                         np.float64(data[0] if same else 0).view(np.int64)], np.int64)
+    head = comm.bcast_array(head)
+    n, nnz = int(head[0]), int(head[1])
+    root = comm.rank == 0
+    out_degree = comm.bcast_array(np.diff(W.indptr).astype(np.int64) if root else None)
+    in_degree = comm.bcast_array(np.bincount(W.indices, minlength=n).astype(np.int64) if root else None)
+    out_weight = comm.bcast_array(row_sums(W).astype(np.float64) if root else None)
+    return GraphFacts(n=n, nnz=nnz, out_degree=out_degree, in_degree=in_degree, out_weight=out_weight,
+                      index_dtype=np.dtype(np.int32 if head[2] == 4 else np.int64),
+                      pattern_value=float(head[4:5].view(np.float64)[0]) if head[3] else None)
+
+
+def shard_partition(facts: GraphFacts, parts: int, xp=np) -> RowPartition:
+    """The bitonic partition of Aᵀ's rows that :class:`~tuner.distributed.spmv.DistributedSpMV` makes,
+    from the degrees alone: balanced by in-degree, each rank's nodes by in- plus out-degree, those no
+    row reads (no out-edge) last."""
+    key = facts.in_degree + facts.out_degree
+    key += (int(key.max(initial=0)) + 1) * (facts.out_degree > 0)
+    return bitonic_partition(facts.in_degree, parts, order_by=key, xp=xp)
+
+
+def shard_rows(W, comm, partition: RowPartition, dtype, values: bool = True, piece_entries: int = PIECE_ENTRIES,
+               xp=np) -> RankRows:
+    """This rank's rows of Wᵀ (``partition.rows[rank]``, in that order; each row's columns ascending), from
+    rank 0's ``W`` (SciPy CSR, canonical; None on the others) broadcast a piece of about ``piece_entries``
+    entries at a time: each rank keeps the entries whose column it owns, where ``xp`` puts them (CuPy: on
+    its GPU). Values in ``dtype``; without ``values``, none.
+
+    Example (rank 1 owns node 0: its row of Wᵀ is W's column 0):
+        >>> import scipy.sparse as sp
+        >>> from tuner.distributed.comm import LocalGroup
+        >>> W = sp.csr_matrix(np.array([[0, 2.0, 1], [0, 0, 0], [3, 0, 0]]))
+        >>> p = RowPartition(parts=2, owner=np.array([1, 0, 0]), rows=(np.array([1, 2]), np.array([0])),
+        ...                  weight=np.array([2.0, 1.0]))
+        >>> r = LocalGroup(2).run(lambda c: shard_rows(W if c.rank == 0 else None, c, p, np.float32, piece_entries=1))
+        >>> r[1].indptr.tolist(), r[1].indices.tolist(), r[1].data.tolist()
+        ([0, 1], [2], [3.0])
+    """
+    rank = comm.rank
+    mine = partition.rows[rank]
+    local = np.full(partition.owner.size, -1, np.int64)
+    local[mine] = np.arange(mine.size, dtype=np.int64)
+    local = xp.asarray(local)
+    cuts = None
+    if rank == 0:
+        nnz = int(W.indptr[-1])
+        cuts = np.unique(np.concatenate([[0], np.searchsorted(W.indptr, np.arange(0, nnz, max(piece_entries, 1)),
+                                                              side="right") - 1, [W.shape[0]]])).astype(np.int64)
+    cuts = comm.bcast_array(cuts)
+    kept_rows, kept_cols, kept_vals = [], [], []
+    for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        piece = None
+        if rank == 0:
+            e0, e1 = int(W.indptr[r0]), int(W.indptr[r1])
+            piece = (W.indptr[r0:r1 + 1] - e0, W.indices[e0:e1], W.data[e0:e1] if values else None)
+        ptr = xp.asarray(comm.bcast_array(None if piece is None else piece[0].astype(np.int64)))
+        cols = xp.asarray(comm.bcast_array(None if piece is None else piece[1]))
+        vals = xp.asarray(comm.bcast_array(None if piece is None else piece[2])) if values else None
+        slot = local[cols]
+        keep = xp.flatnonzero(slot >= 0)
+        kept_rows.append(slot[keep])
+        kept_cols.append(r0 + xp.searchsorted(ptr, keep, side="right") - 1)  # the edges' sources
+        if values:
+            kept_vals.append(vals[keep].astype(dtype))
+        del ptr, cols, vals, slot, keep
+    slot = xp.concatenate(kept_rows) if kept_rows else xp.zeros(0, np.int64)
+    sources = xp.concatenate(kept_cols) if kept_cols else xp.zeros(0, np.int64)
+    del kept_rows, kept_cols
+    # The pieces came in source order, so a stable sort by row keeps every row's columns ascending.
+    order = stable_argsort(slot)
+    indptr = np.zeros(mine.size + 1, np.int64)
+    np.cumsum(host(xp.bincount(slot, minlength=mine.size)), out=indptr[1:])
+    del slot
+    index_dtype = np.int32 if partition.owner.size <= np.iinfo(np.int32).max else np.int64
+    indices = sources[order].astype(index_dtype)
+    del sources
+    data = None
+    if values:
+        data = (xp.concatenate(kept_vals) if kept_vals else xp.zeros(0, dtype))[order]
+    return RankRows(indptr=indptr, indices=indices, data=data)
+
+
+def rank_runs(rows: RankRows, position: np.ndarray, bounds: np.ndarray, xp=np) -> RankedRuns:
+    """The :class:`RankedRuns` of this rank's rows in the tiles of column ``bounds`` over the plan's order
+    (``position``: each node's place in it), a group of tiles at a time."""
+    n = position.size
+    plan_cols = xp.asarray(position)[xp.asarray(rows.indices)]
+    lengths, counts, offsets = [], [], [np.zeros(1, np.int64)]
+    for g in grouped_tiles(xp.asarray(rows.indptr), plan_cols, None, bounds, xp.bincount(plan_cols, minlength=n)):
+        r = tile_runs(g.tiled)
+        lengths.append(r.lengths)
+        counts.append(r.counts)
+        offsets.append(r.offsets[1:] + offsets[-1][-1])
+    return RankedRuns(np.concatenate(lengths), np.concatenate(counts), np.concatenate(offsets))
+
+
+@dataclass(frozen=True)
+class ShardParams:
+    """The tiles the ranks share: ``tile_width`` columns (of the plan's order), each tile's workload size,
+    and the predicted sum of the tiles' times (None without a profile: Algorithm 2's bounds alone)."""
+
+    tile_width: int
+    workloads: tuple
+    predicted: float | None
+
+
+def shard_params(facts: GraphFacts, rows: RankRows, comm, profile=None, value_dtype=np.float32,
+                 xp=np) -> ShardParams:
+    """The tile width and workload sizes every rank uses (every rank calls it at once): for each of the
+    L1's tile widths (:func:`~tuner.families.tiles.widths`) the ranks' runs are counted and added up, and
+    Algorithm 2 over the lookup model (:func:`~tuner.model.tile_composite.timed_partition`) sizes every
+    tile of the whole matrix as the one-GPU plan does; the width whose tiles sum to the least predicted time
+    wins. Without a profile: the narrowest width, each tile at Algorithm 2's bounds
+    (:func:`~tuner.families.tile_composite.fill_workload`)."""
+    from ..model.tile_composite import timed_partition
+    order = facts.plan_order()
+    position = np.empty(facts.n, np.int64)
+    position[order] = np.arange(facts.n, dtype=np.int64)
+    view = Structure(shape=(facts.n, facts.n), nnz=facts.nnz, index_dtype=facts.index_dtype,
+                     value_dtype=np.dtype(value_dtype), value_free=facts.pattern_value is not None,
+                     row_lengths=facts.in_degree[order], col_lengths=facts.out_degree[order])
+    best = None
+    for width in (widths(view, profile) if profile is not None else widths(view)[:1]):
+        bounds = tile_bounds(view.col_lengths, width)
+        mine = rank_runs(rows, position, bounds, xp)
+        every = comm.allgather(np.concatenate([[mine.lengths.size], mine.lengths, mine.counts, mine.offsets]))
+        runs = merge_runs([_unpack_runs(a) for a in every])
+        timed = timed_partition(view, width, runs, profile) if profile is not None else None
+        if timed is None:
+            wls = tuple(fill_workload(*_extent(runs, t), NOMINAL_ACTIVE_WARPS) for t in range(runs.n_tiles))
+            candidate = ShardParams(int(width), wls, None)
+        else:
+            candidate = ShardParams(int(width), timed[0], timed[1])
+        if best is None or (None not in (candidate.predicted, best.predicted) and
+                            candidate.predicted < best.predicted):
+            best = candidate
+    return best
+
+
+def _unpack_runs(a: np.ndarray) -> RankedRuns:
+    k = int(a[0])
+    return RankedRuns(a[1:1 + k], a[1 + k:1 + 2 * k], a[1 + 2 * k:])
+
+
+def _extent(runs: RankedRuns, t: int) -> tuple[int, int]:
+    lengths, counts = runs.tile(t)
+    return (int(lengths[0]) if lengths.size else 0), int(lengths @ counts)
+
+
+def sharded_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: bool = True, profile=None,
+                    cache_dir=None, piece_entries: int = PIECE_ENTRIES):
+    """PageRank's pull product Wᵀ x across the ranks of device communicator ``comm`` (every rank calls it;
+    rank 0 passes the graph's adjacency matrix A, edge u -> v at A[u, v], the others None), no GPU ever
+    holding more than its rows: a :class:`~tuner.distributed.spmv.DistributedSpMV` on the one-GPU plan's
+    tiles (``kernel_kind`` 'tiled') whose ``pull_factors`` PageRank reads. ``profile``: the GPU's (default:
+    the one found for it); ``setup_seconds`` splits 'facts', 'partition', 'rows', 'plan' and 'layout'.
+
+    Example: see the module's.
+    """
+    import cupy
+    from .. import gpu
+    from ..cache import Cache
+    from ..graph.pagerank import edge_weights
+    from ..model import load_profile
+    from .rank_kernel import RankKernel
+    from .rank_tiles import rank_tiles
+    from .spmv import DistributedSpMV, _Stages
+    if profile is None:
+        try:
+            profile = load_profile(gpu.device_info().name)
+        except FileNotFoundError:
+            profile = None
+    clock = _Stages()
+    W = None
+    if comm.rank == 0:
+        W = edge_weights(A, weighted, keep_float=True)
+    facts = graph_facts(W, comm)
+    clock.stage("facts")
+    partition = shard_partition(facts, comm.size, xp=cupy)
+    clock.stage("partition")
+    values = facts.pattern_value is None
+    rows = shard_rows(W, comm, partition, dtype, values=values, piece_entries=piece_entries, xp=cupy)
+    del W
+    clock.stage("rows")
+    params = shard_params(facts, rows, comm, profile, dtype, xp=cupy)
+    clock.stage("plan")
+    tiles = rank_tiles(rows, partition, comm.rank, facts.plan_order(), facts.out_degree, params.tile_width,
+                       facts.index_dtype, values=values, workloads=params.workloads, xp=cupy)
+    del rows
+    kernel = RankKernel(tiles, np.dtype(dtype), facts.index_dtype, not values,
+                        facts.pattern_value if facts.pattern_value is not None else 1.0, Cache(cache_dir))
+    clock.stage("layout")
+    spmv = DistributedSpMV.from_rank_kernel(comm, partition, kernel, dtype, overlap, clock.seconds)
+    spmv.pull_factors = (weighted, *facts.rank_cache_factors())
+    return spmv
