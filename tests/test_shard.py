@@ -56,7 +56,8 @@ def test_each_rank_keeps_exactly_its_rows_of_the_transpose_from_the_pieces_it_is
     Wt = W.T.tocsr()
     f = facts_of(W, 1)[0]
     p = shard_partition(f, 3)
-    got = LocalGroup(3).run(lambda c: shard_rows(W if c.rank == 0 else None, c, p, np.float32, values=values,
+    got = LocalGroup(3).run(lambda c: shard_rows(W if c.rank == 0 else None, c, p, f.in_degree, np.float32,
+                                                 values=values,
                                                  piece_entries=piece_entries))
     for r, rows in enumerate(got):
         ptr, idx, data = gather_rows(Wt.indptr, Wt.indices, Wt.data, p.rows[r])
@@ -96,7 +97,7 @@ def test_the_ranks_choose_the_tiles_the_one_gpu_planner_offers_for_the_whole_mat
     p = shard_partition(f, 3)
 
     def rank(c):
-        rows = shard_rows(W if c.rank == 0 else None, c, p, np.float32)
+        rows = shard_rows(W if c.rank == 0 else None, c, p, f.in_degree, np.float32)
         return shard_params(f, rows, c, profile)
     chosen = LocalGroup(3).run(rank)
     assert all(c == chosen[0] for c in chosen) and chosen[0].predicted > 0
@@ -110,7 +111,7 @@ def test_without_a_profile_the_ranks_take_algorithm_2s_bounds_on_the_narrowest_w
     f = facts_of(W, 1)[0]
     p = shard_partition(f, 2)
     chosen = LocalGroup(2).run(lambda c: shard_params(
-        f, shard_rows(W if c.rank == 0 else None, c, p, np.float32), c, None))[0]
+        f, shard_rows(W if c.rank == 0 else None, c, p, f.in_degree, np.float32), c, None))[0]
     first = tile_composite.space(canonicalize(W.T.tocsr()))[0]
     assert (chosen.tile_width, chosen.workloads, chosen.predicted) == (first.tile_width, first.workloads, None)
 

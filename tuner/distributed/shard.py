@@ -15,7 +15,6 @@ Example (on a GPU machine, one MPI rank per GPU; only rank 0 passes the graph):
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +22,7 @@ import numpy as np
 from ..families.tile_composite import NOMINAL_ACTIVE_WARPS, fill_workload
 from ..families.tiles import widths
 from ..formats.reorder import Structure, degree_ordering
-from ..formats.tiles import RankedRuns, grouped_tiles, merge_runs, tile_bounds, tile_entries, tile_runs
+from ..formats.tiles import RankedRuns, grouped_tiles, merge_runs, tile_bounds, tile_runs
 from ..formats.xp import host, stable_argsort
 from ..matrix import MatrixError
 from .partition import RowPartition, bitonic_partition
@@ -105,12 +104,14 @@ def shard_partition(facts: GraphFacts, parts: int, xp=np) -> RowPartition:
     return bitonic_partition(facts.in_degree, parts, order_by=key, xp=xp)
 
 
-def shard_rows(W, comm, partition: RowPartition, dtype, values: bool = True, piece_entries: int = PIECE_ENTRIES,
-               xp=np) -> RankRows:
+def shard_rows(W, comm, partition: RowPartition, in_degree: np.ndarray, dtype, values: bool = True,
+               piece_entries: int = PIECE_ENTRIES, xp=np) -> RankRows:
     """This rank's rows of Wᵀ (``partition.rows[rank]``, in that order; each row's columns ascending), from
     rank 0's ``W`` (SciPy CSR, canonical; None on the others) broadcast a piece of about ``piece_entries``
     entries at a time: each rank keeps the entries whose column it owns, where ``xp`` puts them (CuPy: on
-    its GPU). Values in ``dtype``; without ``values``, none.
+    its GPU). The rows' lengths are known beforehand (``in_degree``, every node's), so each piece's entries
+    are written straight to their places: the rank holds its rows and one piece, never a sort of all its
+    entries. Values in ``dtype``; without ``values``, none.
 
     Example (rank 1 owns node 0: its row of Wᵀ is W's column 0):
         >>> import scipy.sparse as sp
@@ -118,22 +119,29 @@ def shard_rows(W, comm, partition: RowPartition, dtype, values: bool = True, pie
         >>> W = sp.csr_matrix(np.array([[0, 2.0, 1], [0, 0, 0], [3, 0, 0]]))
         >>> p = RowPartition(parts=2, owner=np.array([1, 0, 0]), rows=(np.array([1, 2]), np.array([0])),
         ...                  weight=np.array([2.0, 1.0]))
-        >>> r = LocalGroup(2).run(lambda c: shard_rows(W if c.rank == 0 else None, c, p, np.float32, piece_entries=1))
+        >>> r = LocalGroup(2).run(lambda c: shard_rows(W if c.rank == 0 else None, c, p, np.array([1, 1, 1]),
+        ...                                             np.float32, piece_entries=1))
         >>> r[1].indptr.tolist(), r[1].indices.tolist(), r[1].data.tolist()
         ([0, 1], [2], [3.0])
     """
     rank = comm.rank
     mine = partition.rows[rank]
+    n_local = int(mine.size)
     local = np.full(partition.owner.size, -1, np.int64)
-    local[mine] = np.arange(mine.size, dtype=np.int64)
+    local[mine] = np.arange(n_local, dtype=np.int64)
     local = xp.asarray(local)
+    indptr = np.zeros(n_local + 1, np.int64)
+    np.cumsum(np.asarray(in_degree)[mine], out=indptr[1:])
+    index_dtype = np.int32 if partition.owner.size <= np.iinfo(np.int32).max else np.int64
+    indices = xp.empty(int(indptr[-1]), index_dtype)
+    data = xp.empty(int(indptr[-1]), dtype) if values else None
+    start = xp.array(indptr[:-1])  # where each row's next entry goes (a copy: NumPy's asarray would share)
     cuts = None
     if rank == 0:
         nnz = int(W.indptr[-1])
         cuts = np.unique(np.concatenate([[0], np.searchsorted(W.indptr, np.arange(0, nnz, max(piece_entries, 1)),
                                                               side="right") - 1, [W.shape[0]]])).astype(np.int64)
     cuts = comm.bcast_array(cuts)
-    kept_rows, kept_cols, kept_vals = [], [], []
     for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
         piece = None
         if rank == 0:
@@ -142,27 +150,20 @@ def shard_rows(W, comm, partition: RowPartition, dtype, values: bool = True, pie
         ptr = xp.asarray(comm.bcast_array(None if piece is None else piece[0].astype(np.int64)))
         cols = xp.asarray(comm.bcast_array(None if piece is None else piece[1]))
         vals = xp.asarray(comm.bcast_array(None if piece is None else piece[2])) if values else None
-        slot = local[cols]
-        keep = xp.flatnonzero(slot >= 0)
-        kept_rows.append(slot[keep])
-        kept_cols.append(r0 + xp.searchsorted(ptr, keep, side="right") - 1)  # the edges' sources
+        keep = xp.flatnonzero(local[cols] >= 0)
+        slot = local[cols[keep]]
+        # The piece's entries of one row, in source order, go after the row's entries of earlier pieces.
+        by_row = stable_argsort(slot)
+        keep, slot = keep[by_row], slot[by_row]
+        first = xp.searchsorted(slot, slot, side="left")
+        at = start[slot] + (xp.arange(slot.size, dtype=np.int64) - first)
+        indices[at] = (r0 + xp.searchsorted(ptr, keep, side="right") - 1).astype(index_dtype)  # the sources
         if values:
-            kept_vals.append(vals[keep].astype(dtype))
-        del ptr, cols, vals, slot, keep
-    slot = xp.concatenate(kept_rows) if kept_rows else xp.zeros(0, np.int64)
-    sources = xp.concatenate(kept_cols) if kept_cols else xp.zeros(0, np.int64)
-    del kept_rows, kept_cols
-    # The pieces came in source order, so a stable sort by row keeps every row's columns ascending.
-    order = stable_argsort(slot)
-    indptr = np.zeros(mine.size + 1, np.int64)
-    np.cumsum(host(xp.bincount(slot, minlength=mine.size)), out=indptr[1:])
-    del slot
-    index_dtype = np.int32 if partition.owner.size <= np.iinfo(np.int32).max else np.int64
-    indices = sources[order].astype(index_dtype)
-    del sources
-    data = None
-    if values:
-        data = (xp.concatenate(kept_vals) if kept_vals else xp.zeros(0, dtype))[order]
+            data[at] = vals[keep].astype(dtype)
+        start += xp.bincount(slot, minlength=n_local)
+        del ptr, cols, vals, keep, slot, by_row, first, at
+    if not bool((host(start) == indptr[1:]).all()):
+        raise MatrixError("the broadcast pieces disagree with the in-degrees every rank was sent")
     return RankRows(indptr=indptr, indices=indices, data=data)
 
 
@@ -265,7 +266,8 @@ def sharded_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: b
     partition = shard_partition(facts, comm.size, xp=cupy)
     clock.stage("partition")
     values = facts.pattern_value is None
-    rows = shard_rows(W, comm, partition, dtype, values=values, piece_entries=piece_entries, xp=cupy)
+    rows = shard_rows(W, comm, partition, facts.in_degree, dtype, values=values, piece_entries=piece_entries,
+                      xp=cupy)
     del W
     clock.stage("rows")
     params = shard_params(facts, rows, comm, profile, dtype, xp=cupy)
