@@ -159,3 +159,12 @@ def test_a_non_square_graph_is_refused_on_rank_0():
     from tuner.matrix import MatrixError
     with pytest.raises(MatrixError, match="square"):
         graph_facts(sp.random(5, 6, density=0.5, format="csr"), LocalGroup(1).run(lambda c: c)[0])
+
+
+def test_pagerank_with_a_product_made_on_the_host_reads_no_factors_from_it():
+    from types import SimpleNamespace
+    from tuner.distributed.pagerank import pagerank_on_devices
+    with pytest.raises(ValueError, match="sharded_product"):  # factors None: refused, not a TypeError
+        pagerank_on_devices(None, None, product=SimpleNamespace(pull_factors=None))
+    with pytest.raises(ValueError, match="sharded_product"):  # factors for other weights
+        pagerank_on_devices(None, None, weighted=False, product=SimpleNamespace(pull_factors=(True, None, None)))

@@ -98,7 +98,10 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
         >>> from tuner.distributed.nccl import SoloDevice                   # doctest: +SKIP
         >>> x = pagerank_on_devices(A, SoloDevice(), dtype=np.float64)      # doctest: +SKIP
     """
-    if A is None and (product is None or getattr(product, "pull_factors", (None,))[0] != weighted):
+    # The product's rank-cache factors where it made them for these weights (None: made on the host, or none).
+    factors = getattr(product, "pull_factors", None)
+    factors = factors if factors is not None and factors[0] == weighted else None
+    if A is None and factors is None:
         raise ValueError("without the graph (A None) pass a product that holds its rank-cache factors for "
                          f"weighted={weighted}: sharded_product's")
     import cupy
@@ -114,8 +117,8 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     if on_device is not None:
         Wt, dangling_nodes, inverse = on_device
         spmv = DistributedSpMV(Wt, comm, **options)
-    elif product is not None and getattr(product, "pull_factors", (None,))[0] == weighted:
-        spmv, (_, dangling_nodes, inverse) = product, product.pull_factors  # made with Wᵀ on the device
+    elif factors is not None:
+        spmv, (_, dangling_nodes, inverse) = product, factors  # made with Wᵀ on the device
     else:
         W = edge_weights(A, weighted, keep_float=True)  # cast to dtype on the GPU
         dangling_nodes, inverse = rank_cache_factors(W)

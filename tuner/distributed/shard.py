@@ -53,9 +53,11 @@ class GraphFacts:
     index_dtype: np.dtype
     pattern_value: float | None
 
-    def plan_order(self) -> np.ndarray:
-        """The nodes in the one-GPU plan's order for Aᵀ: by decreasing in- plus out-degree, ties by node."""
-        return np.asarray(degree_ordering(self.in_degree, self.out_degree, np.int64).col_order, np.int64)
+    def plan_order(self, xp=np) -> np.ndarray:
+        """The nodes in the one-GPU plan's order for Aᵀ: by decreasing in- plus out-degree, ties by node
+        (sorted where ``xp`` puts the degrees; returned on the host)."""
+        o = degree_ordering(xp.asarray(self.in_degree), xp.asarray(self.out_degree), np.int64)
+        return host(o.col_order).astype(np.int64)
 
     def rank_cache_factors(self) -> tuple[np.ndarray, np.ndarray]:
         """(dangling nodes, 1 / out-weight or 0): :func:`~tuner.graph.pagerank.rank_cache_factors`'."""
@@ -192,15 +194,15 @@ class ShardParams:
 
 
 def shard_params(facts: GraphFacts, rows: RankRows, comm, profile=None, value_dtype=np.float32,
-                 xp=np) -> ShardParams:
+                 xp=np, order: np.ndarray | None = None) -> ShardParams:
     """The tile width and workload sizes every rank uses (every rank calls it at once): for each of the
     L1's tile widths (:func:`~tuner.families.tiles.widths`) the ranks' runs are counted and added up, and
     Algorithm 2 over the lookup model (:func:`~tuner.model.tile_composite.timed_partition`) sizes every
     tile of the whole matrix as the one-GPU plan does; the width whose tiles sum to the least predicted time
     wins. Without a profile: the narrowest width, each tile at Algorithm 2's bounds
-    (:func:`~tuner.families.tile_composite.fill_workload`)."""
+    (:func:`~tuner.families.tile_composite.fill_workload`). ``order``: :meth:`GraphFacts.plan_order`, if made."""
     from ..model.tile_composite import timed_partition
-    order = facts.plan_order()
+    order = facts.plan_order(xp) if order is None else order
     position = np.empty(facts.n, np.int64)
     position[order] = np.arange(facts.n, dtype=np.int64)
     view = Structure(shape=(facts.n, facts.n), nnz=facts.nnz, index_dtype=facts.index_dtype,
@@ -270,9 +272,10 @@ def sharded_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: b
                       xp=cupy)
     del W
     clock.stage("rows")
-    params = shard_params(facts, rows, comm, profile, dtype, xp=cupy)
+    order = facts.plan_order(cupy)
+    params = shard_params(facts, rows, comm, profile, dtype, xp=cupy, order=order)
     clock.stage("plan")
-    tiles = rank_tiles(rows, partition, comm.rank, facts.plan_order(), facts.out_degree, params.tile_width,
+    tiles = rank_tiles(rows, partition, comm.rank, order, facts.out_degree, params.tile_width,
                        facts.index_dtype, values=values, workloads=params.workloads, xp=cupy)
     del rows
     kernel = RankKernel(tiles, np.dtype(dtype), facts.index_dtype, not values,
