@@ -120,7 +120,7 @@ if comm.rank == 0:
 """
 
 
-def run_as_mpi_ranks(script: str, ranks: int, timeout: int) -> str:
+def run_as_mpi_ranks(script: str, ranks: int, timeout: int, args: list | None = None) -> str:
     """The line starting 'ranks' that ``script`` prints when run as ``ranks`` MPI processes from the checkout
     (skips where mpi4py or an MPI runtime is missing)."""
     import pathlib
@@ -135,15 +135,16 @@ def run_as_mpi_ranks(script: str, ranks: int, timeout: int) -> str:
     root = pathlib.Path(__file__).resolve().parents[1]
     # Open MPI refuses to start as root (the GPU machine's user) unless told twice; MPICH ignores these.
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    done = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-c", script], capture_output=True,
+    done = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, "-c", script, *(args or [])], capture_output=True,
                           text=True, cwd=root, timeout=timeout, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return next(line for line in done.stdout.splitlines() if line.startswith("ranks"))
 
 
-def ranks_errors(script: str, ranks: int, timeout: int) -> tuple[float, float]:
-    """The two figures of the line 'ranks N errors A B' that ``script`` prints as ``ranks`` MPI processes."""
-    line = run_as_mpi_ranks(script, ranks, timeout)
+def ranks_errors(script: str, ranks: int, timeout: int, args: list | None = None) -> tuple[float, float]:
+    """The two figures of the line 'ranks N errors A B' that ``script`` prints as ``ranks`` MPI processes
+    (``args``: the script's command-line arguments)."""
+    line = run_as_mpi_ranks(script, ranks, timeout, args)
     assert line.startswith(f"ranks {ranks} errors "), line
     first, second = (float(v) for v in line.split()[-2:])
     return first, second
@@ -318,21 +319,25 @@ def test_ranks_build_their_rows_on_the_device_and_match_scipy_and_one_gpu():
 
 
 MPI_SHARD_SCRIPT = RELAY + """
+import sys
 from tuner import loaders
 from tuner.distributed import MpiComm
+from tuner.distributed.generated import generated_product
 from tuner.distributed.nccl import SoloDevice
 from tuner.distributed.pagerank import pagerank_on_devices
 from tuner.distributed.shard import sharded_product
 from tuner.graph.pagerank import edge_weights
 comm = Relay(MpiComm())
-# Only rank 0 holds the graph; its rows reach the ranks in pieces of 100,000 entries.
-spmv = sharded_product(loaders.load("rmat:17") if comm.rank == 0 else None, comm, piece_entries=100_000)
+source, how = sys.argv[1], sys.argv[2]
+if how == "generated":  # no rank builds the graph: each generates its rows on the GPU
+    spmv = generated_product(source, comm)
+else:  # only rank 0 holds the graph; its rows reach the ranks in pieces of 100,000 entries
+    spmv = sharded_product(loaders.load(source) if comm.rank == 0 else None, comm, piece_entries=100_000)
 assert spmv.kernel_kind == "tiled" and spmv.pull_factors is not None, (spmv.kernel_kind, spmv.pull_factors)
 assert set(spmv.setup_seconds) == {"facts", "partition", "rows", "plan", "layout"}, spmv.setup_seconds
-A = loaders.load("rmat:17")  # the references
-Wt = edge_weights(A).T.tocsr()
+A = loaders.load(source)  # the references
 x = np.random.default_rng(9).uniform(0.5, 1.5, A.shape[0]).astype(np.float32)
-ref = Wt.astype(np.float64) @ x
+ref = edge_weights(A).T.tocsr().astype(np.float64) @ x
 y = spmv.gather(spmv(cupy.asarray(spmv.scatter(x))))
 pr = pagerank_on_devices(None, comm, tol=1e-9, tol_rule="per_node", product=spmv)
 one = pagerank_on_devices(A, SoloDevice(), tol=1e-9, tol_rule="per_node")
@@ -344,7 +349,15 @@ if comm.rank == 0:
 
 @pytest.mark.gpu
 def test_ranks_given_only_their_rows_of_a_graph_rank_0_holds_match_scipy_and_one_gpu():
-    spmv_err, pagerank_diff = ranks_errors(MPI_SHARD_SCRIPT, 2, 600)
+    spmv_err, pagerank_diff = ranks_errors(MPI_SHARD_SCRIPT, 2, 600, args=["rmat:17", "sent"])
+    assert spmv_err <= 1e-6 and pagerank_diff <= 1e-5
+
+
+@pytest.mark.gpu
+def test_ranks_generating_their_own_rows_of_a_kronecker_graph_match_scipy_and_one_gpu(tmp_path):
+    G = tmp_path / "g.npz"
+    sp.save_npz(G, abs(power_law(20000, seed=79)).tocsr())  # 3 seed factors: 160,000 nodes
+    spmv_err, pagerank_diff = ranks_errors(MPI_SHARD_SCRIPT, 2, 600, args=[f"kron:{G}:3", "generated"])
     assert spmv_err <= 1e-6 and pagerank_diff <= 1e-5
 
 

@@ -168,3 +168,46 @@ def test_pagerank_with_a_product_made_on_the_host_reads_no_factors_from_it():
         pagerank_on_devices(None, None, product=SimpleNamespace(pull_factors=None))
     with pytest.raises(ValueError, match="sharded_product"):  # factors for other weights
         pagerank_on_devices(None, None, weighted=False, product=SimpleNamespace(pull_factors=(True, None, None)))
+
+
+def kron_case(k=3):
+    from tuner.generators import kronecker, kronecker_blocks
+    G = abs(power_law(300, seed=74))
+    return kronecker_blocks(G, None, k), kronecker(G, None, k)
+
+
+def test_a_kronecker_graphs_degrees_come_from_its_factor_and_grid_alone():
+    from tuner.distributed.generated import kronecker_facts
+    b, K = kron_case()
+    f, whole = kronecker_facts(b), facts_of(edge_weights(K, keep_float=True), 1)[0]
+    for field in ("out_degree", "in_degree", "out_weight"):
+        assert np.array_equal(getattr(f, field), getattr(whole, field)), field
+    assert (f.n, f.nnz, f.pattern_value, f.index_dtype) == (whole.n, whole.nnz, 1.0, whole.index_dtype)
+
+
+def test_each_rank_generates_exactly_its_rows_of_the_kronecker_graphs_transpose():
+    from tuner.distributed.generated import kronecker_facts, kronecker_rows
+    b, K = kron_case()
+    Kt = K.T.tocsr()
+    f = kronecker_facts(b)
+    p = shard_partition(f, 3)
+    for r in range(3):
+        rows = kronecker_rows(b, p, r, f.in_degree)
+        got = sp.csr_matrix((np.ones(rows.indices.size), rows.indices, rows.indptr), shape=(p.rows[r].size, f.n))
+        got.sort_indices()  # a row's columns come block by block
+        ptr, idx, _ = gather_rows(Kt.indptr, Kt.indices, None, p.rows[r])
+        assert np.array_equal(got.indptr, ptr) and np.array_equal(got.indices, idx)
+
+
+def test_the_sampled_check_of_a_kronecker_graph_equals_the_whole_product_on_its_nodes():
+    from tuner.distributed.generated import kronecker_pull
+    b, K = kron_case()
+    x = np.random.default_rng(5).uniform(0.5, 1.5, K.shape[0])
+    nodes = np.sort(np.random.default_rng(6).choice(K.shape[0], 700, replace=False))
+    assert np.allclose(kronecker_pull(b, x, nodes), (K.T @ x)[nodes], rtol=1e-12, atol=0)
+
+
+def test_only_kronecker_specs_are_generated_rank_by_rank():
+    from tuner.distributed.generated import blocks_of
+    with pytest.raises(ValueError, match="only kron:PATH:K"):
+        blocks_of("rmat:10")

@@ -13,8 +13,10 @@ predicts none); then
   per-node tolerance; ``ours_s`` and ``one_gpu_s`` are seconds per iteration.
 
 With ``--sharded`` only rank 0 loads a graph and every rank is sent just its rows
-(:func:`~tuner.distributed.shard.sharded_product`); a graph whose Aᵀ does not fit one GPU then runs without
-a one-GPU side, its SpMV checked against SciPy on sampled nodes.
+(:func:`~tuner.distributed.shard.sharded_product`), or each rank generates its rows of a ``kron:PATH:K``
+graph itself (:func:`~tuner.distributed.generated.generated_product`); a graph whose Aᵀ does not fit one
+GPU then runs without a one-GPU side, its SpMV checked on sampled nodes (SciPy, or for a generated graph
+G's in-edges and the seed's grid).
 
 Rows are written after each graph, so a run cut short keeps what it measured. The whole path runs once on a
 small graph first, unrecorded, so that CuPy's first-use kernel compiles stay out of the setups.
@@ -61,7 +63,8 @@ class MultiGpuRow:
         setup_stages: the slowest rank's seconds of each stage of ``setup_s`` ('pull': Wᵀ made from A;
             'partition', 'plan', 'layout': :attr:`~tuner.distributed.spmv.DistributedSpMV.setup_seconds`).
         load_s: seconds until every rank holds the graph (rank 0 loads or generates it and broadcasts it),
-            not in ``setup_s``.
+            not in ``setup_s``; with a graph each rank generates its part of, the seconds of making its
+            generator (the edges are made in the setup's 'rows').
         allgather_s, local_s: for SpMV, the slowest rank's all-gather alone and product alone (median).
         single_kernel_s: for SpMV, a product whose kernels start after the whole exchange (``overlap=False``;
             ``ours_s`` multiplies part of each rank's rows during the exchange).
@@ -199,22 +202,34 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
                 sharded: bool = False) -> list[MultiGpuRow]:
     """Both rows of one graph (every rank calls it; rank 0 returns them, the others nothing); ``progress``
     (rank 0's) hears where a long graph is. ``sharded``: only rank 0 loads the graph and the ranks are
-    given their rows (:func:`~tuner.distributed.shard.sharded_product`); else every rank holds it."""
+    given their rows (:func:`~tuner.distributed.shard.sharded_product`), or for a ``kron:PATH:K`` graph
+    each rank generates its own (:func:`~tuner.distributed.generated.generated_product`: nothing is
+    loaded, and rank 0 builds the graph afterwards only where it fits one GPU); else every rank holds it."""
     say = (lambda text: progress(f"{source}: {text}")) if progress is not None and comm.rank == 0 else \
         (lambda text: None)
+    from .distributed.generated import blocks_of, generated_product, kronecker_pull
     from .distributed.pagerank import pagerank_on_devices, pull_product
     from .distributed.shard import sharded_product
     from .distributed.share import load_on_root, load_once
+    generated = sharded and loaders.is_spec(source) and loaders.parse_spec(source).kind == "kron"
     t0 = time.perf_counter()
-    A = load_on_root(source, comm) if sharded else load_once(source, comm)
+    A = blocks = None
+    if generated:
+        blocks = blocks_of(source)
+    else:
+        A = load_on_root(source, comm) if sharded else load_once(source, comm)
     load = _slowest(comm, time.perf_counter() - t0)
-    n, nnz = (int(v) for v in comm.bcast_array(np.array([A.shape[0], A.nnz]) if comm.rank == 0 else None))
+    size = (blocks.shape[0], blocks.nnz) if generated else (A.shape[0], A.nnz) if comm.rank == 0 else None
+    n, nnz = (int(v) for v in comm.bcast_array(None if size is None else np.array(size)))
     name = loaders.display_name(source)
-    say(f"loaded in {load:.1f} s ({nnz:,} edges)")
+    say(f"{'generator made' if generated else 'loaded'} in {load:.1f} s ({nnz:,} edges)")
     x = np.random.default_rng(7).uniform(0.5, 1.5, n)  # not all equal: every gathered entry counts
 
     t0 = time.perf_counter()
-    spmv = sharded_product(A, comm, dtype=dtype) if sharded else pull_product(A, comm, dtype=dtype)
+    if generated:
+        spmv = generated_product(blocks, comm, dtype=dtype)
+    else:
+        spmv = sharded_product(A, comm, dtype=dtype) if sharded else pull_product(A, comm, dtype=dtype)
     seconds = time.perf_counter() - t0
     stages = dict(spmv.setup_seconds) if sharded else \
         {"pull": seconds - sum(spmv.setup_seconds.values()), **spmv.setup_seconds}
@@ -241,15 +256,23 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
         comm.allgather(np.zeros(1))  # wait while rank 0 runs the one-GPU side
         return []
 
-    solo = _one_gpu(A, solo_factory, x, dtype, say)
+    entry = np.dtype(np.int32 if max(n, nnz) <= np.iinfo(np.int32).max else np.int64).itemsize + \
+        np.dtype(dtype).itemsize
+    fits = one_gpu_fits(n, nnz, entry, gpu.device_info().memory_bytes)
+    if generated and fits:
+        A = loaders.load(source)  # built for the one-GPU side and SciPy, after the ranks' run
+    solo = _one_gpu(A, solo_factory, x, dtype, say) if fits else None
+    if not fits:
+        say("larger than one GPU: the one-GPU side is not run")
     ref_y, check = None, None
-    if A.nnz <= SCIPY_SPMV_CHECK_NNZ:
+    if A is not None and nnz <= SCIPY_SPMV_CHECK_NNZ:
         ref_y, check = edge_weights_pull(A, x), "all"  # float64, independent of both GPU paths
     elif solo is None:  # no other reference: SciPy on a sample of the nodes
         nodes = np.sort(np.random.default_rng(8).choice(n, min(SAMPLED_ROWS, n), replace=False))
-        ref_y, check = (nodes, sampled_pull(A, x, nodes)), f"{nodes.size} sampled"
+        sampled = sampled_pull(A, x, nodes) if A is not None else kronecker_pull(blocks, x, nodes)
+        ref_y, check = (nodes, sampled), f"{nodes.size} sampled"
     ref_pr = None
-    if A.nnz <= SCIPY_CHECK_NNZ:
+    if A is not None and nnz <= SCIPY_CHECK_NNZ:
         from .graph import pagerank
         ref_pr = pagerank(A, tol=PAGERANK_TOL, tol_rule="per_node", max_iter=500, backend="scipy")
     comm.allgather(np.zeros(1))
@@ -268,7 +291,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
             ok = (diff is None or diff <= AGREE) and (scipy_err is None or scipy_err <= AGREE)
         ones = one["seconds"] if one is not None else None
         rows.append(MultiGpuRow(
-            op=op, name=name, nnz=int(A.nnz), gpus=comm.size, ours_s=ours, one_gpu_s=ones,
+            op=op, name=name, nnz=nnz, gpus=comm.size, ours_s=ours, one_gpu_s=ones,
             speedup=None if ones is None else ones / ours,
             efficiency=None if ones is None else ones / ours / comm.size,
             correct=bool(ok), max_rel_diff_vs_one_gpu=diff, rel_error_vs_scipy=scipy_err,
@@ -292,12 +315,8 @@ def edge_weights_pull(A, x: np.ndarray) -> np.ndarray:
 
 def _one_gpu(A, solo_factory, x: np.ndarray, dtype, say) -> dict | None:
     """The one-GPU side on rank 0's GPU: per op its 'seconds', 'result' and 'iterations', and the setup's
-    'setup_s' and 'stages'; None where A does not fit one GPU (:func:`one_gpu_fits`)."""
+    'setup_s' and 'stages'."""
     from .distributed.pagerank import pagerank_on_devices, pull_product
-    entry = np.dtype(A.indices.dtype).itemsize + np.dtype(dtype).itemsize
-    if not one_gpu_fits(A.shape[0], A.nnz, entry, gpu.device_info().memory_bytes):
-        say("larger than one GPU: the one-GPU side is not run")
-        return None
     solo = solo_factory()
     t0 = time.perf_counter()
     spmv1 = pull_product(A, solo, dtype=dtype)

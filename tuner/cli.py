@@ -766,9 +766,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--distributed", action="store_true",
                    help="this process is already one rank of an MPI job (what --gpus starts)")
     p.add_argument("--sharded", action="store_true",
-                   help="only rank 0 loads each graph; every rank is sent just its rows of Aᵀ and plans from "
-                        "the ranks' statistics added up, so a graph larger than one GPU runs (its one-GPU side "
-                        "is then skipped and the SpMV checked against SciPy on sampled nodes)")
+                   help="only rank 0 loads each graph (a kron:PATH:K graph: none, each rank generates its "
+                        "part); every rank holds just its rows of Aᵀ and plans from the ranks' statistics "
+                        "added up, so a graph larger than one GPU runs (its one-GPU side is then skipped and "
+                        "the SpMV checked on sampled nodes)")
     p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-multigpu.json)")
     p.set_defaults(func=cmd_bench_multigpu)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -345,17 +346,65 @@ def kronecker(
         >>> kronecker(G, k=2).nnz             # relabelled, same size
         36
     """
+    def fits(g_shape, g_nnz: int, nnz: int, peak: int) -> None:  # before even the blocks are listed
+        check_fits(peak, f"kronecker(graph of shape {g_shape} and {human_count(g_nnz)} non-zeros, k={k})",
+                   per_edge_text(peak, nnz, "output edge"))
+    b = kronecker_blocks(graph, seed, k, permute=permute, rng_seed=rng_seed, check=fits)
+    if b.shape[0] * b.shape[1] > _INT64_MAX:  # (row, column) keys would overflow: coordinates and a lexsort
+        rows = (b.block_rows[:, None] * b.g_shape[0] + b.g_rows[None, :]).ravel()
+        cols = (b.block_cols[:, None] * b.g_shape[1] + b.g_cols[None, :]).ravel()
+        if permute:
+            rows, cols = b.row_perm[rows], b.col_perm[cols]
+        return _pattern_csr(rows, cols, b.shape)
+    return _kron_csr(b.g_rows, b.g_cols, b.g_shape, b.block_rows, b.block_cols, b.shape, b.row_perm, b.col_perm)
+
+
+@dataclass(frozen=True, eq=False)
+class KroneckerBlocks:
+    """A Kronecker-scaled graph as :func:`kronecker` builds it, without its edges: G's edges, the grid of
+    blocks where the k-th power of the seed places a copy of G, and the relabelling.
+
+    Edge (i, j) of G in block b is edge (``row_perm[block_rows[b] * g_rows_n + i]``,
+    ``col_perm[block_cols[b] * g_cols_n + j]``) of the result (no permutation: None).
+
+    Attributes:
+        g_rows, g_cols, g_shape: G's pattern (int64 coordinates) and shape.
+        block_rows, block_cols: each block's place in the grid (int64).
+        shape, nnz: the result's.
+        row_perm, col_perm: the relabelling (one permutation for a square result), or None.
+        peak_bytes: :func:`kronecker`'s host memory at its peak.
+    """
+
+    g_rows: np.ndarray
+    g_cols: np.ndarray
+    g_shape: tuple
+    block_rows: np.ndarray
+    block_cols: np.ndarray
+    shape: tuple
+    nnz: int
+    row_perm: np.ndarray | None
+    col_perm: np.ndarray | None
+    peak_bytes: int
+
+
+def kronecker_blocks(graph, seed=None, k: int = 1, *, permute: bool = True, rng_seed: int = 0,
+                     check=None) -> KroneckerBlocks:
+    """:func:`kronecker`'s graph as :class:`KroneckerBlocks` (arguments as there): what generates any part
+    of it, such as the edges into some nodes, without the rest. ``check(g_shape, g_nnz, nnz, peak_bytes)``
+    may refuse the graph (by raising) before its blocks are listed.
+
+    Example:
+        >>> b = kronecker_blocks(np.array([[0, 1], [1, 1]]), k=2)
+        >>> b.shape, b.nnz, b.block_rows.tolist(), b.block_cols.tolist()
+        ((8, 8), 27, [0, 0, 1, 0, 0, 1, 2, 2, 3], [0, 1, 0, 2, 3, 2, 0, 1, 0])
+    """
     _check_k(k)
     _check_int("rng_seed", rng_seed, low=0)
     g_rows, g_cols, g_shape = _pattern_coords(graph, "graph")
     s_rows, s_cols, s_shape = _pattern_coords(_DEFAULT_KRON_SEED if seed is None else seed, "seed")
     _, nnz, peak = _kron_size(g_shape, g_rows.size, s_shape, s_rows.size, int(k))
-    check_fits(
-        peak,
-        f"kronecker(graph of shape {g_shape} and {human_count(g_rows.size)} non-zeros, k={k})",
-        per_edge_text(peak, nnz, "output edge"),
-    )
-
+    if check is not None:
+        check(g_shape, g_rows.size, nnz, peak)
     # S (x) ... (x) S (x) G is a grid of blocks: block (I, J) is G wherever the k-th power of S has (I, J).
     block_rows, block_cols = np.zeros(1, np.int64), np.zeros(1, np.int64)
     shape = g_shape
@@ -368,13 +417,9 @@ def kronecker(
         rng = np.random.default_rng(rng_seed)
         row_perm = rng.permutation(shape[0])
         col_perm = row_perm if shape[0] == shape[1] else rng.permutation(shape[1])
-    if shape[0] * shape[1] > _INT64_MAX:  # (row, column) keys would overflow: coordinates and a lexsort
-        rows = (block_rows[:, None] * g_shape[0] + g_rows[None, :]).ravel()
-        cols = (block_cols[:, None] * g_shape[1] + g_cols[None, :]).ravel()
-        if permute:
-            rows, cols = row_perm[rows], col_perm[cols]
-        return _pattern_csr(rows, cols, shape)
-    return _kron_csr(g_rows, g_cols, g_shape, block_rows, block_cols, shape, row_perm, col_perm)
+    return KroneckerBlocks(g_rows=g_rows, g_cols=g_cols, g_shape=g_shape, block_rows=block_rows,
+                           block_cols=block_cols, shape=shape, nnz=int(nnz), row_perm=row_perm, col_perm=col_perm,
+                           peak_bytes=int(peak))
 
 
 def _kron_csr(g_rows, g_cols, g_shape, block_rows, block_cols, shape, row_perm, col_perm) -> sp.csr_matrix:

@@ -126,47 +126,64 @@ def shard_rows(W, comm, partition: RowPartition, in_degree: np.ndarray, dtype, v
         >>> r[1].indptr.tolist(), r[1].indices.tolist(), r[1].data.tolist()
         ([0, 1], [2], [3.0])
     """
-    rank = comm.rank
-    mine = partition.rows[rank]
-    n_local = int(mine.size)
-    local = np.full(partition.owner.size, -1, np.int64)
-    local[mine] = np.arange(n_local, dtype=np.int64)
-    local = xp.asarray(local)
-    indptr = np.zeros(n_local + 1, np.int64)
-    np.cumsum(np.asarray(in_degree)[mine], out=indptr[1:])
-    index_dtype = np.int32 if partition.owner.size <= np.iinfo(np.int32).max else np.int64
-    indices = xp.empty(int(indptr[-1]), index_dtype)
-    data = xp.empty(int(indptr[-1]), dtype) if values else None
-    start = xp.array(indptr[:-1])  # where each row's next entry goes (a copy: NumPy's asarray would share)
+    placer = RowPlacer(partition, comm.rank, in_degree, dtype, values, xp)
     cuts = None
-    if rank == 0:
+    if comm.rank == 0:
         nnz = int(W.indptr[-1])
         cuts = np.unique(np.concatenate([[0], np.searchsorted(W.indptr, np.arange(0, nnz, max(piece_entries, 1)),
                                                               side="right") - 1, [W.shape[0]]])).astype(np.int64)
     cuts = comm.bcast_array(cuts)
     for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
         piece = None
-        if rank == 0:
+        if comm.rank == 0:
             e0, e1 = int(W.indptr[r0]), int(W.indptr[r1])
             piece = (W.indptr[r0:r1 + 1] - e0, W.indices[e0:e1], W.data[e0:e1] if values else None)
         ptr = xp.asarray(comm.bcast_array(None if piece is None else piece[0].astype(np.int64)))
         cols = xp.asarray(comm.bcast_array(None if piece is None else piece[1]))
         vals = xp.asarray(comm.bcast_array(None if piece is None else piece[2])) if values else None
-        keep = xp.flatnonzero(local[cols] >= 0)
-        slot = local[cols[keep]]
-        # The piece's entries of one row, in source order, go after the row's entries of earlier pieces.
-        by_row = stable_argsort(slot)
+        placer.add(cols, lambda keep: r0 + xp.searchsorted(ptr, keep, side="right") - 1, vals)
+    return placer.rows()
+
+
+class RowPlacer:
+    """A rank's rows of Wᵀ filled as edges arrive in any number of batches: each row's length is known
+    beforehand (``in_degree``, every node's), so each batch's entries are written straight to their places,
+    after the row's entries of earlier batches and in the batch's order. The rank holds its rows and one
+    batch, never a sort of all its entries."""
+
+    def __init__(self, partition: RowPartition, rank: int, in_degree: np.ndarray, dtype, values: bool, xp=np):
+        mine = partition.rows[rank]
+        self.xp, self.dtype, self.n_local = xp, dtype, int(mine.size)
+        local = np.full(partition.owner.size, -1, np.int64)
+        local[mine] = np.arange(self.n_local, dtype=np.int64)
+        self.local = xp.asarray(local)
+        self.indptr = np.zeros(self.n_local + 1, np.int64)
+        np.cumsum(np.asarray(in_degree)[mine], out=self.indptr[1:])
+        self.index_dtype = np.int32 if partition.owner.size <= np.iinfo(np.int32).max else np.int64
+        self.indices = xp.empty(int(self.indptr[-1]), self.index_dtype)
+        self.data = xp.empty(int(self.indptr[-1]), dtype) if values else None
+        self.start = xp.array(self.indptr[:-1])  # each row's next place (a copy: NumPy's asarray would share)
+
+    def add(self, targets, sources_of, vals=None) -> None:
+        """A batch of edges: their ``targets`` (node ids), ``sources_of(kept)`` the sources of the kept
+        positions of the batch, and their values (None without)."""
+        xp = self.xp
+        keep = xp.flatnonzero(self.local[targets] >= 0)
+        slot = self.local[targets[keep]]
+        by_row = stable_argsort(slot)  # the batch's entries of one row keep their order
         keep, slot = keep[by_row], slot[by_row]
         first = xp.searchsorted(slot, slot, side="left")
-        at = start[slot] + (xp.arange(slot.size, dtype=np.int64) - first)
-        indices[at] = (r0 + xp.searchsorted(ptr, keep, side="right") - 1).astype(index_dtype)  # the sources
-        if values:
-            data[at] = vals[keep].astype(dtype)
-        start += xp.bincount(slot, minlength=n_local)
-        del ptr, cols, vals, keep, slot, by_row, first, at
-    if not bool((host(start) == indptr[1:]).all()):
-        raise MatrixError("the broadcast pieces disagree with the in-degrees every rank was sent")
-    return RankRows(indptr=indptr, indices=indices, data=data)
+        at = self.start[slot] + (xp.arange(slot.size, dtype=np.int64) - first)
+        self.indices[at] = sources_of(keep).astype(self.index_dtype)
+        if self.data is not None:
+            self.data[at] = vals[keep].astype(self.dtype)
+        self.start += xp.bincount(slot, minlength=self.n_local)
+
+    def rows(self) -> RankRows:
+        """The rows, once every batch is in; refused where the batches did not fill exactly their lengths."""
+        if not bool((host(self.start) == self.indptr[1:]).all()):
+            raise MatrixError("the edges sent disagree with the in-degrees every rank was sent")
+        return RankRows(indptr=self.indptr, indices=self.indices, data=self.data)
 
 
 def rank_runs(rows: RankRows, position: np.ndarray, bounds: np.ndarray, xp=np) -> RankedRuns:
@@ -247,9 +264,23 @@ def sharded_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: b
     Example: see the module's.
     """
     import cupy
+    from ..graph.pagerank import edge_weights
+    W = edge_weights(A, weighted, keep_float=True) if comm.rank == 0 else None
+    return product_of_shards(
+        lambda: graph_facts(W, comm),
+        lambda facts, partition, values: shard_rows(W, comm, partition, facts.in_degree, dtype, values=values,
+                                                    piece_entries=piece_entries, xp=cupy),
+        comm, dtype, weighted, overlap, profile, cache_dir)
+
+
+def product_of_shards(make_facts, make_rows, comm, dtype=np.float32, weighted: bool = True, overlap: bool = True,
+                      profile=None, cache_dir=None):
+    """:func:`sharded_product` from wherever the graph comes: ``make_facts()`` gives every rank the
+    :class:`GraphFacts`, ``make_rows(facts, partition, values)`` this rank's :class:`RankRows` on its GPU
+    (values or none)."""
+    import cupy
     from .. import gpu
     from ..cache import Cache
-    from ..graph.pagerank import edge_weights
     from ..model import load_profile
     from .rank_kernel import RankKernel
     from .rank_tiles import rank_tiles
@@ -260,17 +291,12 @@ def sharded_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: b
         except FileNotFoundError:
             profile = None
     clock = _Stages()
-    W = None
-    if comm.rank == 0:
-        W = edge_weights(A, weighted, keep_float=True)
-    facts = graph_facts(W, comm)
+    facts = make_facts()
     clock.stage("facts")
     partition = shard_partition(facts, comm.size, xp=cupy)
     clock.stage("partition")
     values = facts.pattern_value is None
-    rows = shard_rows(W, comm, partition, facts.in_degree, dtype, values=values, piece_entries=piece_entries,
-                      xp=cupy)
-    del W
+    rows = make_rows(facts, partition, values)
     clock.stage("rows")
     order = facts.plan_order(cupy)
     params = shard_params(facts, rows, comm, profile, dtype, xp=cupy, order=order)
