@@ -673,3 +673,28 @@ def test_tile_groups_hold_at_most_their_entries_unless_one_tile_is_larger():
     bounds = np.array([0, 1, 2, 4, 6, 8])  # tiles of 9, 1, 2, 6 and 2 entries
     assert tile_groups(lengths, bounds, 4) == [(0, 1), (1, 3), (3, 4), (4, 5)]
     assert tile_groups(lengths, bounds, 100) == [(0, 5)]
+
+
+def test_layout_parts_too_large_to_join_on_the_device_are_joined_through_the_host(monkeypatch):
+    from types import SimpleNamespace
+    from tuner.formats import device_reorder, tile_composite as tc
+    from tuner.formats.tile_composite import build_tile_composite, concatenate_layouts
+    from tuner.formats.tiles import grouped_tiles
+    A = power_law(6000, seed=84).T.tocsr()
+    A.sort_indices()
+    lengths = np.bincount(A.indices, minlength=A.shape[1])
+    bounds = tile_bounds(lengths, 256)
+    parts = [build_tile_composite(g.cols, g.vals, g.tiled, (64,) * (g.end - g.first))
+             for g in grouped_tiles(A.indptr, A.indices, A.data, bounds, lengths, group_entries=2000)]
+    assert len(parts) > 2
+    direct = concatenate_layouts(list(parts))
+    uploads = []
+    device = SimpleNamespace(concatenate=np.concatenate, asarray=lambda a: uploads.append(a) or np.asarray(a))
+    monkeypatch.setattr(tc, "module", lambda a: device)  # every part "on a device" with no room to spare
+    monkeypatch.setattr(device_reorder, "free_bytes", lambda: 0)
+    held = list(parts)
+    joined = concatenate_layouts(held)
+    assert all(h is not p for h, p in zip(held, parts))  # the caller's list no longer holds the device parts
+    assert len(uploads) == 7 - (direct.vals is None)  # the whole layout uploaded once, array by array
+    for field in ("cols", "vals", "rows", "wl_slot", "wl_row", "wl_w", "wl_h", "tile_warps"):
+        assert np.array_equal(getattr(joined, field), getattr(direct, field)), field

@@ -32,19 +32,46 @@ FIRST_COLUMNS = 1 / 16  # share of x in the first chunk: the gather that is not 
 RELABEL_PIECE = 1 << 27  # layout slots relabelled at once: the temporaries of one piece, not of all
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class RankRows:
-    """A rank's rows of Wᵀ already picked, in the order of its slots (``partition.rows[rank]``).
+    """A rank's rows of Wᵀ already picked, in the order of its slots (``partition.rows[rank]``). Mutable:
+    :func:`in_plan_numbers` renumbers its columns in place.
 
     Attributes:
         indptr: their row pointers (int64, from 0).
-        indices: their columns, the graph's node numbers (each row's ascending, as a canonical matrix has them).
+        indices: their columns: the graph's node numbers, or with ``in_plan_order`` their places in the plan's
+            order (:func:`in_plan_numbers`).
         data: their values, or None.
+        in_plan_order: whether ``indices`` are places in the plan's order.
     """
 
     indptr: object
     indices: object
     data: object = None
+    in_plan_order: bool = False
+
+
+RENUMBER_PIECE = 1 << 27  # entries renumbered at once
+
+
+def in_plan_numbers(rows: RankRows, position: np.ndarray, xp=np) -> RankRows:
+    """``rows`` with each column replaced by its node's place in the plan's order (``position``), in place
+    (a piece at a time: a rank holding billions of entries keeps one copy of them) where ``xp`` holds them;
+    rows already renumbered are returned as they are.
+
+    Example:
+        >>> r = RankRows(np.array([0, 2]), np.array([0, 2], np.int32))
+        >>> in_plan_numbers(r, np.array([2, 0, 1])) is r, r.indices.tolist(), r.in_plan_order
+        (True, [2, 1], True)
+    """
+    if rows.in_plan_order:
+        return rows
+    indices = xp.asarray(rows.indices)
+    places = xp.asarray(np.asarray(position).astype(indices.dtype))
+    for lo in range(0, int(indices.size), RENUMBER_PIECE):
+        indices[lo:lo + RENUMBER_PIECE] = places[indices[lo:lo + RENUMBER_PIECE]]
+    rows.indices, rows.in_plan_order = indices, True
+    return rows
 
 
 @dataclass(frozen=True)
@@ -195,7 +222,8 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
     del k
 
     if isinstance(Wt, RankRows):  # picked already
-        indptr, cols = Wt.indptr, xp.asarray(Wt.indices)
+        Wt = in_plan_numbers(Wt, position, xp)
+        indptr, cols = Wt.indptr, None
         data = xp.asarray(Wt.data) if values and Wt.data is not None else None
     elif isinstance(Wt, DeviceCsr):  # gathered where it is
         indptr, cols, data = gather_rows(Wt.indptr, Wt.indices, Wt.data if values else None, partition.rows[rank])
@@ -207,7 +235,8 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
         del mine
     # Columns as the plan numbers them; the layout is built a group of tiles at a time (a rank's share of a
     # billion-entry graph would not fit beside its work arrays), then its columns rewritten to buffer places.
-    plan_cols = xp.asarray(position.astype(index_dtype))[cols]
+    plan_cols = Wt.indices.astype(index_dtype, copy=False) if cols is None else \
+        xp.asarray(position.astype(index_dtype))[cols]
     del cols
     if workloads is not None and len(workloads) != bounds.size - 1:
         raise ValueError(f"tiles of {tile_width} columns cut this matrix into {bounds.size - 1} tiles, but "

@@ -26,7 +26,7 @@ from ..formats.tiles import RankedRuns, grouped_tiles, merge_runs, tile_bounds, 
 from ..formats.xp import host, stable_argsort
 from ..matrix import MatrixError
 from .partition import RowPartition, bitonic_partition
-from .rank_tiles import RankRows
+from .rank_tiles import RankRows, in_plan_numbers
 
 PIECE_ENTRIES = 1 << 27  # A's entries broadcast at once: one piece's arrays on every rank, not the graph
 
@@ -188,9 +188,10 @@ class RowPlacer:
 
 def rank_runs(rows: RankRows, position: np.ndarray, bounds: np.ndarray, xp=np) -> RankedRuns:
     """The :class:`RankedRuns` of this rank's rows in the tiles of column ``bounds`` over the plan's order
-    (``position``: each node's place in it), a group of tiles at a time."""
+    (``position``: each node's place in it), a group of tiles at a time; rows numbered by node are
+    renumbered in place (:func:`~tuner.distributed.rank_tiles.in_plan_numbers`) and so spent."""
     n = position.size
-    plan_cols = xp.asarray(position)[xp.asarray(rows.indices)]
+    plan_cols = in_plan_numbers(rows, position, xp).indices
     lengths, counts, offsets = [], [], [np.zeros(1, np.int64)]
     for g in grouped_tiles(xp.asarray(rows.indptr), plan_cols, None, bounds, xp.bincount(plan_cols, minlength=n)):
         r = tile_runs(g.tiled)

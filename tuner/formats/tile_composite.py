@@ -539,8 +539,27 @@ def build_tile_composite_grouped(indptr, indices, data, bounds: np.ndarray, col_
 
 def concatenate_layouts(parts: list) -> TileComposite:
     """The layout of consecutive groups of tiles (each group's layout built on its own), each group's
-    workloads after the previous groups'."""
+    workloads after the previous groups'. Device parts whose concatenation would not fit beside them in the
+    free device memory go through the host: each is copied there and dropped from ``parts`` (the caller's
+    list), so the device holds the layout once, not twice; the result is on the device either way."""
     xp = module(parts[0].cols)
+    arrays = ("cols", "vals", "rows", "wl_slot", "wl_row", "wl_w", "wl_h")
+    if xp is not np:
+        from .device_reorder import free_bytes
+        size = sum(int(getattr(p, a).nbytes) for p in parts for a in arrays if getattr(p, a) is not None)
+        if size > free_bytes():
+            for i, p in enumerate(parts):  # each device part freed as soon as it is on the host
+                parts[i] = TileComposite(**{a: None if getattr(p, a) is None else host(getattr(p, a)) for a in arrays},
+                                         tile_warps=p.tile_warps)
+            del p
+            whole = _join(parts, np)
+            return TileComposite(**{a: None if getattr(whole, a) is None else xp.asarray(getattr(whole, a))
+                                    for a in arrays}, tile_warps=whole.tile_warps)
+    return _join(parts, xp)
+
+
+def _join(parts: list, xp) -> TileComposite:
+    """:func:`concatenate_layouts` where the parts are (``xp``)."""
     slots = np.concatenate([[0], np.cumsum([p.cols.size for p in parts])]).astype(np.int64)
     row_slots = np.concatenate([[0], np.cumsum([p.rows.size for p in parts])]).astype(np.int64)
     warps = np.concatenate([[0], np.cumsum([p.warps for p in parts])]).astype(np.int64)
