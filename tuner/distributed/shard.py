@@ -15,7 +15,7 @@ Example (on a GPU machine, one MPI rank per GPU; only rank 0 passes the graph):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,7 +40,8 @@ class GraphFacts:
         out_degree: each node's out-edges (A's row lengths, the columns' lengths of Aᵀ), int64.
         in_degree: each node's in-edges (the rows' lengths of Aᵀ), int64.
         out_weight: each node's summed out-edge weights (float64; 0: dangling).
-        index_dtype: of A's indices (int32 where every index and nnz fit).
+        index_dtype: of A's indices (int32 where every index and nnz fit; a rank's layout indexes the
+            gathered x and picks its own).
         pattern_value: the common weight of every edge (a pattern graph, multiplied by value-free kernels),
             or None.
     """
@@ -300,12 +301,16 @@ def product_of_shards(make_facts, make_rows, comm, dtype=np.float32, weighted: b
     rows = make_rows(facts, partition, values)
     clock.stage("rows")
     order = facts.plan_order(cupy)
-    params = shard_params(facts, rows, comm, profile, dtype, xp=cupy, order=order)
+    # A rank's columns index the gathered x, not the graph's entries: int32 wherever that buffer allows,
+    # however many edges the whole graph has.
+    index_dtype = np.dtype(np.int32 if comm.size * partition.width <= np.iinfo(np.int32).max else np.int64)
+    params = shard_params(replace(facts, index_dtype=index_dtype), rows, comm, profile, dtype, xp=cupy,
+                          order=order)
     clock.stage("plan")
     tiles = rank_tiles(rows, partition, comm.rank, order, facts.out_degree, params.tile_width,
-                       facts.index_dtype, values=values, workloads=params.workloads, xp=cupy)
+                       index_dtype, values=values, workloads=params.workloads, xp=cupy)
     del rows
-    kernel = RankKernel(tiles, np.dtype(dtype), facts.index_dtype, not values,
+    kernel = RankKernel(tiles, np.dtype(dtype), index_dtype, not values,
                         facts.pattern_value if facts.pattern_value is not None else 1.0, Cache(cache_dir))
     clock.stage("layout")
     spmv = DistributedSpMV.from_rank_kernel(comm, partition, kernel, dtype, overlap, clock.seconds)
