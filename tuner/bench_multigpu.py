@@ -210,7 +210,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
     from .distributed.generated import blocks_of, generated_product, kronecker_pull
     from .distributed.pagerank import pagerank_on_devices, pull_product
     from .distributed.shard import sharded_product
-    from .distributed.share import load_on_root, load_once
+    from .distributed.share import every_cpu, load_on_root, load_once
     generated = sharded and loaders.is_spec(source) and loaders.parse_spec(source).kind == "kron"
     t0 = time.perf_counter()
     A = blocks = None
@@ -259,8 +259,9 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
     entry = np.dtype(np.int32 if max(n, nnz) <= np.iinfo(np.int32).max else np.int64).itemsize + \
         np.dtype(dtype).itemsize
     fits = one_gpu_fits(n, nnz, entry, gpu.device_info().memory_bytes)
-    if generated and fits:
-        A = loaders.load(source)  # built for the one-GPU side and SciPy, after the ranks' run
+    if generated and fits:  # built for the one-GPU side and SciPy, after the ranks' run
+        with every_cpu():
+            A = loaders.load(source)
     solo = _one_gpu(A, solo_factory, x, dtype, say) if fits else None
     if not fits:
         say("larger than one GPU: the one-GPU side is not run")
