@@ -288,3 +288,8 @@ def test_rwr_command_takes_seed_nodes_and_refuses_others(no_gpu, capsys, tmp_pat
     assert np.array_equal(table[:, 1], tuner.rwr(tuner.load("rmat:9"), [3, 40], backend="scipy"))
     assert cli.main(["rwr", "rmat:9", "--seeds", "x"]) == 2
     assert "--seeds takes node numbers" in capsys.readouterr().err
+
+
+def test_sharded_pagerank_without_several_ranks_is_a_clear_error(capsys):
+    assert cli.main(["pagerank", "rmat:8", "--sharded"]) == 2
+    assert "--sharded splits the graph among several GPUs: give --gpus N" in capsys.readouterr().err

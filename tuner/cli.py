@@ -181,11 +181,43 @@ def _load_graph(source, comm):
     return load_once(source, comm)
 
 
+def _sharded_pagerank(args, comm) -> int:
+    """``pagerank --sharded``: each rank holds only its rows (rank 0 loads the graph, or for kron:PATH:K
+    each rank generates its own), so a graph larger than one GPU runs across the GPUs."""
+    import numpy as np
+
+    from .distributed import generated_product, pagerank_on_devices, sharded_product
+    from .distributed.share import load_on_root
+    dtype = np.dtype(args.dtype)
+    if loaders.is_spec(args.graph) and loaders.parse_spec(args.graph).kind == "kron":
+        product = generated_product(args.graph, comm, dtype=dtype)
+        weighted = True  # a generated graph is a pattern: every edge weighs 1 either way
+    else:
+        weighted = not args.unweighted
+        product = sharded_product(load_on_root(args.graph, comm), comm, dtype=dtype, weighted=weighted)
+    edges = sum(int(e[0]) for e in comm.allgather(np.array([product.local_nnz])))
+    x, info = pagerank_on_devices(None, comm, alpha=args.alpha, max_iter=args.max_iter, tol=args.tol,
+                                  tol_rule=args.tol_rule, weighted=weighted, dtype=dtype, return_info=True,
+                                  product=product)
+    if comm.rank == 0:
+        print(f"PageRank of {loaders.display_name(args.graph)} ({product.partition.owner.size:,} nodes, {edges:,} "
+              f"edges, each of {comm.size} GPUs holding its rows): {info.iterations} iterations, last change "
+              f"{info.error:.3g} ({args.tol_rule} rule), setup {sum(product.setup_seconds.values()):.2f} s, "
+              f"iterations {info.seconds['iterations']:.2f} s")
+        _report_scores(args, {"pagerank": x})
+    return 0
+
+
 def cmd_pagerank(args) -> int:
     from .graph import pagerank
+    if args.sharded and args.gpus is None and not args.distributed:
+        raise ValueError("--sharded splits the graph among several GPUs: give --gpus N (or run under mpirun with "
+                         "--distributed)")
     spawned, comm = _ranks(args)
     if spawned is not None:
         return spawned
+    if args.sharded:
+        return _sharded_pagerank(args, comm)
     backend = _graph_backend(args, "iterating")
     if backend is None:
         return NO_GPU_EXIT
@@ -620,6 +652,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "per_node: when every node's change < tol (default %(default)s)")
     p.add_argument("--unweighted", action="store_true", help="every edge weighs 1 (default: A's values)")
     _iteration_options(p)
+    p.add_argument("--sharded", action="store_true",
+                   help="with --gpus or --distributed: each GPU holds only its rows, rank 0 alone loads the graph "
+                        "(a kron:PATH:K graph: no rank builds it, each generates its rows), so a graph larger "
+                        "than one GPU runs; the product by A^T is the one-GPU plan's tiles, whatever --tune says")
     _memory_option(p)
     _results_options(p, "top nodes", "every node's rank: .npy, or .csv", cmd_pagerank)
 
