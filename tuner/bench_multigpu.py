@@ -208,10 +208,11 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
     say = (lambda text: progress(f"{source}: {text}")) if progress is not None and comm.rank == 0 else \
         (lambda text: None)
     from .distributed.generated import blocks_of, generated_product, kronecker_pull
+    from .distributed.generated import generated as is_generated
     from .distributed.pagerank import pagerank_on_devices, pull_product
     from .distributed.shard import sharded_product
     from .distributed.share import every_cpu, load_on_root, load_once
-    generated = sharded and loaders.is_spec(source) and loaders.parse_spec(source).kind == "kron"
+    generated = sharded and is_generated(source)
     t0 = time.perf_counter()
     A = blocks = None
     if generated:

@@ -187,9 +187,10 @@ def _sharded_pagerank(args, comm) -> int:
     import numpy as np
 
     from .distributed import generated_product, pagerank_on_devices, sharded_product
+    from .distributed.generated import generated
     from .distributed.share import load_on_root
     dtype = np.dtype(args.dtype)
-    if loaders.is_spec(args.graph) and loaders.parse_spec(args.graph).kind == "kron":
+    if generated(args.graph):
         product = generated_product(args.graph, comm, dtype=dtype)
         weighted = True  # a generated graph is a pattern: every edge weighs 1 either way
     else:

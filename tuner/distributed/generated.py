@@ -21,6 +21,17 @@ from .rank_tiles import RankRows
 from .shard import GraphFacts, RowPlacer, product_of_shards
 
 
+def generated(source) -> bool:
+    """Whether ranks generate ``source`` themselves: a ``kron:PATH:K`` spec.
+
+    Example:
+        >>> generated("kron:g.npz:3"), generated("rmat:10"), generated("graph.npz")
+        (True, False, False)
+    """
+    from .. import loaders
+    return isinstance(source, str) and loaders.is_spec(source) and loaders.parse_spec(source).kind == "kron"
+
+
 def blocks_of(source: str) -> KroneckerBlocks:
     """The :class:`~tuner.generators.KroneckerBlocks` of a ``kron:PATH:K`` spec, as
     :func:`tuner.loaders.load` would build that graph.
@@ -32,7 +43,7 @@ def blocks_of(source: str) -> KroneckerBlocks:
         ValueError: only kron:PATH:K graphs are generated rank by rank, got 'rmat:8'
     """
     from .. import loaders
-    if not (loaders.is_spec(source) and loaders.parse_spec(source).kind == "kron"):
+    if not generated(source):
         raise ValueError(f"only kron:PATH:K graphs are generated rank by rank, got {source!r}")
     path, k = loaders.parse_spec(source).args
     return kronecker_blocks(loaders.load(path), None, k)
