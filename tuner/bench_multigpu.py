@@ -268,7 +268,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
         say("larger than one GPU: the one-GPU side is not run")
     ref_y, check = None, None
     if A is not None and nnz <= SCIPY_SPMV_CHECK_NNZ:
-        ref_y, check = edge_weights_pull(A, x), "all"  # float64, independent of both GPU paths
+        ref_y, check = _whole_pull(A, x), "all"  # float64, independent of both GPU paths
     elif solo is None:  # no other reference: SciPy on a sample of the nodes
         nodes = np.sort(np.random.default_rng(8).choice(n, min(SAMPLED_ROWS, n), replace=False))
         sampled = sampled_pull(A, x, nodes) if A is not None else kronecker_pull(blocks, x, nodes)
@@ -309,7 +309,7 @@ def bench_graph(source: str, comm, solo_factory, dtype=np.float32, progress=None
     return rows
 
 
-def edge_weights_pull(A, x: np.ndarray) -> np.ndarray:
+def _whole_pull(A, x: np.ndarray) -> np.ndarray:
     """Wᵀ x in float64 by the transpose's CSC view (no copy of A)."""
     from .graph.pagerank import edge_weights
     return edge_weights(A).T @ x

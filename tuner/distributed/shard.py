@@ -101,7 +101,13 @@ def graph_facts(W, comm) -> GraphFacts:
 def shard_partition(facts: GraphFacts, parts: int, xp=np) -> RowPartition:
     """The bitonic partition of Aᵀ's rows that :class:`~tuner.distributed.spmv.DistributedSpMV` makes,
     from the degrees alone: balanced by in-degree, each rank's nodes by in- plus out-degree, those no
-    row reads (no out-edge) last."""
+    row reads (no out-edge) last.
+
+    Example (node 1 has no out-edge: last on its rank):
+        >>> f = GraphFacts(3, 3, np.array([2, 0, 1]), np.array([1, 1, 1]), np.array([2.0, 0, 1]), np.dtype(np.int32), 1.0)
+        >>> [r.tolist() for r in shard_partition(f, 2).rows]
+        [[0], [2, 1]]
+    """
     key = facts.in_degree + facts.out_degree
     key += (int(key.max(initial=0)) + 1) * (facts.out_degree > 0)
     return bitonic_partition(facts.in_degree, parts, order_by=key, xp=xp)
@@ -190,7 +196,14 @@ class RowPlacer:
 def rank_runs(rows: RankRows, position: np.ndarray, bounds: np.ndarray, xp=np) -> RankedRuns:
     """The :class:`RankedRuns` of this rank's rows in the tiles of column ``bounds`` over the plan's order
     (``position``: each node's place in it), a group of tiles at a time; rows numbered by node are
-    renumbered in place (:func:`~tuner.distributed.rank_tiles.in_plan_numbers`) and so spent."""
+    renumbered in place (:func:`~tuner.distributed.rank_tiles.in_plan_numbers`) and so spent.
+
+    Example (one row of 3 entries; tiles of columns 0-1 and 2-3):
+        >>> rows = RankRows(np.array([0, 3]), np.array([3, 0, 1], np.int32))
+        >>> r = rank_runs(rows, np.arange(4), np.array([0, 2, 4]))
+        >>> r.ranked(0).tolist(), r.ranked(1).tolist()
+        ([2], [1])
+    """
     n = position.size
     plan_cols = in_plan_numbers(rows, position, xp).indices
     lengths, counts, offsets = [], [], [np.zeros(1, np.int64)]

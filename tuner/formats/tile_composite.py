@@ -541,7 +541,16 @@ def concatenate_layouts(parts: list) -> TileComposite:
     """The layout of consecutive groups of tiles (each group's layout built on its own), each group's
     workloads after the previous groups'. Device parts whose concatenation would not fit beside them in the
     free device memory go through the host: each is copied there and dropped from ``parts`` (the caller's
-    list), so the device holds the layout once, not twice; the result is on the device either way."""
+    list), so the device holds the layout once, not twice; the result is on the device either way.
+
+    Example (two tiles built apart, then joined: the second tile's workloads start after the first's slots):
+        >>> from tuner.formats.tiles import tile_entries
+        >>> indptr, indices = np.array([0, 2, 3]), np.array([0, 1, 0])
+        >>> one = build_tile_composite(indices, None, tile_entries(indptr, indices, 2, np.array([0, 2])), (2,))
+        >>> both = concatenate_layouts([one, one])
+        >>> both.wl_slot.tolist() == one.wl_slot.tolist() + (one.wl_slot + one.cols.size).tolist(), both.warps
+        (True, 4)
+    """
     xp = module(parts[0].cols)
     arrays = ("cols", "vals", "rows", "wl_slot", "wl_row", "wl_w", "wl_h")
     if xp is not np:
