@@ -14,12 +14,10 @@ columns carry most entries, so that phase outlasts the rest's gather; elsewhere 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
-
-from dataclasses import replace
 
 from ..families.tile_composite import NOMINAL_ACTIVE_WARPS, fill_workload
 from ..formats.device_reorder import DeviceCsr, gather_rows
@@ -183,8 +181,9 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
                tile_width: int, index_dtype=np.int32, values: bool = True, workloads: tuple | None = None,
                active_warps: int = NOMINAL_ACTIVE_WARPS, share: float = FIRST_COLUMNS, xp=np) -> RankTiles:
     """Rank ``rank``'s rows of square ``Wt`` (SciPy CSR, a DeviceCsr whose rows are then gathered on the
-    device, or :class:`RankRows`: those rows already picked, the whole matrix nowhere) in the tiles of ``tile_width`` columns that the
-    one-GPU plan cuts over the nodes in ``order`` (by decreasing degree), given the columns' ``col_lengths``;
+    device, or :class:`RankRows`: those rows already picked, the whole matrix nowhere) in the tiles of
+    ``tile_width`` columns that the one-GPU plan cuts over the nodes in ``order`` (by decreasing degree),
+    given the columns' ``col_lengths``;
     without ``values`` (a pattern matrix, every value the same) the layout holds none. ``workloads``: the
     workload size of every tile, best the one-GPU plan's (a rank's share of a tile then runs as that plan
     runs it, in a quarter of the warps with 4 ranks); without, Algorithm 2's bounds for the rank's share of
