@@ -290,6 +290,7 @@ def test_rwr_command_takes_seed_nodes_and_refuses_others(no_gpu, capsys, tmp_pat
     assert "--seeds takes node numbers" in capsys.readouterr().err
 
 
-def test_sharded_pagerank_without_several_ranks_is_a_clear_error(capsys):
-    assert cli.main(["pagerank", "rmat:8", "--sharded"]) == 2
+@pytest.mark.parametrize("command", [["pagerank", "rmat:8"], ["rwr", "rmat:8", "--seeds", "1"]])
+def test_a_sharded_walk_without_several_ranks_is_a_clear_error(capsys, command):
+    assert cli.main(command + ["--sharded"]) == 2
     assert "--sharded splits the graph among several GPUs: give --gpus N" in capsys.readouterr().err

@@ -181,44 +181,49 @@ def _load_graph(source, comm):
     return load_once(source, comm)
 
 
-def _sharded_pagerank(args, comm) -> int:
-    """``pagerank --sharded``: each rank holds only its rows (rank 0 loads the graph, or for kron:PATH:K
-    each rank generates its own), so a graph larger than one GPU runs across the GPUs."""
+def _sharded_walk(args, comm, weighted: bool, **walk):
+    """PageRank's iterations (``walk``: :func:`~tuner.distributed.pagerank.pagerank_on_devices`' arguments)
+    with each rank holding only its rows (rank 0 loads the graph, or for kron:PATH:K each rank generates its
+    own), so a graph larger than one GPU runs across the GPUs: (ranks, info, nodes, edges, setup seconds)."""
     import numpy as np
 
     from .distributed import generated_product, pagerank_on_devices, sharded_product
     from .distributed.generated import generated
     from .distributed.share import load_on_root
     dtype = np.dtype(args.dtype)
-    if generated(args.graph):
-        product = generated_product(args.graph, comm, dtype=dtype)
-        weighted = True  # a generated graph is a pattern: every edge weighs 1 either way
+    if generated(args.graph):  # a pattern: every edge weighs 1 either way
+        product, weighted = generated_product(args.graph, comm, dtype=dtype), True
     else:
-        weighted = not args.unweighted
         product = sharded_product(load_on_root(args.graph, comm), comm, dtype=dtype, weighted=weighted)
+    nodes = product.partition.owner.size
     edges = sum(int(e[0]) for e in comm.allgather(np.array([product.local_nnz])))
-    x, info = pagerank_on_devices(None, comm, alpha=args.alpha, max_iter=args.max_iter, tol=args.tol,
-                                  tol_rule=args.tol_rule, weighted=weighted, dtype=dtype, return_info=True,
-                                  product=product)
-    if comm.rank == 0:
-        print(f"PageRank of {loaders.display_name(args.graph)} ({product.partition.owner.size:,} nodes, {edges:,} "
-              f"edges, each of {comm.size} GPUs holding its rows): {info.iterations} iterations, last change "
-              f"{info.error:.3g} ({args.tol_rule} rule), setup {sum(product.setup_seconds.values()):.2f} s, "
-              f"iterations {info.seconds['iterations']:.2f} s")
-        _report_scores(args, {"pagerank": x})
-    return 0
+    walk = {k: (v(nodes) if callable(v) else v) for k, v in walk.items()}  # vectors needing the node count
+    x, info = pagerank_on_devices(None, comm, weighted=weighted, dtype=dtype, return_info=True, product=product,
+                                  **walk)
+    return x, info, nodes, edges, sum(product.setup_seconds.values())
+
+
+def _check_sharded(args) -> None:
+    if args.sharded and args.gpus is None and not args.distributed:
+        raise ValueError("--sharded splits the graph among several GPUs: give --gpus N (or run under mpirun with "
+                         "--distributed)")
 
 
 def cmd_pagerank(args) -> int:
     from .graph import pagerank
-    if args.sharded and args.gpus is None and not args.distributed:
-        raise ValueError("--sharded splits the graph among several GPUs: give --gpus N (or run under mpirun with "
-                         "--distributed)")
+    _check_sharded(args)
     spawned, comm = _ranks(args)
     if spawned is not None:
         return spawned
     if args.sharded:
-        return _sharded_pagerank(args, comm)
+        x, info, nodes, edges, setup = _sharded_walk(args, comm, not args.unweighted, alpha=args.alpha,
+                                                     max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule)
+        if comm.rank == 0:
+            print(f"PageRank of {loaders.display_name(args.graph)} ({nodes:,} nodes, {edges:,} edges, each of "
+                  f"{comm.size} GPUs holding its rows): {info.iterations} iterations, last change {info.error:.3g} "
+                  f"({args.tol_rule} rule), setup {setup:.2f} s, iterations {info.seconds['iterations']:.2f} s")
+            _report_scores(args, {"pagerank": x})
+        return 0
     backend = _graph_backend(args, "iterating")
     if backend is None:
         return NO_GPU_EXIT
@@ -236,16 +241,28 @@ def cmd_pagerank(args) -> int:
 
 def cmd_rwr(args) -> int:
     from .graph import rwr
+    from .graph.rwr import seed_vector
+    _check_sharded(args)
     spawned, comm = _ranks(args)
     if spawned is not None:
         return spawned
-    backend = _graph_backend(args, "iterating")
-    if backend is None:
-        return NO_GPU_EXIT
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         raise ValueError(f"--seeds takes node numbers separated by commas, got {args.seeds!r}") from None
+    if args.sharded:
+        x, info, _, _, _ = _sharded_walk(args, comm, True, alpha=1 - args.restart, max_iter=args.max_iter,
+                                         tol=args.tol, tol_rule=args.tol_rule,
+                                         personalization=lambda n: seed_vector(seeds, n))
+        if comm.rank == 0:
+            print(f"random walk with restart {args.restart} from {len(seeds)} seed(s) on "
+                  f"{loaders.display_name(args.graph)}, each of {comm.size} GPUs holding its rows: "
+                  f"{info.iterations} iterations, last change {info.error:.3g} ({args.tol_rule} rule)")
+            _report_scores(args, {"probability": x})
+        return 0
+    backend = _graph_backend(args, "iterating")
+    if backend is None:
+        return NO_GPU_EXIT
     A = _load_graph(args.graph, comm)
     x, info = rwr(A, seeds, restart=args.restart, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
                   backend=backend, return_info=True, comm=comm, device_memory_limit=args.device_memory_limit,
@@ -569,6 +586,14 @@ def _ranks_options(p) -> None:
                         "--distributed)")
 
 
+def _sharded_option(p) -> None:
+    """A walk's ``--sharded``: several GPUs, each holding only its rows."""
+    p.add_argument("--sharded", action="store_true",
+                   help="with --gpus or --distributed: each GPU holds only its rows, rank 0 alone loads the graph "
+                        "(a kron:PATH:K graph: no rank builds it, each generates its rows), so a graph larger "
+                        "than one GPU runs; the product by A^T is the one-GPU plan's tiles, whatever --tune says")
+
+
 def _memory_option(p) -> None:
     """A graph command's device-memory budget (its products streamed from host memory beyond it)."""
     p.add_argument("--device-memory-limit", default=None,
@@ -653,10 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "per_node: when every node's change < tol (default %(default)s)")
     p.add_argument("--unweighted", action="store_true", help="every edge weighs 1 (default: A's values)")
     _iteration_options(p)
-    p.add_argument("--sharded", action="store_true",
-                   help="with --gpus or --distributed: each GPU holds only its rows, rank 0 alone loads the graph "
-                        "(a kron:PATH:K graph: no rank builds it, each generates its rows), so a graph larger "
-                        "than one GPU runs; the product by A^T is the one-GPU plan's tiles, whatever --tune says")
+    _sharded_option(p)
     _memory_option(p)
     _results_options(p, "top nodes", "every node's rank: .npy, or .csv", cmd_pagerank)
 
@@ -673,6 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol-rule", choices=["networkx", "per_node"], default="per_node",
                    help="per_node: stop when every node's change < tol (default); networkx: the L1 change < N x tol")
     _iteration_options(p)
+    _sharded_option(p)
     _memory_option(p)
     _results_options(p, "top nodes", "every node's probability: .npy, or .csv", cmd_rwr)
 

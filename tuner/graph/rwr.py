@@ -20,7 +20,14 @@ def _is_many(seeds) -> bool:
         isinstance(s, (list, tuple, dict, np.ndarray)) for s in seeds)
 
 
-def _seed_vector(seeds, n: int):
+def seed_vector(seeds, n: int):
+    """The restart distribution of a seed set (node numbers, a node twice weighing twice; or a {node: weight}
+    dict, returned as it is), unnormalised, checked against the graph's ``n`` nodes.
+
+    Example:
+        >>> seed_vector([0, 2, 2], 4).tolist()
+        [1.0, 0.0, 2.0, 0.0]
+    """
     if isinstance(seeds, dict):
         return seeds
     nodes = np.atleast_1d(np.asarray(seeds, dtype=np.int64))
@@ -60,11 +67,11 @@ def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
     sets = list(seeds) if _is_many(seeds) else [seeds]
     backend = default_backend(backend if comm is None else "device")
     if _is_many(seeds) and backend in ("tuned", "device") and comm is None and device_memory_limit is None:
-        P = np.column_stack([_node_vector(_seed_vector(s, n), n, "seeds") for s in sets])
+        P = np.column_stack([_node_vector(seed_vector(s, n), n, "seeds") for s in sets])
         x, infos = rwr_block(A, P, restart=restart, max_iter=max_iter, tol=tol, weighted=weighted,
                              tol_rule=tol_rule)
         return (x, infos) if return_info else x
-    results = [pagerank(A, alpha=1 - restart, personalization=_seed_vector(s, n), max_iter=max_iter, tol=tol,
+    results = [pagerank(A, alpha=1 - restart, personalization=seed_vector(s, n), max_iter=max_iter, tol=tol,
                         weighted=weighted, tol_rule=tol_rule, backend=backend, return_info=True, comm=comm,
                         device_memory_limit=device_memory_limit, tune=tune)
                for s in sets]
