@@ -602,21 +602,27 @@ def test_row_major_workloads_of_several_rows_run_at_the_rate_measured_for_as_man
     assert t["four"] == pytest.approx(t["one"] / 2, rel=1e-9)
 
 
-@pytest.mark.parametrize("group_entries", [1, 5_000, 40_000, 1 << 40])
-@pytest.mark.parametrize("pattern,camping", [(False, False), (True, True)])
-def test_a_layout_built_a_group_of_tiles_at_a_time_equals_the_one_build(group_entries, pattern, camping):
-    from tuner.formats.tile_composite import build_tile_composite_grouped
-    from tuner.formats.tiles import tile_entries, tile_groups
-    A = power_law(6000, seed=81).T.tocsr()  # hub columns: tiles of very different sizes
+def columns_by_degree(seed: int, width: int = 256):
+    """A power-law matrix with hub columns (tiles of very different sizes), its columns renumbered by
+    decreasing length as tiles are cut; with its column lengths and the tiles' bounds."""
+    A = power_law(6000, seed=seed).T.tocsr()
     A.sort_indices()
     lengths = np.bincount(A.indices, minlength=A.shape[1])
-    order = np.argsort(-lengths, kind="stable")  # the degree order tiles are cut in
+    order = np.argsort(-lengths, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(order.size)
     B = sp.csr_matrix((A.data, rank[A.indices], A.indptr), shape=A.shape)
     B.sort_indices()
     lengths = lengths[order]
-    bounds = tile_bounds(lengths, 256)
+    return B, lengths, tile_bounds(lengths, width)
+
+
+@pytest.mark.parametrize("group_entries", [1, 5_000, 40_000, 1 << 40])
+@pytest.mark.parametrize("pattern,camping", [(False, False), (True, True)])
+def test_a_layout_built_a_group_of_tiles_at_a_time_equals_the_one_build(group_entries, pattern, camping):
+    from tuner.formats.tile_composite import build_tile_composite_grouped
+    from tuner.formats.tiles import tile_entries, tile_groups
+    B, lengths, bounds = columns_by_degree(81)
     rng = np.random.default_rng(5)
     workloads = tuple(int(w) for w in rng.choice([32, 64, 128, 256, 512], bounds.size - 1))
     data = None if pattern else B.data
@@ -642,16 +648,7 @@ def test_a_layout_built_a_group_of_tiles_at_a_time_equals_the_one_build(group_en
 def test_a_tile_coo_layout_built_a_group_of_tiles_at_a_time_equals_the_one_build(group_entries, pattern):
     from tuner.formats.tile_coo import build_tile_coo, build_tile_coo_grouped
     from tuner.formats.tiles import tile_entries
-    A = power_law(6000, seed=83).T.tocsr()
-    A.sort_indices()
-    lengths = np.bincount(A.indices, minlength=A.shape[1])
-    order = np.argsort(-lengths, kind="stable")
-    rank = np.empty_like(order)
-    rank[order] = np.arange(order.size)
-    B = sp.csr_matrix((A.data, rank[A.indices], A.indptr), shape=A.shape)
-    B.sort_indices()
-    lengths = lengths[order]
-    bounds = tile_bounds(lengths, 256)
+    B, lengths, bounds = columns_by_degree(83)
     assert bounds.size > 3
     data = None if pattern else B.data
     one = build_tile_coo(B.indptr, B.indices, data, tile_entries(B.indptr, B.indices, B.shape[1], bounds))

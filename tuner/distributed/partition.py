@@ -117,6 +117,20 @@ def bitonic_partition(weights: np.ndarray, parts: int, order_by: np.ndarray | No
     return RowPartition(parts=int(parts), owner=host(owner), rows=rows, weight=weight)
 
 
+def square_partition(row_lengths: np.ndarray, col_lengths: np.ndarray, parts: int, xp=np) -> RowPartition:
+    """The bitonic partition of a square matrix's rows balanced by their lengths, each rank's rows as the
+    one-GPU plan's relabelling by degree orders them (by row + column length), those whose column is empty
+    (x that no row reads: a graph's dangling nodes) after every other, where a gather can leave them out.
+
+    Example (row 1's column is empty: last on its rank):
+        >>> [r.tolist() for r in square_partition(np.array([1, 1, 1]), np.array([2, 0, 1]), 2).rows]
+        [[0], [2, 1]]
+    """
+    key = np.asarray(row_lengths).astype(np.int64) + col_lengths
+    key += (int(key.max(initial=0)) + 1) * (np.asarray(col_lengths) > 0)
+    return bitonic_partition(row_lengths, parts, order_by=key, xp=xp)
+
+
 def _by_decreasing(values: np.ndarray, xp) -> np.ndarray:
     """Indices by decreasing ``values``, ties by index: a stable sort of the negated values (integers stay
     integers, exact; floats as float64)."""

@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 
-from ..families.tile_composite import NOMINAL_ACTIVE_WARPS, fill_workload
+from ..families.tile_composite import NOMINAL_ACTIVE_WARPS, bound_workloads
 from ..formats.device_reorder import DeviceCsr, gather_rows
 from ..formats.tile_composite import TileComposite, build_tile_composite, concatenate_layouts
-from ..formats.tiles import grouped_tiles, tile_bounds
-from ..formats.xp import host, module
+from ..formats.tiles import grouped_tiles, tile_bounds, tile_runs
+from ..formats.xp import module
 from .partition import RowPartition
 
 FIRST_COLUMNS = 1 / 16  # share of x in the first chunk: the gather that is not hidden
@@ -187,7 +187,7 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
     without ``values`` (a pattern matrix, every value the same) the layout holds none. ``workloads``: the
     workload size of every tile, best the one-GPU plan's (a rank's share of a tile then runs as that plan
     runs it, in a quarter of the warps with 4 ranks); without, Algorithm 2's bounds for the rank's share of
-    each tile (:func:`~tuner.families.tile_composite.fill_workload`). With ``xp`` CuPy the rank's entries
+    each tile (:func:`~tuner.families.tile_composite.bound_workloads`). With ``xp`` CuPy the rank's entries
     are uploaded once and relabelled and laid out on the GPU (the layout's arrays CuPy arrays, equal to the
     host build's); the host only gathers the rank's rows.
 
@@ -243,9 +243,7 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
     sizes, parts = [], []
     for g in grouped_tiles(xp.asarray(indptr), plan_cols, data, bounds, xp.bincount(plan_cols, minlength=n)):
         if workloads is None:
-            lengths, runs = host(g.tiled.run_lengths), g.tiled.tile_runs
-            sizes += [fill_workload(int(lengths[a:b].max(initial=0)), int(lengths[a:b].sum()), active_warps)
-                      for a, b in zip(runs[:-1], runs[1:])]
+            sizes += bound_workloads(tile_runs(g.tiled), active_warps)
         wl = tuple(workloads[g.first:g.end]) if workloads is not None else tuple(sizes[g.first:g.end])
         parts.append(build_tile_composite(g.cols, g.vals, g.tiled, wl, False, index_dtype))
     del plan_cols, data

@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..families.tile_composite import NOMINAL_ACTIVE_WARPS, fill_workload
+from ..families.tile_composite import bound_workloads
 from ..families.tiles import widths
 from ..formats.reorder import Structure, degree_ordering
 from ..formats.tiles import RankedRuns, grouped_tiles, merge_runs, tile_bounds, tile_runs
 from ..formats.xp import host, stable_argsort
 from ..matrix import MatrixError
-from .partition import RowPartition, bitonic_partition
+from .partition import RowPartition, square_partition
 from .rank_tiles import RankRows, in_plan_numbers
 
 PIECE_ENTRIES = 1 << 27  # A's entries broadcast at once: one piece's arrays on every rank, not the graph
@@ -108,9 +108,7 @@ def shard_partition(facts: GraphFacts, parts: int, xp=np) -> RowPartition:
         >>> [r.tolist() for r in shard_partition(f, 2).rows]
         [[0], [2, 1]]
     """
-    key = facts.in_degree + facts.out_degree
-    key += (int(key.max(initial=0)) + 1) * (facts.out_degree > 0)
-    return bitonic_partition(facts.in_degree, parts, order_by=key, xp=xp)
+    return square_partition(facts.in_degree, facts.out_degree, parts, xp)
 
 
 def shard_rows(W, comm, partition: RowPartition, in_degree: np.ndarray, dtype, values: bool = True,
@@ -232,7 +230,7 @@ def shard_params(facts: GraphFacts, rows: RankRows, comm, profile=None, value_dt
     Algorithm 2 over the lookup model (:func:`~tuner.model.tile_composite.timed_partition`) sizes every
     tile of the whole matrix as the one-GPU plan does; the width whose tiles sum to the least predicted time
     wins. Without a profile: the narrowest width, each tile at Algorithm 2's bounds
-    (:func:`~tuner.families.tile_composite.fill_workload`). ``order``: :meth:`GraphFacts.plan_order`, if made."""
+    (:func:`~tuner.families.tile_composite.bound_workloads`). ``order``: :meth:`GraphFacts.plan_order`, if made."""
     from ..model.tile_composite import timed_partition
     order = facts.plan_order(xp) if order is None else order
     position = np.empty(facts.n, np.int64)
@@ -248,8 +246,7 @@ def shard_params(facts: GraphFacts, rows: RankRows, comm, profile=None, value_dt
         runs = merge_runs([_unpack_runs(a) for a in every])
         timed = timed_partition(view, width, runs, profile) if profile is not None else None
         if timed is None:
-            wls = tuple(fill_workload(*_extent(runs, t), NOMINAL_ACTIVE_WARPS) for t in range(runs.n_tiles))
-            candidate = ShardParams(int(width), wls, None)
+            candidate = ShardParams(int(width), bound_workloads(runs), None)
         else:
             candidate = ShardParams(int(width), timed[0], timed[1])
         if best is None or (None not in (candidate.predicted, best.predicted) and
@@ -261,11 +258,6 @@ def shard_params(facts: GraphFacts, rows: RankRows, comm, profile=None, value_dt
 def _unpack_runs(a: np.ndarray) -> RankedRuns:
     k = int(a[0])
     return RankedRuns(a[1:1 + k], a[1 + k:1 + 2 * k], a[1 + 2 * k:])
-
-
-def _extent(runs: RankedRuns, t: int) -> tuple[int, int]:
-    lengths, counts = runs.tile(t)
-    return (int(lengths[0]) if lengths.size else 0), int(lengths @ counts)
 
 
 def sharded_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: bool = True, profile=None,

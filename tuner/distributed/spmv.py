@@ -17,7 +17,7 @@ from .. import gpu
 from ..formats.xp import host
 from ..matrix import MatrixError, canonicalize, check_vector_dtype, check_vector_shape
 from .comm import Communicator
-from .partition import RowPartition, bitonic_partition
+from .partition import RowPartition, bitonic_partition, square_partition
 
 RANK_KERNELS = ("auto", "tiles", "compile")
 
@@ -135,15 +135,11 @@ class DistributedSpMV:
         self.comm = comm
         device_comm = comm.size > 1 and hasattr(comm, "allgather_into")
         clock = _Stages()
-        # Slots by row + column length: the key of the one-GPU plan's relabelling by degree (square A), those
-        # whose column is empty (x no row reads: a graph's dangling nodes) after every other, where a
-        # gather can leave them out. One rank keeps every row in order and counts no column.
-        key = None
-        if partition is None and comm.size > 1:
-            key = m.row_lengths.astype(np.int64) + m.col_lengths
-            key += (int(key.max(initial=0)) + 1) * (m.col_lengths > 0)
-        self.partition = partition or bitonic_partition(m.row_lengths, comm.size, order_by=key,
-                                                        xp=_sorts(device_comm))
+        # One rank keeps every row in order and counts no column.
+        if partition is None:
+            partition = square_partition(m.row_lengths, m.col_lengths, comm.size, _sorts(device_comm)) \
+                if comm.size > 1 else bitonic_partition(m.row_lengths, 1)
+        self.partition = partition
         clock.stage("partition")
         if self.partition.parts != comm.size or self.partition.owner.size != m.n_rows:
             raise ValueError(f"the partition has {self.partition.parts} parts of {self.partition.owner.size} rows; "

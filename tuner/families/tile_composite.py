@@ -105,6 +105,17 @@ def tile_extent(lengths: np.ndarray, counts: np.ndarray) -> tuple[int, int]:
     return (int(lengths[0]) if len(lengths) else 0), int(np.asarray(lengths) @ np.asarray(counts))
 
 
+def bound_workloads(runs: RankedRuns, active_warps: int = NOMINAL_ACTIVE_WARPS) -> tuple:
+    """Every tile's workload size by Algorithm 2's bounds alone (:func:`fill_workload` of its longest row and
+    entries), for a tiling whose rows are counted in ``runs``.
+
+    Example (one tile of rows 10, 5, 5 and 10,000 of one entry, over 100 warps):
+        >>> bound_workloads(RankedRuns(np.array([10, 5, 1]), np.array([1, 2, 10_000]), np.array([0, 3])), 100)
+        (100,)
+    """
+    return tuple(fill_workload(*tile_extent(*runs.tile(t)), active_warps) for t in range(runs.n_tiles))
+
+
 def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
     """Per tile width from the L1: the workload sizes of Algorithm 2 (over the lookup model when the profile
     has this family's tables: :func:`set_partition`). The camping pad is not offered: on the H100 it changes
@@ -119,7 +130,7 @@ def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
     for width, runs in zip(ws, count_tile_runs(plan, ws)):  # every width counted in one pass
         wl = _partition(plan, width, runs, profile) if profile is not None else None
         if wl is None:
-            wl = tuple(fill_workload(*tile_extent(*runs.tile(t)), NOMINAL_ACTIVE_WARPS) for t in range(runs.n_tiles))
+            wl = bound_workloads(runs)
         out.append(TileCompositeParams(width, wl, False, BLOCK_SIZE, TILE_ORDER))
     return out
 
