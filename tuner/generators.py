@@ -201,9 +201,8 @@ def kronecker_size(g_shape, g_nnz: int, k: int, seed=None) -> tuple[tuple[int, i
     the estimated peak host memory of the build (with the default permutation): 16 B per output edge with
     int32 indices (the int64 (row, column) key, the index and the float32 value), 20 B with int64; 32 B
     per edge of G for each block being made at once (one per thread this process may run, at most one per
-    block); 24-28 B per node and 32 B per edge of G. Measured as VmHWM growth for cnr-2000 scaled 3 times
-    on 2 threads: 19.8 B per output edge, against 20.2 estimated; tracemalloc on R-MAT graphs, k = 2..3:
-    the estimate is 1.15-1.4x what it traces. Beyond int64 (row, column) keys the build sorts coordinates
+    block); 24-28 B per node and 32 B per edge of G. The estimate is meant to bound the build's high-water
+    mark from above, by a few percent. Beyond int64 (row, column) keys the build sorts coordinates
     instead, at 49-53 B per output edge. ``g_shape`` may be None when unknown (an edge list before it is
     parsed): the shape is then None and the estimate counts the edges only, with int64 indices. Raises
     ValueError for a bad ``k`` or seed, or when the result could not be addressed by int64 indices.
@@ -372,7 +371,6 @@ class KroneckerBlocks:
         block_rows, block_cols: each block's place in the grid (int64).
         shape, nnz: the result's.
         row_perm, col_perm: the relabelling (one permutation for a square result), or None.
-        peak_bytes: :func:`kronecker`'s host memory at its peak.
     """
 
     g_rows: np.ndarray
@@ -384,7 +382,6 @@ class KroneckerBlocks:
     nnz: int
     row_perm: np.ndarray | None
     col_perm: np.ndarray | None
-    peak_bytes: int
 
 
 def kronecker_blocks(graph, seed=None, k: int = 1, *, permute: bool = True, rng_seed: int = 0,
@@ -418,8 +415,7 @@ def kronecker_blocks(graph, seed=None, k: int = 1, *, permute: bool = True, rng_
         row_perm = rng.permutation(shape[0])
         col_perm = row_perm if shape[0] == shape[1] else rng.permutation(shape[1])
     return KroneckerBlocks(g_rows=g_rows, g_cols=g_cols, g_shape=g_shape, block_rows=block_rows,
-                           block_cols=block_cols, shape=shape, nnz=int(nnz), row_perm=row_perm, col_perm=col_perm,
-                           peak_bytes=int(peak))
+                           block_cols=block_cols, shape=shape, nnz=int(nnz), row_perm=row_perm, col_perm=col_perm)
 
 
 def _kron_csr(g_rows, g_cols, g_shape, block_rows, block_cols, shape, row_perm, col_perm) -> sp.csr_matrix:
