@@ -562,6 +562,26 @@ def test_the_sampled_scipy_check_equals_the_whole_product_on_its_nodes():
     assert np.allclose(sampled_pull(A, x, nodes), (edge_weights(A).T @ x)[nodes], rtol=1e-12, atol=0)
 
 
+def test_the_pagerank_fixed_point_check_passes_a_converged_pagerank_and_flags_a_perturbed_one():
+    from tuner.bench_multigpu import AGREE, pagerank_residual, sampled_pull
+    from tuner.distributed.generated import kronecker_facts, kronecker_pull
+    from tuner.generators import kronecker, kronecker_blocks
+    from tuner.graph import pagerank
+    from tuner.graph.pagerank import row_sums
+    A = abs(power_law(3000, seed=77)).tocsr()
+    b = kronecker_blocks(abs(power_law(200, seed=5)).tocsr(), k=2)
+    K = kronecker(abs(power_law(200, seed=5)).tocsr(), k=2)
+    cases = ((A, lambda v, at: sampled_pull(A, v, at), row_sums(A)),
+             (K, lambda v, at: kronecker_pull(b, v, at), kronecker_facts(b).out_weight))
+    for M, pull, out_weight in cases:
+        pr = pagerank(M, tol=1e-12, tol_rule="per_node", max_iter=500, backend="scipy")
+        nodes = np.arange(M.shape[0])
+        assert pagerank_residual(pull, out_weight, pr, nodes) < 1e-9
+        off = pr.copy()
+        off[int(np.argmax(pr))] *= 1.001
+        assert pagerank_residual(pull, out_weight, off, nodes) > AGREE
+
+
 MPI_SHARE_SCRIPT = """
 import numpy as np
 from tuner.distributed import comm as comm_module

@@ -131,6 +131,7 @@ def test_a_ranks_tiles_from_its_picked_rows_equal_those_gathered_from_the_whole_
     for r, one in enumerate(expected):
         rows = RankRows(*gather_rows(Wt.indptr, Wt.indices, Wt.data, p.rows[r]))
         got = rank_tiles(rows, p, r, order, f.out_degree, 64, workloads=one.workloads)
+        assert rows.indices is None and rows.data is None  # released before the parts were joined
         for field in ("cols", "vals", "rows", "wl_slot", "wl_row", "wl_w", "wl_h", "tile_warps"):
             assert np.array_equal(getattr(got.layout, field), getattr(one.layout, field)), field
         assert (got.chunks, got.phase_warps, got.workloads) == (one.chunks, one.phase_warps, one.workloads)

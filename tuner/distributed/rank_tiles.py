@@ -33,7 +33,8 @@ RELABEL_PIECE = 1 << 27  # layout slots relabelled at once: the temporaries of o
 @dataclass(eq=False)
 class RankRows:
     """A rank's rows of Wᵀ already picked, in the order of its slots (``partition.rows[rank]``). Mutable:
-    :func:`in_plan_numbers` renumbers its columns in place.
+    :func:`in_plan_numbers` renumbers its columns in place, and :func:`rank_tiles` releases its entries
+    (``indices`` and ``data`` None) once they are laid out, before the layout's parts are joined.
 
     Attributes:
         indptr: their row pointers (int64, from 0).
@@ -247,6 +248,8 @@ def rank_tiles(Wt, partition: RowPartition, rank: int, order: np.ndarray, col_le
         wl = tuple(workloads[g.first:g.end]) if workloads is not None else tuple(sizes[g.first:g.end])
         parts.append(build_tile_composite(g.cols, g.vals, g.tiled, wl, False, index_dtype))
     del plan_cols, data
+    if isinstance(Wt, RankRows):  # spent: its entries are in the parts now, and joining them needs the room
+        Wt.indices = Wt.data = None
     layout = parts[0] if len(parts) == 1 else concatenate_layouts(parts)
     del parts
     layout = replace(layout, cols=_relabel(layout.cols, at[order].astype(index_dtype)))
