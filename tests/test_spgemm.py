@@ -637,3 +637,33 @@ def test_bench_records_a_product_too_large_for_host_memory_and_goes_on(monkeypat
     row = bench_spgemm.bench_product("rmat:8", "AA")
     assert row.ours_correct is None and "C = A B in host memory" in row.error
     assert row.products > 0 and row.source == "rmat:8"
+
+
+def test_configurations_timed_in_turns_keep_their_own_times_through_a_slow_spell(monkeypatch):
+    import types
+
+    import tuner.spgemm as spgemm
+    clock = {"now": 0.0, "calls": 0}
+
+    def costing(ms):
+        def call():
+            clock["calls"] += 1
+            slow = 10 <= clock["calls"] < 60  # a spell of 50 calls at twice the cost
+            clock["now"] += (2 if slow else 1) * ms / 1e3
+        return call
+
+    monkeypatch.setattr(spgemm, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    monkeypatch.setattr(spgemm.gpu, "synchronize", lambda: None)
+    times = spgemm.interleaved_ms({"a": costing(1.0), "b": costing(1.1)}, repeats=5)
+    assert times == pytest.approx({"a": 1.0, "b": 1.1})
+    # Timed one after the other, the spell lands on one configuration and reverses the order.
+    clock.update(now=0.0, calls=0)
+    apart = {k: spgemm.wall_ms(fn, 50, warmup=1) for k, fn in {"a": costing(1.0), "b": costing(1.1)}.items()}
+    assert apart["a"] > apart["b"]
+
+
+def test_the_model_plans_each_family_with_the_parameters_its_profile_is_measured_at():
+    import tuner.spgemm as spgemm
+    a = canonicalize(sp.random(300, 300, density=0.03, format="csr", random_state=3, dtype=np.float32))
+    plan = spgemm.model_plan(a, a, None, 116736)
+    assert plan.params == spgemm.planned_params(plan.family, plan.stats)

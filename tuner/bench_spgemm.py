@@ -18,10 +18,9 @@ import scipy.sparse as sp
 
 from . import __version__, gpu, loaders
 from .formats.row_bins import row_products
-from .spgemm import (FAMILIES, MAX_REPEATS, SPAN_MS, OuterProductParams, RowHashParams, compile_spgemm,
+from .spgemm import (FAMILIES, MAX_REPEATS, ROUNDS, SPAN_MS, compile_spgemm, interleaved_ms, planned_params,
                      timed_ms, whole)
 from .spgemm.base import DeviceMemoryError
-from .model import spgemm as model
 
 GENERATED = ("rmat:16", "rmat:18", "rmat:20")
 KRONECKER = (("email-Enron.npz", 1), ("wiki-Vote.npz", 2))  # products of a few hundred million
@@ -47,7 +46,8 @@ class SpgemmRow:
         plan: the family and parameters the model chose; predicted_ms: its prediction per family;
             family_ms: each family's measured time at the model's parameters; candidates_ms: every candidate
             ``tune='measure'`` times (family and parameters, None where it does not fit); pick_within_10pct:
-            whether the model's pick is within 10 % of the fastest of all these.
+            whether the model's pick is within 10 % of the fastest of all these. All of them are timed in
+            turns (:func:`~tuner.spgemm.interleaved_ms`), one median of each configuration.
         peak_device_bytes: the most device memory our call needed (operands, tables, output, CUB's storage).
         power_law: False for the finite-element and circuit controls.
         source: the matrix source (file or generator spec) A came from.
@@ -182,32 +182,31 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
                          check="ours refused", gflops=None, plan="", predicted_ms={}, family_ms={},
                          pick_within_10pct=None, peak_device_bytes=None, error=str(e))
     correct, how = check_product(C, A, B, products)
-    family_ms = {}
-    for name_f, family in FAMILIES.items():
-        if name_f == f.family:
-            family_ms[name_f] = timed_ms(whole(f), repeats)
-            continue
-        block = model.outer_block_for(f.plan.stats)
-        params = (RowHashParams(lanes=model.lanes_for(f.plan.stats)) if name_f == "row_hash"
-                  else OuterProductParams(block_size=block, tile=4 * block))
-        try:
-            other = compile_spgemm(A, B, params=params, cache_dir=cache_dir)
-            family_ms[name_f] = timed_ms(whole(other), repeats)
-            del other
-        except DeviceMemoryError:
-            family_ms[name_f] = None
-    ours = family_ms[f.family]
-    candidates_ms = {}
-    for name_f, family in FAMILIES.items():
-        for params in family.candidates:
+    # Every configuration compared is compiled first and all are timed in turns (interleaved_ms): the
+    # model's, the other family's at the parameters the model would run it with, and every candidate.
+    mine = f"{f.family} {f.params}"
+    family_keys = {name_f: mine if name_f == f.family else
+                   f"{name_f} {planned_params(name_f, f.plan.stats)}" for name_f in FAMILIES}
+    configs = {mine: (f.family, f.params)}
+    for name_f in FAMILIES:
+        configs.setdefault(family_keys[name_f], (name_f, planned_params(name_f, f.plan.stats)))
+        for params in FAMILIES[name_f].candidates:
+            configs.setdefault(f"{name_f} {params}", (name_f, params))
+    compiled = {mine: f}
+    for key, (_, params) in configs.items():
+        if key not in compiled:
             try:
-                other = compile_spgemm(A, B, params=params, cache_dir=cache_dir)
-                candidates_ms[f"{name_f} {params}"] = timed_ms(whole(other), repeats)
-                del other
+                compiled[key] = compile_spgemm(A, B, params=params, cache_dir=cache_dir)
             except DeviceMemoryError:
-                candidates_ms[f"{name_f} {params}"] = None
+                compiled[key] = None
+    times = interleaved_ms({k: whole(p) for k, p in compiled.items() if p is not None}, repeats)
+    del compiled
+    family_ms = {name_f: times.get(key) for name_f, key in family_keys.items()}
+    candidates_ms = {f"{name_f} {params}": times.get(f"{name_f} {params}")
+                     for name_f, family in FAMILIES.items() for params in family.candidates}
+    ours = family_ms[f.family]
     numeric = timed_ms(lambda: f(out="device"), repeats)
-    measured = [v for v in (*family_ms.values(), *candidates_ms.values()) if v is not None]
+    measured = [v for v in times.values() if v is not None]
     ms, status = _cusparse(A, B, C, correct, repeats)
     return SpgemmRow(**base, nnz_c=int(C.nnz), ours_ms=ours, ours_numeric_ms=numeric, cusparse_ms=ms,
                      speedup=None if ms is None or not status.startswith("ok") else ms / ours,
@@ -243,7 +242,8 @@ def run(suite: list[tuple[str, str]], out: Path, repeats: int = 5, cache_dir=Non
               "command": " ".join(["python -m tuner"] + sys.argv[1:]) if sys.argv else "",
               "gpu": {"name": info.name, "memory_bytes": info.memory_bytes},
               "timing": f"wall ms between device synchronisations, median of {repeats} calls or as many as take "
-                        f"{SPAN_MS:.0f} ms (at most {MAX_REPEATS}) after a warm-up; ours: "
+                        f"{SPAN_MS:.0f} ms (at most {MAX_REPEATS}) after a warm-up; ours and the other "
+                        f"configurations of a product compiled first and timed in {ROUNDS} turns; ours: "
                         "a whole product (symbolic phase rerun), C left on the device; cuSPARSE: CuPy's csr "
                         "@ csr on device operands (its symbolic and numeric phases), C on the device",
               "rows": []}

@@ -177,7 +177,7 @@ def model_plan(a: CanonicalMatrix, b: CanonicalMatrix, profile, shared_bytes: in
     """The model's choice for C = A B (no GPU needed): each family predicted from :func:`plan_stats` and the
     profile's rates; among the families whose working memory fits ``free_bytes`` (all, when None) the
     fastest predicted, row_hash with the lanes :func:`~tuner.model.spgemm.lanes_for` gives, outer_product with
-    the block :func:`~tuner.model.spgemm.outer_block_for` gives (a tile of B's row four times as long).
+    the block :func:`~tuner.model.spgemm.outer_block_for` gives (:func:`planned_params`).
 
     Example:
         >>> import scipy.sparse as sp
@@ -192,12 +192,28 @@ def model_plan(a: CanonicalMatrix, b: CanonicalMatrix, profile, shared_bytes: in
     fits = [f for f in predicted if free_bytes is None or model.working_bytes(f, stats) <= free_bytes] or [
         min(predicted, key=lambda f: model.working_bytes(f, stats))]  # none fits: the smallest says why
     best = min(fits, key=predicted.get)
-    block = model.outer_block_for(stats)
-    params = (RowHashParams(lanes=model.lanes_for(stats)) if best == "row_hash"
-              else OuterProductParams(block_size=block, tile=4 * block))
+    params = planned_params(best, stats)
     where = "" if free_bytes is None else " of the families whose working memory fits"
     return SpgemmPlan(best, params, predicted, stats=stats, rates=rates.source,
                       reason=f"lowest predicted time ({predicted[best]:.3f} ms){where}")
+
+
+def planned_params(family: str, stats: model.ProductStats):
+    """The parameters the model runs ``family`` with on a product of ``stats``: row_hash with the lanes
+    :func:`~tuner.model.spgemm.lanes_for` gives, outer_product with the block
+    :func:`~tuner.model.spgemm.outer_block_for` gives (a tile of B's row four times as long). The profile
+    times each family so, and the model predicts what runs.
+
+    Example:
+        >>> s = model.ProductStats(10, 10, 16_000, 1.0, 0, 0, 4, 4, 7, 4, pairs=1000, a_entries=1000,
+        ...                        hashed_entries=1000)
+        >>> planned_params("outer_product", s).block_size, planned_params("row_hash", s).lanes
+        (128, 16)
+    """
+    if family == "row_hash":
+        return RowHashParams(lanes=model.lanes_for(stats))
+    block = model.outer_block_for(stats)
+    return OuterProductParams(block_size=block, tile=4 * block)
 
 
 def whole(product: Product) -> Callable[[], None]:
@@ -214,14 +230,19 @@ def wall_ms(fn: Callable[[], object], repeats: int, warmup: int = 0) -> float:
     """Median wall ms of ``fn`` between device synchronisations, over ``repeats`` calls after ``warmup``."""
     for _ in range(warmup):
         fn()
+    return float(np.median(_call_ms(fn, repeats)))
+
+
+def _call_ms(fn: Callable[[], object], calls: int) -> list[float]:
+    """Wall ms of each of ``calls`` calls of ``fn``, between device synchronisations."""
     times = []
-    for _ in range(repeats):
+    for _ in range(calls):
         gpu.synchronize()
         t = time.perf_counter()
         fn()
         gpu.synchronize()
         times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+    return times
 
 
 SPAN_MS = 200.0  # a product is timed over at least this much in all (up to MAX_REPEATS calls)
@@ -243,6 +264,28 @@ def repeats_for(first_ms: float, repeats: int) -> int:
 def timed_ms(fn, repeats: int) -> float:
     """:func:`wall_ms` of ``fn`` (after a warm-up call) over :func:`repeats_for` calls."""
     return wall_ms(fn, repeats_for(wall_ms(fn, 1, warmup=1), repeats))
+
+
+ROUNDS = 4  # turns in which configurations compared with each other are timed
+
+
+def interleaved_ms(runs: dict, repeats: int, rounds: int = ROUNDS) -> dict:
+    """Median wall ms of each callable of ``runs`` (name -> callable), timed in turns: after a warm-up call
+    and a first timed one each, ``rounds`` rounds in which every callable makes its share of the
+    :func:`repeats_for` calls it needs, the median taken over all its calls. A spell in which the host or
+    the device runs slow (sub-millisecond products vary by tens of percent for seconds at a time) then falls
+    on every configuration alike, not on whichever was being timed: what a comparison of them needs.
+
+    Example (on a GPU machine):
+        >>> interleaved_ms({"a": whole(f), "b": whole(g)}, 5)      # doctest: +SKIP
+        {'a': 0.41, 'b': 0.57}
+    """
+    shares = {k: -(-repeats_for(wall_ms(fn, 1, warmup=1), repeats) // rounds) for k, fn in runs.items()}
+    times = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, fn in runs.items():
+            times[k] += _call_ms(fn, shares[k])
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 def operand_bytes(a: CanonicalMatrix, b: CanonicalMatrix) -> int:

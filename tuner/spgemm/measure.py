@@ -12,7 +12,7 @@ from ..cache import Cache
 from ..generators import rmat
 from ..matrix import canonicalize
 from ..model import spgemm as model
-from . import FAMILIES, plan_stats, timed_ms, whole
+from . import FAMILIES, plan_stats, planned_params, timed_ms, whole
 from .row_hash import RowHashParams, profile_shared_limit, shared_limit
 
 # "kind:scale:edge factor operation": graphs whose products run from about 1M to 150M scalar products. The
@@ -96,7 +96,8 @@ def refit(section: dict, limit: int | None = None) -> dict:
 
 
 def measure(cache: Cache, repeats: int = 5, progress=None) -> dict:
-    """Time every family on :data:`PRODUCTS`; returns {"runs": [...], "rates": {phase: ms per unit}}.
+    """Time every family on :data:`PRODUCTS` with the parameters the model plans for each
+    (:func:`~tuner.spgemm.planned_params`); returns {"runs": [...], "rates": {phase: ms per unit}}.
 
     Example (on a GPU machine):
         >>> sorted(measure(Cache())["rates"])[:2]  # doctest: +SKIP
@@ -108,7 +109,8 @@ def measure(cache: Cache, repeats: int = 5, progress=None) -> dict:
         a, b = operands_of(name)
         stats = plan_stats(a, b, RowHashParams(), shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm))
         for family in FAMILIES.values():
-            product = family.build(a, b, family.params(), cache)
+            # At the parameters the model plans, so that the rates predict what runs.
+            product = family.build(a, b, planned_params(family.name, stats), cache)
             ms = phase_ms(product, repeats)
             whole_ms = timed_ms(whole(product), repeats)  # as a product runs: no waits between phases
             nnz_c = int(product(out="device").nnz)
