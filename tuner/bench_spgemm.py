@@ -197,6 +197,7 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
         if key not in compiled:
             try:
                 compiled[key] = compile_spgemm(A, B, params=params, cache_dir=cache_dir)
+                whole(compiled[key])()  # a call may find its working memory too large only when it runs
             except DeviceMemoryError:
                 compiled[key] = None
     times = interleaved_ms({k: whole(p) for k, p in compiled.items() if p is not None}, repeats)

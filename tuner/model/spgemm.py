@@ -40,12 +40,12 @@ KEY_BYTES = 8  # outer_product's (row * n_cols + column) keys
 # heaviest rows to dense accumulators): theirs come from products that had global rows.
 REFERENCE_BANDWIDTH_GBS = 3006.0
 REFERENCE_RATES = {
-    "hash.bins": 3.7844e-02, "hash.numeric_dense": 1.0183e-08, "hash.numeric_dense/spans": 5.5323e-07,
-    "hash.numeric_global": 5.4780e-08, "hash.numeric_shared": 4.7893e-08, "hash.rows": 2.5843e-07,
-    "hash.sort": 2.5266e-11, "hash.symbolic_dense": 3.4195e-09, "hash.symbolic_global": 1.9908e-08,
-    "hash.symbolic_shared": 4.5695e-08, "hash:fixed": 0.0000e+00, "outer.csr": 8.0464e-10,
-    "outer.expand": 2.0661e-09, "outer.expand/pairs": 6.5153e-07, "outer.reduce": 6.5821e-10,
-    "outer.sort": 8.8850e-10, "outer:fixed": 2.5663e-01,
+    "hash.bins": 5.1508e-02, "hash.numeric_dense": 9.6219e-09, "hash.numeric_dense/spans": 5.5474e-07,
+    "hash.numeric_global": 5.4780e-08, "hash.numeric_shared": 4.0570e-08, "hash.rows": 1.8936e-08,
+    "hash.sort": 0.0000e+00, "hash.symbolic_dense": 3.2822e-09, "hash.symbolic_global": 1.9908e-08,
+    "hash.symbolic_shared": 3.1268e-08, "hash:fixed": 8.5958e-02, "outer.csr": 7.9260e-10,
+    "outer.expand": 1.3131e-09, "outer.expand/pairs": 1.9918e-07, "outer.reduce": 6.8475e-10,
+    "outer.sort": 8.9659e-10, "outer:fixed": 3.5326e-01,
 }
 
 
