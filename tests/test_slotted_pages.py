@@ -192,30 +192,22 @@ def test_running_sum_of_partials_equals_their_sum_and_holds_a_few_sums():
 
 
 def test_partials_of_a_product_without_rows_sum_to_an_empty_matrix():
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tuner.spgemm.slotted import BlockedSum
-    with ThreadPoolExecutor(2) as pool:
-        s = BlockedSum((0, 5), np.float32, pool, 4)
-        s.add(sp.csr_matrix((0, 5), dtype=np.float32))
-        got = s.result()
+    from tuner.spgemm.slotted import BackgroundSum
+    s = BackgroundSum((0, 5), np.float32)
+    s.add(sp.csr_matrix((0, 5), dtype=np.float32))
+    got = s.result()
     assert got.shape == (0, 5) and got.nnz == 0
 
 
-@pytest.mark.parametrize("blocks", [1, 3, 7, 100])
-def test_partials_summed_by_row_blocks_on_threads_equal_one_running_sum_bit_for_bit(blocks):
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tuner.spgemm.slotted import BlockedSum, RunningSum
+def test_partials_summed_on_a_background_thread_equal_one_running_sum_bit_for_bit():
+    from tuner.spgemm.slotted import BackgroundSum, RunningSum
     parts = [sp.random(60, 30, density=0.15, format="csr", random_state=k, dtype=np.float32) for k in range(13)]
-    one = RunningSum((60, 30), np.float32)
-    with ThreadPoolExecutor(4) as pool:
-        blocked = BlockedSum((60, 30), np.float32, pool, blocks)
-        for c in parts:
-            one.add(c)
-            blocked.add(c)
-        got = blocked.result()
-    want = one.result()
+    one, behind = RunningSum((60, 30), np.float32), BackgroundSum((60, 30), np.float32)
+    for c in parts:
+        one.add(c)
+        behind.add(c)
+    got, want = behind.result(), one.result()
     assert got.has_sorted_indices and got.dtype == want.dtype
     assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
-    assert np.array_equal(got.data, want.data)  # the same additions in the same order, row by row
+    assert np.array_equal(got.data, want.data)  # the same additions in the same order
+    assert abs(want - sum(p.astype(np.float64) for p in parts)).max() < 1e-5

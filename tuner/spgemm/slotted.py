@@ -6,8 +6,8 @@ contiguous range of A's CSC entries and of B's CSR entries, whose outer products
 page, the page's operands go to the GPU, the outer_product family expands, sorts and sums them there
 (:class:`~tuner.spgemm.outer_product.OuterProduct` on the page), and the partial C comes back to host
 memory; C is the sum of the partials, added up on the host as they come (CSR plus CSR, sums of like size
-together, so that every entry is merged about log2(pages) times), by blocks of rows on several threads
-while the next page runs on the GPU (:class:`BlockedSum`). The page's operands are cut
+together, so that every entry is merged about log2(pages) times), on a thread of their own while the next
+page runs on the GPU (:class:`BackgroundSum`). The page's operands are cut
 when the product is compiled, so a call copies, multiplies and downloads.
 
 The page size is the model's: among powers of two whose heaviest page fits the budget (:func:`page_need`),
@@ -22,7 +22,6 @@ take most of a call (bench-stream-spgemm.json).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,7 +39,6 @@ from .base import DeviceMemoryError, Product
 from .outer_product import OuterProduct, OuterProductParams, Prepared, operands, prepare
 
 PIN_SHARE = 4  # the pages' uploads are page-locked where they take at most 1/PIN_SHARE of the free host memory
-SUM_BLOCKS_PER_THREAD = 4  # blocks of C's rows per summing thread: uneven rows still keep every thread busy
 SORT_COPIES = 3  # the expansion's keys and values held three times at the sort: input, output, CUB's own copy
 SMALLEST_PAGE = 64  # entries
 H2D_GBS = 48.0  # pinned host-to-device and device-to-host rates (GB/s) where none is measured: the H100's
@@ -206,45 +204,38 @@ class RunningSum:
         return sp.csr_matrix(c, dtype=self.dtype)
 
 
-class BlockedSum:
-    """:class:`RunningSum` per block of C's rows, each block's additions on a thread of ``pool`` (SciPy's
-    CSR sums release the GIL) while the caller goes on (the next page's copies and kernels): every row
-    receives the partials in the same order and pairing as one RunningSum gives it, so the result is the
-    same, bit for bit. A block's additions run in the order they came; :meth:`result` waits for them.
+class BackgroundSum:
+    """:class:`RunningSum` whose additions run on a thread of their own while the caller goes on (the next
+    page's copies and kernels): the partials are added in the order they came, each after the one before
+    it, so the result is one RunningSum's, bit for bit, and at most one partial waits. One thread: SciPy's
+    CSR sum runs in C++, but cutting C into row blocks for several threads costs a Python slice per block
+    and page, and those threads then queue for the interpreter's lock.
 
     Example:
-        >>> from concurrent.futures import ThreadPoolExecutor
-        >>> with ThreadPoolExecutor(2) as pool:
-        ...     s = BlockedSum((3, 2), np.float64, pool, blocks=2)
-        ...     for k in range(5): s.add(sp.csr_matrix(np.array([[k, 0], [0, 1.0], [2.0, 0]])))
-        ...     s.result().toarray().tolist()
-        [[10.0, 0.0], [0.0, 5.0], [10.0, 0.0]]
+        >>> s = BackgroundSum((2, 2), np.float64)
+        >>> for k in range(5): s.add(sp.csr_matrix(np.array([[k, 0], [0, 1.0]])))
+        >>> s.result().toarray().tolist()
+        [[10.0, 0.0], [0.0, 5.0]]
     """
 
-    def __init__(self, shape: tuple[int, int], dtype, pool, blocks: int):
-        self.shape, self.pool = shape, pool
-        self.cuts = np.unique(np.linspace(0, shape[0], max(int(blocks), 1) + 1).astype(np.int64))
-        if self.cuts.size < 2:  # no rows: one empty block
-            self.cuts = np.array([0, shape[0]], np.int64)
-        self.sums = [RunningSum((int(hi - lo), shape[1]), dtype) for lo, hi in zip(self.cuts, self.cuts[1:])]
-        self._pending = [None] * len(self.sums)
+    def __init__(self, shape: tuple[int, int], dtype):
+        self.sum = RunningSum(shape, dtype)
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self._pending = None
 
     def add(self, c: sp.csr_matrix) -> None:
-        for b, (lo, hi) in enumerate(zip(self.cuts[:-1].tolist(), self.cuts[1:].tolist())):
-            if self._pending[b] is not None:
-                self._pending[b].result()  # the block's previous partial first: its order is the one sum's
-            self._pending[b] = self.pool.submit(lambda b=b, lo=lo, hi=hi: self.sums[b].add(c[lo:hi]))
+        if self._pending is not None:
+            self._pending.result()
+        self._pending = self._pool.submit(self.sum.add, c)
 
     def result(self) -> sp.csr_matrix:
-        for f in self._pending:
-            if f is not None:
-                f.result()
-        blocks = list(self.pool.map(lambda s: s.result(), self.sums))
-        if len(blocks) == 1:
-            return blocks[0]
-        out = sp.vstack(blocks, format="csr")
-        out.has_sorted_indices = all(b.has_sorted_indices for b in blocks)
-        return out
+        """The sum, once every addition is done (the thread is then let go)."""
+        try:
+            if self._pending is not None:
+                self._pending.result()
+            return self.sum.result()
+        finally:
+            self._pool.shutdown()
 
 
 class SlottedProduct(Product):
@@ -335,25 +326,23 @@ class SlottedProduct(Product):
         self.seconds = {}
         t = time.perf_counter()
         self.up_bytes = self.down_bytes = 0
-        workers = _workers()
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            total = BlockedSum(self.shape, self.dtype, pool, blocks=SUM_BLOCKS_PER_THREAD * workers)
-            page = None
-            for a, b, prepared in self._operands:  # one set of kernels, loaded once, for every page
-                if page is None:
-                    page = OuterProduct(a, b, self.params, self.cache, prepared)
-                    self._pin(page.index_dtype)
-                else:
-                    page.rebind(a, b, prepared)
-                c = page(out="scipy")
-                self.up_bytes += sum(x.nbytes for m in (a, b)
-                                     for x in (m.indptr, m.indices) + (() if m.value_free else (m.data,)))
-                self.down_bytes += c.indptr.nbytes + c.indices.nbytes + c.data.nbytes
-                self.peak_bytes = max(self.peak_bytes, page.peak_bytes)
-                total.add(c)  # summed on the pool's threads while the next page runs
-            del page
-            t2 = time.perf_counter()
-            c = total.result()
+        total = BackgroundSum(self.shape, self.dtype)
+        page = None
+        for a, b, prepared in self._operands:  # one set of kernels, loaded once, for every page
+            if page is None:
+                page = OuterProduct(a, b, self.params, self.cache, prepared)
+                self._pin(page.index_dtype)
+            else:
+                page.rebind(a, b, prepared)
+            c = page(out="scipy")
+            self.up_bytes += sum(x.nbytes for m in (a, b)
+                                 for x in (m.indptr, m.indices) + (() if m.value_free else (m.data,)))
+            self.down_bytes += c.indptr.nbytes + c.indices.nbytes + c.data.nbytes
+            self.peak_bytes = max(self.peak_bytes, page.peak_bytes)
+            total.add(c)  # summed on its thread while the next page runs
+        del page
+        t2 = time.perf_counter()
+        c = total.result()
         if self.value_free:
             c.data *= self.dtype.type(self.pattern_value)
         c.sort_indices()
@@ -362,10 +351,3 @@ class SlottedProduct(Product):
             self.seconds["assemble"] = time.perf_counter() - t2
         return c
 
-
-def _workers() -> int:
-    """Threads that sum the partials: the CPUs this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
