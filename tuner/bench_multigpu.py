@@ -150,10 +150,9 @@ def pagerank_residual(pull, out_weight: np.ndarray, pr: np.ndarray, nodes: np.nd
                       alpha: float = 0.85) -> float:
     """How far PageRank's ``pr`` (uniform teleport and dangling) is from its fixed point at ``nodes``: one
     power iteration F done there in float64, max |F(pr) - pr| over them relative to the largest rank (as
-    the other checks compare results). ``pull(x, nodes)``
-    gives (Wᵀ x)[nodes] (:func:`sampled_pull`); ``out_weight``: every node's summed out-weights (0:
-    dangling). A converged PageRank's residual is its last change: the check of a graph with no other
-    reference, independent of the GPUs' products.
+    the other checks compare results). ``pull(x, nodes)`` gives (Wᵀ x)[nodes] (:func:`sampled_pull`);
+    ``out_weight``: every node's summed out-weights (0: dangling). A converged PageRank's residual is its
+    last change: the check of a graph with no other reference, independent of the GPUs' products.
 
     Example (a 3-cycle: every rank 1/3, a fixed point; ranks off it are found):
         >>> import scipy.sparse as sp
