@@ -8,7 +8,7 @@ Rows (models/<gpu-slug>/bench-stream.json), one per (op, graph, budget):
 * ``pagerank``: :func:`tuner.pagerank` on the device with the budget (Aᵀ streamed every iteration, the rank
   vectors on the GPU), to a per-node change below ``bench_graph.TOL``; ``ours_s`` per iteration.
 * ``spgemm``: C = A B in slotted pages (:mod:`tuner.spgemm.slotted`) under a budget of an eighth of the
-  in-memory product's working set (:data:`SPGEMM_SHARE`), C assembled in host memory; ``in_memory_s`` the
+  outer product's working set (:func:`slotted_budget`), C assembled in host memory; ``in_memory_s`` the
   same product in memory with C brought to the host, ``bound_s`` that plus the streamed bytes at the measured
   host-to-device rate; ``page_sizes`` the model's predicted and the measured seconds of the chosen page size
   and of pages a half and a quarter of it, and a call's seconds in its pages and in the host's assembly of C
@@ -56,7 +56,8 @@ class StreamRow:
 
     Attributes:
         op, name, nnz: what ran on which graph.
-        budget_bytes: the device-memory limit; data_bytes: the matrix's CSR (indices, values, row pointers).
+        budget_bytes: the device-memory limit; data_bytes: the matrix's CSR (indices, values, row pointers);
+            for SpGEMM the outer product's working set the budget is an eighth of.
         streamed_bytes: bytes that cross PCIe a product; parts: the parts a product is cut into.
         passes: products (or iterations) timed.
         ours_s: a streamed product (PageRank: an iteration), median.
@@ -166,7 +167,26 @@ def pagerank_row(source: str, limit: str, h2d: float) -> StreamRow:
 
 
 SPGEMM_SUITE = (("wiki-Vote.npz", "AA"), ("cit-HepPh.npz", "AAT"), ("cnr-2000.npz", "AA"))
-SPGEMM_SHARE = 8  # the budget is the in-memory product's working set over this
+SPGEMM_SHARE = 8  # the budget is the slotted product's working set over this
+
+
+def slotted_budget(stats, a, b) -> int:
+    """The budget a slotted-page product of ``a`` and ``b`` (canonical, with the model's ``stats``) is
+    benchmarked under: an eighth of the working set of the family its pages run, the outer product (its
+    expansion twice, and the operands), so that the budget does not move with the in-memory family the
+    model happens to pick.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> from tuner.matrix import canonicalize
+        >>> from tuner.model.spgemm import ProductStats
+        >>> a = canonicalize(sp.eye(4, format="csr", dtype="float32"))
+        >>> slotted_budget(ProductStats(4, 4, 1000, 4.0, 0, 0, 4, 4, 4, 4), a, a)   # (2 x 1000 x 12 + 144) / 8
+        3018
+    """
+    from .model import spgemm as model
+    from .spgemm import operand_bytes
+    return int(model.working_bytes("outer_product", stats) + operand_bytes(a, b)) // SPGEMM_SHARE
 
 
 def spgemm_suite(data_dir=None) -> list[tuple[str, str]]:
@@ -181,20 +201,19 @@ def spgemm_suite(data_dir=None) -> list[tuple[str, str]]:
 
 
 def spgemm_row(source: str, op: str, h2d: float, repeats: int = 3) -> StreamRow:
-    """C = A B (or A Aᵀ) in slotted pages under :data:`SPGEMM_SHARE` of its in-memory working set."""
-    from .model import spgemm as model
-    from .spgemm import compile_spgemm, operand_bytes
+    """C = A B (or A Aᵀ) in slotted pages under :func:`slotted_budget`."""
+    from .spgemm import compile_spgemm
     from .spgemm.slotted import SlottedProduct
     from .formats.slotted_pages import slotted_pages
     A = loaders.load(source).tocsr()
     B = A if op == "AA" else A.T.tocsr()
     in_memory = compile_spgemm(A, B)
     a, b = in_memory.a, in_memory.b
-    working = int(model.working_bytes(in_memory.plan.family, in_memory.plan.stats) + operand_bytes(a, b))
+    budget = slotted_budget(in_memory.plan.stats, a, b)
+    working = budget * SPGEMM_SHARE
     ref = in_memory()
     in_memory_s = _median_wall_s(in_memory, repeats)
     del in_memory
-    budget = working // SPGEMM_SHARE
     f = compile_spgemm(A, B, device_memory_limit=budget)
     if not isinstance(f, SlottedProduct):
         raise ValueError(f"{source} {op} fits {budget:,} bytes: it streams only over its budget")

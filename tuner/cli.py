@@ -801,7 +801,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "iteration); time them against the host-to-device bandwidth measured in the same "
                                    "run and the same product in memory; check against SciPy and PageRank in memory. "
                                    "With --op spgemm: A·A and A·Aᵀ of the data folder's wiki-Vote, cit-HepPh and "
-                                   "cnr-2000 in slotted pages under an eighth of their in-memory working set, each "
+                                   "cnr-2000 in slotted pages under an eighth of their outer-product working set, each "
                                    "at the model's page size and at a half and a quarter of it. "
                                    "Writes bench-stream.json after each row.")
     p.add_argument("suite", nargs="*", help=f"GRAPH@BUDGET items, e.g. rmat:25@512M (GRAPH: {MATRIX_HELP}; "
