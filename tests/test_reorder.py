@@ -279,3 +279,17 @@ def test_a_tiled_layout_built_on_the_device_a_group_of_tiles_at_a_time_equals_th
         for (label, a), (_, b) in zip(host.arrays, dev.arrays):
             assert a.dtype == b.dtype and np.array_equal(a, b), label
         assert (host.scalars, host.grid) == (dev.scalars, dev.grid)
+
+
+@pytest.mark.parametrize("n_cols", [3000, 4000])
+def test_an_ordering_made_on_the_device_carries_the_relabelled_column_lengths(monkeypatch, n_cols):
+    m = canonicalize(power_law(3000, n_cols=n_cols, seed=23))
+    on_host = make_ordering(canonicalize(power_law(3000, n_cols=n_cols, seed=23)), "degree")
+    device_reorder = _numpy_device(monkeypatch)
+    counted = []
+    monkeypatch.setattr(device_reorder, "col_lengths", lambda *a: counted.append(a) or pytest.fail("recounted"))
+    o = make_ordering(m, "degree")
+    assert on_host.col_lengths is None and np.array_equal(o.row_order, on_host.row_order)
+    assert np.array_equal(o.col_lengths, m.col_lengths[o.col_order])
+    b = permute(m, o)
+    assert np.array_equal(b.col_lengths, np.bincount(np.asarray(b.indices), minlength=b.n_cols)) and not counted

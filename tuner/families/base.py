@@ -296,12 +296,14 @@ def ordered_device_launch(m: CanonicalMatrix, order: str,
                           build: Callable[[CanonicalMatrix, DeviceCsr, np.ndarray], Launch]) -> Launch:
     """:func:`ordered_launch` on the GPU: ``build`` gets ``m`` (whose sizes and types the relabelled matrix
     shares), the relabelled matrix's device arrays (:func:`device_matrix`) and its column lengths (counted
-    there: nothing of the relabelled matrix is needed on the host)."""
+    there unless the ordering or ``m`` already knows them: nothing of the relabelled matrix is needed on
+    the host)."""
     csr = device_matrix(m, order)
-    built = build(m, csr, device_reorder.col_lengths(csr, m.n_cols))
-    if order == NONE:
-        return built
     o = ordering(m, order)
+    known = m.__dict__.get("col_lengths") if o is None else o.col_lengths
+    built = build(m, csr, known if known is not None else device_reorder.col_lengths(csr, m.n_cols))
+    if o is None:
+        return built
     return replace(built, x_gather=o.col_order, y_gather=o.row_rank)
 
 
