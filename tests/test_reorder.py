@@ -293,3 +293,14 @@ def test_an_ordering_made_on_the_device_carries_the_relabelled_column_lengths(mo
     assert np.array_equal(o.col_lengths, m.col_lengths[o.col_order])
     b = permute(m, o)
     assert np.array_equal(b.col_lengths, np.bincount(np.asarray(b.indices), minlength=b.n_cols)) and not counted
+
+
+def test_the_plan_key_digest_is_taken_while_the_gpu_relabels_the_matrix(monkeypatch):
+    from tuner import compiler
+    from tuner.families.base import known_layout
+    from tuner.matrix import structure_digest
+    m = canonicalize(power_law(3000, seed=24))
+    expected = structure_digest(canonicalize(power_law(3000, seed=24)))
+    _numpy_device(monkeypatch)
+    assert compiler._digest_beside_relabelling(m) == expected
+    assert known_layout(m, ("permuted", "degree")) is not None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,6 +12,8 @@ from . import codegen, families, gpu, layouts, paths, planner, streaming, tiered
 from .cache import Cache
 from .families.base import Specialization, drop_device_copies, memo_state, ordered_matrix, restore
 from .families.tiles import TILE_ORDER
+from .formats import device_reorder
+from .formats.reorder import relabel_bytes
 from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
 from .model import Profile, load_profile, predicted_candidates
 from .search import optuna_search
@@ -340,7 +343,7 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
 
 def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials: int, profile) -> SpMV:
     """The tuned kernel of :func:`compile`: the plan from the cache or made now, its binary and layout."""
-    digest = structure_digest(m)
+    digest = _digest_beside_relabelling(m)
     prof = _profile(info, profile)
     if prof is None and tune != "exhaustive":
         log.warning("no GPU profile for %s (run `python -m tuner profile`): tune=%r falls back to 'exhaustive'",
@@ -379,18 +382,38 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     if any(t.measured_ms is not None for t in ranking):
         seconds["select"] = time.perf_counter() - t0
     chosen = next(t for t in ranking if t.family == best.family and t.params == families.params_dict(best.params))
-    plan = planner.Plan(family=best.family, params=families.params_dict(best.params),
-                        predicted_ms=chosen.predicted_ms, measured_ms=chosen.measured_ms, fingerprint=digest,
-                        value_dtype=m.value_dtype.name, index_dtype=m.index_dtype.name,
-                        value_free=m.value_free, arch=info.arch, binary_key=build([best])[0].key, tune=tune,
-                        ranking=ranking, features=structure_features(m), seconds=seconds)
+    binary_key = build([best])[0].key
+    # The plan's summary statistics (host passes over the rows and columns) are counted while the layout is
+    # built, mostly on the GPU.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        features = pool.submit(structure_features, m)
+        launch, how = layouts.launch_for(m, best, cache, digest)
+        plan = planner.Plan(family=best.family, params=families.params_dict(best.params),
+                            predicted_ms=chosen.predicted_ms, measured_ms=chosen.measured_ms, fingerprint=digest,
+                            value_dtype=m.value_dtype.name, index_dtype=m.index_dtype.name,
+                            value_free=m.value_free, arch=info.arch, binary_key=binary_key, tune=tune,
+                            ranking=ranking, features=features.result(), seconds=seconds)
     planner.store_plan(cache, key, plan)
-    return _spmv(m, best, binaries[id(best)].cubin, plan, cache, digest)
+    return _spmv(m, best, binaries[id(best)].cubin, plan, cache, digest, (launch, how))
 
 
-def _spmv(m: CanonicalMatrix, spec, cubin: bytes, plan, cache: Cache, digest: str) -> SpMV:
-    """The callable, its layout loaded from the layout cache or built (and kept there when that pays)."""
-    launch, how = layouts.launch_for(m, spec, cache, digest)
+def _digest_beside_relabelling(m: CanonicalMatrix) -> str:
+    """``m``'s structure digest (the plan cache's key; a hash of every index, on the host's cores) while
+    this thread relabels ``m`` for the tiled candidates where that runs on the GPU: the planner starts with
+    it, and the plans of large power-law graphs use it, so on a plan-cache hit it is seldom wasted (a
+    plan in the caller's order drops it with the other device copies)."""
+    if not device_reorder.usable(m.n_rows, m.n_cols, m.nnz, relabel_bytes(m)):
+        return structure_digest(m)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        digest = pool.submit(structure_digest, m)
+        ordered_matrix(m, TILE_ORDER)
+        return digest.result()
+
+
+def _spmv(m: CanonicalMatrix, spec, cubin: bytes, plan, cache: Cache, digest: str, layout=None) -> SpMV:
+    """The callable, its layout (``layout``: (launch, how) already made) loaded from the layout cache or
+    built (and kept there when that pays)."""
+    launch, how = layout if layout is not None else layouts.launch_for(m, spec, cache, digest)
     spmv = SpMV(m, spec, cubin, plan, launch=launch, layout_source=how)
     drop_device_copies(m)
     return spmv

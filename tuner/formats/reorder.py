@@ -125,7 +125,7 @@ def make_ordering(m: CanonicalMatrix, name: str) -> Ordering | None:
     build = ORDERINGS[name]
     if build is None:
         return None
-    if device_reorder.usable(m.n_rows, m.n_cols, m.nnz, _relabel_bytes(m)):
+    if device_reorder.usable(m.n_rows, m.n_cols, m.nnz, relabel_bytes(m)):
         try:
             return _ordering_on_device(m, build)
         except MemoryError as e:  # CuPy's OutOfMemoryError is one: the host orders it instead
@@ -134,8 +134,14 @@ def make_ordering(m: CanonicalMatrix, name: str) -> Ordering | None:
     return build(m.row_lengths, m.col_lengths, m.index_dtype)
 
 
-def _relabel_bytes(m: CanonicalMatrix) -> int:
-    """Device memory the relabelling of ``m`` needs (its upload, the relabelled copy, one piece's work)."""
+def relabel_bytes(m: CanonicalMatrix) -> int:
+    """Device memory the relabelling of ``m`` needs (its upload, the relabelled copy, one piece's work).
+
+    Example (2M int32 pattern entries: two copies of 8 MB and 64 B of work an entry):
+        >>> from tuner.matrix import canonicalize
+        >>> relabel_bytes(canonicalize(sp.random(2000, 2000, density=0.5, format="csr", random_state=0) > 0))
+        144000000
+    """
     entry = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
     return device_reorder.relabel_bytes(m.nnz, entry)
 
@@ -191,7 +197,7 @@ def permute(m: CanonicalMatrix, o: Ordering) -> CanonicalMatrix:
     """
     col_rank = col_ranks(o)
     csr = None
-    if device_reorder.usable(m.n_rows, m.n_cols, m.nnz, _relabel_bytes(m)):
+    if device_reorder.usable(m.n_rows, m.n_cols, m.nnz, relabel_bytes(m)):
         try:
             csr = device_reorder.permute_device(device_reorder.device_csr(m), o.row_order, col_rank)
             # Row pointers now (the model's row samples read them); entries only if the host reads them,
