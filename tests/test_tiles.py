@@ -453,6 +453,15 @@ def test_with_a_profile_the_space_uses_its_l1_and_algorithm_2(profile):
                        for wl, r in zip(s.params.workloads, ranked) if r.size)
 
 
+def test_the_widths_partitioned_side_by_side_give_the_workloads_of_one_after_another(profile, monkeypatch):
+    from tuner.families import tile_composite as tc
+    prof = Profile.from_json(fake_profile_json(l1_sectors=128.0))
+    one_after_another = tc.space(canonicalize(power_law(6000, seed=18)), prof)
+    monkeypatch.setattr(tc, "PARALLEL_ENTRIES", 0)
+    side_by_side = tc.space(canonicalize(power_law(6000, seed=18)), prof)
+    assert len(side_by_side) == 3 and side_by_side == one_after_another
+
+
 def tiled_case():
     """A profile whose L1 holds 16 sectors and an R-MAT graph cut into tiles of 32 to 128 columns (the full
     tiles fit that L1, the last one, of the columns with one entry or none, does not: its gather shares

@@ -9,6 +9,7 @@ alone (the largest multiple of the tile's longest row that still fills the GPU o
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,7 +18,7 @@ import numpy as np
 from ..formats.device_reorder import WORK_BYTES_PER_ENTRY
 from ..formats.tile_composite import (Shapes, TileComposite, build_tile_composite, build_tile_composite_grouped,
                                       evaluate_tile_composite, pack_runs, tile_ranks)
-from ..formats.tiles import GROUP_ENTRIES, RankedRuns, tile_bounds
+from ..formats.tiles import GROUP_ENTRIES, PARALLEL_ENTRIES, RankedRuns, tile_bounds
 from ..matrix import CanonicalMatrix
 from .base import (UNROLL, Family, Launch, check_launch, ceil_div, ordered_device_launch, ordered_launch, ordered_matrix,
                    shared_layout)
@@ -124,15 +125,19 @@ def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
     if profile is not None and _partition is None:
         raise RuntimeError("tile_composite was given a profile but no model to read it: import tuner.model")
     plan = ordered_matrix(m, TILE_ORDER)
-
-    out = []
     ws = widths(m, profile)
-    for width, runs in zip(ws, count_tile_runs(plan, ws)):  # every width counted in one pass
+    counted = count_tile_runs(plan, ws)  # every width counted in one pass
+
+    def params(width, runs):
         wl = _partition(plan, width, runs, profile) if profile is not None else None
-        if wl is None:
-            wl = bound_workloads(runs)
-        out.append(TileCompositeParams(width, wl, False, BLOCK_SIZE, TILE_ORDER))
-    return out
+        return TileCompositeParams(width, wl if wl is not None else bound_workloads(runs), False, BLOCK_SIZE,
+                                   TILE_ORDER)
+    if profile is not None and len(ws) > 1 and m.nnz >= PARALLEL_ENTRIES:
+        # The widths' partitions share nothing but the plan matrix: its gather shares and packings are
+        # whole-array passes (hundreds of milliseconds apiece on 500M entries) that run side by side.
+        with ThreadPoolExecutor(max_workers=len(ws)) as pool:
+            return list(pool.map(params, ws, counted))
+    return [params(w, r) for w, r in zip(ws, counted)]
 
 
 def layout_of(m: CanonicalMatrix, p: TileCompositeParams) -> TileComposite:
