@@ -209,17 +209,6 @@ def test_candidates_and_predictions_built_together_equal_those_built_in_turn(pro
     assert len({s.family for s in specs}) == 5
 
 
-def test_candidates_predicted_on_many_threads_equal_those_predicted_in_turn(profile, monkeypatch):
-    from tuner.model import lookup
-    A = power_law(5000, seed=23)
-    m = canonicalize(A)
-    specs = families.specializations(m, profile=profile)
-    in_turn = predict_many(m, specs, profile, workers=1)
-    monkeypatch.setattr(lookup, "PARALLEL_ROWS", 0)
-    again = canonicalize(A)
-    assert predict_many(again, families.specializations(again, profile=profile), profile, workers=4) == in_turn
-
-
 def test_a_layout_asked_for_on_many_threads_at_once_is_built_once():
     import threading
     import time

@@ -240,25 +240,13 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
                  ) -> list[float | None]:
     """:func:`predict_lookup` of every candidate, their warp segments built first, in parallel (on
     ``workers`` threads; default :func:`~tuner.model.warps.prebuild`'s); None for a candidate the profile
-    cannot predict (:func:`can_predict`). On a matrix of more than :data:`PARALLEL_ROWS` rows the candidates
-    are then predicted on those threads too: their gather shares sample blocks of rows, passes that
-    release the interpreter for most of their time (on fewer rows the threads would only queue for it).
+    cannot predict (:func:`can_predict`).
 
     Example: see tests/test_model.py (needs a profile).
     """
     ok = [can_predict(m, spec, profile) for spec in specs]
     _prebuild(m, [spec for spec, k in zip(specs, ok) if k], profile, workers)
-
-    def one(i):
-        return predict_lookup(m, specs[i], profile) if ok[i] else None
-    workers = workers or min(8, os.cpu_count() or 1)
-    if workers > 1 and len(specs) > 1 and m.n_rows > PARALLEL_ROWS:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(one, range(len(specs))))
-    return [one(i) for i in range(len(specs))]
-
-
-PARALLEL_ROWS = 1 << 20
+    return [predict_lookup(m, spec, profile) if k else None for spec, k in zip(specs, ok)]
 
 
 def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] | None = None
