@@ -792,3 +792,54 @@ def test_a_long_row_in_binneds_last_class_starts_after_the_earlier_classes(one_s
     long_work = 6400 / blended(profile, "binned:32:256:vf", np.array([6400]), gather_fractions(m, profile))[0]
     alone = 4e-4 * 6400 / 32  # the fake profile's lone warp; its tail factor is 1
     assert predict_lookup(m, spec, profile) == pytest.approx(0.004 + small_work + long_work / 2 + alone, rel=1e-6)
+
+
+def _device_lengths_predictions(monkeypatch, profile, A, device_csr):
+    """Every candidate's prediction of A by the host passes, then with the view's row lengths taken from
+    ``device_csr(m)`` (its passes over every row done by that module)."""
+    from tuner.model import warps
+    m = canonicalize(A)
+    host_side = predict_many(m, families.specializations(m, profile=profile), profile)
+    monkeypatch.setattr(warps, "DEVICE_ROWS", 0)
+    monkeypatch.setattr(warps, "SAMPLE_ROWS", 64)  # the short classes sampled, as on a large matrix
+    again = canonicalize(A)
+    monkeypatch.setattr(warps, "known_copy", lambda v: device_csr(v) if v is again else None)
+    assert warps.device_row_lengths(again) is not None
+    device_side = predict_many(again, families.specializations(again, profile=profile), profile)
+    monkeypatch.undo()
+    return host_side, device_side
+
+
+def test_warp_histograms_of_every_row_from_the_device_lengths_predict_as_the_host_passes(profile, monkeypatch):
+    from tuner.formats.device_reorder import DeviceCsr
+    A = power_law(6000, seed=25)
+    host_side, device_side = _device_lengths_predictions(
+        monkeypatch, profile, A, lambda v: DeviceCsr(v.indptr.copy(), v.indices.copy(), None))
+    from tuner.model import warps
+    monkeypatch.setattr(warps, "SAMPLE_ROWS", 64)
+    sampled = canonicalize(A)
+    assert device_side == predict_many(sampled, families.specializations(sampled, profile=profile), profile)
+    assert len(host_side) == len(device_side) > 50
+
+
+@pytest.mark.gpu
+def test_warp_histograms_counted_on_the_gpu_equal_the_host_counts(profile, monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    from tuner.formats.device_reorder import DeviceCsr
+    from tuner.model import warps
+    A = power_law(20000, seed=26)
+    m = canonicalize(A)
+    dev = cupy.asarray(m.row_lengths.astype(np.int32))
+    for lo, hi in ((0, None), (4, 96), (0, 8), (96, None)):
+        keep = (m.row_lengths >= lo) & (m.row_lengths < (hi or 1 << 40))
+        on_host = warps.group_histograms(m.row_lengths[keep].astype(np.int32))
+        on_gpu = warps.group_histograms(dev[cupy.asarray(keep)])
+        for g, h in on_host.items():
+            d = on_gpu[g]
+            assert isinstance(d.w, np.ndarray) and d.w.tolist() == h.w.tolist(), (lo, hi, g)
+            assert d.count.tolist() == h.count.tolist() and d.size.tolist() == h.size.tolist(), (lo, hi, g)
+    _, on_gpu = _device_lengths_predictions(monkeypatch, profile, A, lambda v: DeviceCsr(
+        cupy.asarray(v.indptr), cupy.asarray(v.indices), None))
+    monkeypatch.setattr(warps, "SAMPLE_ROWS", 64)
+    sampled = canonicalize(A)
+    assert on_gpu == predict_many(sampled, families.specializations(sampled, profile=profile), profile)

@@ -26,7 +26,9 @@ from ..families.tile_composite import TileCompositeParams
 from ..families.tile_coo import TileCooParams
 from ..families.tiles import bounds
 from ..formats.aligned_coo import sizes, split_lengths
+from ..formats.device_reorder import known_copy
 from ..formats.reorder import Structure
+from ..formats.xp import host, module, on_device
 from ..matrix import CanonicalMatrix
 from .profile_data import kernel_key
 
@@ -61,6 +63,16 @@ class WarpHistogram:
             >>> h.w.tolist(), h.count.tolist(), h.size.tolist(), [r.tolist() for r in h.rounds]
             ([4, 9], [2.0, 1.0], [12.0, 9.0], [[3.0, 1.0], [2.0, 1.0]])
         """
+        if on_device(w):  # device passes (:func:`device_row_lengths`): the bincounts there, the histogram here
+            if rounds is not None or count is not None:
+                w, size, rounds, count = (None if a is None else host(a) for a in (w, size, rounds, count))
+            else:
+                xp = module(w)
+                w = w.astype(np.int64)
+                warps = xp.bincount(w)
+                keep = xp.flatnonzero(warps)
+                total = xp.bincount(w, weights=size.astype(np.float64))
+                return cls(host(keep), host(warps[keep]).astype(np.float64), host(total[keep])) if keep.size else EMPTY
         w = np.asarray(w, dtype=np.int64)
         if w.size == 0:
             return EMPTY
@@ -139,11 +151,37 @@ class WarpSegment:
 
 
 def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
-    """(rows of each length, entries in them), indexed by length; one bincount per matrix."""
+    """(rows of each length, entries in them), indexed by length; one bincount per matrix (on the GPU where
+    :func:`device_row_lengths` has the lengths)."""
     def build():
-        count = np.bincount(m.row_lengths).astype(np.float64)
+        dev = device_row_lengths(m)
+        count = (np.bincount(m.row_lengths) if dev is None else host(module(dev).bincount(dev))).astype(np.float64)
         return count, count * np.arange(count.size)
     return shared_layout(m, ("row_histogram",), build)
+
+
+DEVICE_ROWS = 1 << 22  # from this many rows on, a view's passes over all its rows run on the GPU if it is there
+
+
+def device_row_lengths(m):
+    """``m``'s row lengths as a device (CuPy) array where ``m``'s CSR is on the GPU (uploaded, or relabelled
+    there: :func:`~tuner.formats.device_reorder.known_copy`) and it has :data:`DEVICE_ROWS` rows or more;
+    else None. The passes of the warp histograms over every row of a 30M-row view take tenths of a second
+    each on the host, holding the interpreter the other planning threads wait for, and a millisecond
+    there; what they return (histograms by length) is small.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> device_row_lengths(canonicalize(sp.eye(3, format="csr"))) is None   # not on a GPU, and small
+        True
+    """
+    if m.n_rows < DEVICE_ROWS or not isinstance(m, CanonicalMatrix):
+        return None
+    csr = known_copy(m)
+    if csr is None:
+        return None
+    ptr = csr.indptr
+    return ptr[1:] - ptr[:-1]
 
 
 def group_histograms(lengths: np.ndarray, groups=None) -> dict[int, WarpHistogram]:
@@ -164,6 +202,7 @@ def group_histograms(lengths: np.ndarray, groups=None) -> dict[int, WarpHistogra
     n = lengths.size
     if n == 0:
         return {g: EMPTY for g in wanted}
+    xp = module(lengths)  # NumPy, or CuPy for device lengths (the histograms come back to the host)
     # The narrowest types that hold a warp's longest row and its total: half or an eighth of the memory.
     if lengths.dtype == np.uint8:
         kinds = np.uint8, np.uint16
@@ -171,13 +210,13 @@ def group_histograms(lengths: np.ndarray, groups=None) -> dict[int, WarpHistogra
         kinds = np.int32, np.int32
     else:
         kinds = np.int64, np.int64
-    most = np.zeros(-(-n // WARP) * WARP, dtype=kinds[0])
+    most = xp.zeros(-(-n // WARP) * WARP, dtype=kinds[0])
     most[:n] = lengths
     total = most.astype(kinds[1])
     out = {}
     rows_per_warp = 1
     while rows_per_warp < WARP and len(out) < len(wanted):
-        most = np.maximum(most[0::2], most[1::2])
+        most = xp.maximum(most[0::2], most[1::2])
         total = total[0::2] + total[1::2]
         rows_per_warp *= 2
         if WARP // rows_per_warp in wanted:
@@ -411,6 +450,12 @@ def lane_groups(m: CanonicalMatrix, lo: int, hi: int | None, groups) -> dict[int
         if share:  # a class the sample misses (a few rows of some rare length) is counted whole
             scale = class_rows(m, lo, hi) / share
             return {g: scaled(h, scale) for g, h in group_histograms(class_lengths(sample, lo, hi), groups).items()}
+    dev = device_row_lengths(m)
+    if dev is not None:  # every row of the class, in order, filtered and grouped on the GPU
+        keep = None if lo <= 0 else dev >= lo
+        if hi is not None:
+            keep = dev < hi if keep is None else keep & (dev < hi)
+        return group_histograms(dev if keep is None else dev[keep], groups)
     return group_histograms(class_lengths(m, lo, hi), groups)
 
 
@@ -471,8 +516,11 @@ def scaled(h: WarpHistogram, factor: float) -> WarpHistogram:
 
 def rows_descending(m: CanonicalMatrix) -> bool:
     """Whether ``m``'s rows come by decreasing length (checked once per matrix)."""
-    L = m.row_lengths
-    return shared_layout(m, ("rows_descending",), lambda: bool(np.all(L[1:] <= L[:-1])))
+    def check():
+        dev = device_row_lengths(m)
+        L = m.row_lengths if dev is None else dev
+        return bool((L[1:] <= L[:-1]).all())
+    return shared_layout(m, ("rows_descending",), check)
 
 
 def _built_by(s: SegmentSpec) -> tuple:
