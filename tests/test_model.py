@@ -810,6 +810,19 @@ def _device_lengths_predictions(monkeypatch, profile, A, device_csr):
     return host_side, device_side
 
 
+def test_rows_of_a_class_per_chunk_counted_from_the_device_lengths_equal_the_host_counts(monkeypatch):
+    from tuner.formats.device_reorder import DeviceCsr
+    from tuner.model import reuse, warps
+    A = power_law(3000, seed=27)
+    on_host = canonicalize(A)
+    expected = {k: reuse.rows_at_least(on_host, k).tolist() for k in (1, 4, 300)}
+    m = canonicalize(A)
+    monkeypatch.setattr(warps, "DEVICE_ROWS", 0)
+    monkeypatch.setattr(warps, "known_copy", lambda v: DeviceCsr(v.indptr, v.indices, None) if v is m else None)
+    assert {k: reuse.rows_at_least(m, k).tolist() for k in (1, 4, 300)} == expected
+    assert sum(expected[4]) == int(np.count_nonzero(on_host.row_lengths >= 4))
+
+
 def test_warp_histograms_of_every_row_from_the_device_lengths_predict_as_the_host_passes(profile, monkeypatch):
     from tuner.formats.device_reorder import DeviceCsr
     A = power_law(6000, seed=25)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..families.base import UNROLL, shared_layout
+from ..formats.xp import host, module
 from .locality import SECTOR_BYTES, distinct_counts
-from .warps import ALIGNED_PARTS, NARROW, SegmentSpec, WarpHistogram, narrow_lengths, row_histogram
+from .warps import ALIGNED_PARTS, NARROW, SegmentSpec, WarpHistogram, device_row_lengths, narrow_lengths, row_histogram
 
 SAMPLE_ENTRIES = 1 << 14  # entries of sampled blocks per segment: the shares to a few percent
 # A block of more entries than this (a degree-ordered graph's hub rows) is not counted: its distinct sectors
@@ -172,6 +173,12 @@ def rows_at_least(m, length: int) -> np.ndarray:
     def build():
         n = m.n_rows
         chunks = -(-n // CHUNK_ROWS)
+        dev = device_row_lengths(m)
+        if dev is not None:  # one pass on the GPU, only the counts per chunk come back
+            at_least = (dev >= length).astype(np.int32)
+            padded = module(dev).zeros(chunks * CHUNK_ROWS, np.int32)
+            padded[:n] = at_least
+            return host(padded.reshape(chunks, CHUNK_ROWS).sum(axis=1)).astype(np.int64)
         if length >= NARROW:  # beyond the uint8 lengths: count among the rows they clip
             L = m.row_lengths
             clipped = shared_layout(m, ("rows_clipped",), lambda: np.flatnonzero(narrow_lengths(m) == NARROW))
