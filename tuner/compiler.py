@@ -343,7 +343,7 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
 
 def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials: int, profile) -> SpMV:
     """The tuned kernel of :func:`compile`: the plan from the cache or made now, its binary and layout."""
-    digest = _digest_beside_relabelling(m)
+    digest, relabel_s = _digest_beside_relabelling(m)
     prof = _profile(info, profile)
     if prof is None and tune != "exhaustive":
         log.warning("no GPU profile for %s (run `python -m tuner profile`): tune=%r falls back to 'exhaustive'",
@@ -358,6 +358,7 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
         return _spmv(m, spec, binary.cubin, plan, cache, digest)
     specs, predicted, seconds = plan_candidates(m, prof)
+    seconds["relabel"] += relabel_s  # made beside the digest, before the planner asked for it
     if prof and tune != "exhaustive":
         specs, predicted = predictable(specs, predicted, info.name)
     binaries: dict[int, codegen.Binary] = {}
@@ -397,17 +398,19 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     return _spmv(m, best, binaries[id(best)].cubin, plan, cache, digest, (launch, how))
 
 
-def _digest_beside_relabelling(m: CanonicalMatrix) -> str:
+def _digest_beside_relabelling(m: CanonicalMatrix) -> tuple[str, float]:
     """``m``'s structure digest (the plan cache's key; a hash of every index, on the host's cores) while
-    this thread relabels ``m`` for the tiled candidates where that runs on the GPU: the planner starts with
-    it, and the plans of large power-law graphs use it, so on a plan-cache hit it is seldom wasted (a
-    plan in the caller's order drops it with the other device copies)."""
+    this thread relabels ``m`` for the tiled candidates where that runs on the GPU (the planner starts with
+    it, and the plans of large power-law graphs use it, so on a plan-cache hit it is seldom wasted; a plan
+    in the caller's order drops it with the other device copies); with the relabelling's seconds (0.0
+    where it was not made here)."""
     if not device_reorder.usable(m.n_rows, m.n_cols, m.nnz, relabel_bytes(m)):
-        return structure_digest(m)
+        return structure_digest(m), 0.0
     with ThreadPoolExecutor(max_workers=1) as pool:
         digest = pool.submit(structure_digest, m)
+        t0 = time.perf_counter()
         ordered_matrix(m, TILE_ORDER)
-        return digest.result()
+        return digest.result(), time.perf_counter() - t0
 
 
 def _spmv(m: CanonicalMatrix, spec, cubin: bytes, plan, cache: Cache, digest: str, layout=None) -> SpMV:
