@@ -154,7 +154,7 @@ def _ordering_on_device(m: CanonicalMatrix, build) -> Ordering:
         else:
             cols = device_reorder.device_col_lengths(csr, m.n_cols)
             m.__dict__["col_lengths"] = host(cols)
-        o = build(cupy.asarray(m.row_lengths), cols, m.index_dtype)
+        o = build((csr.indptr[1:] - csr.indptr[:-1]).astype(np.int64), cols, m.index_dtype)  # no upload
         rows = host(o.row_order)
         return Ordering(o.name, rows, rows if o.symmetric else host(o.col_order), host(o.row_rank),
                         host(cols[o.col_order]))
