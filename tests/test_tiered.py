@@ -91,6 +91,35 @@ def test_calls_run_on_the_stand_in_until_the_tuned_kernel_is_ready_and_then_on_i
     assert (first.calls, tuned.calls, k.stand_in_products) == (2, 1, 2)
 
 
+def test_the_tuning_starts_once_the_first_product_has_returned(monkeypatch):
+    monkeypatch.setattr(tiered, "FIRST_CALL_WAIT_S", 30.0)
+    A = power_law(300, seed=10)
+    started = threading.Event()
+
+    def tune():
+        started.set()
+        return FakeKernel(A, "tuned")
+    k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), tune)
+    assert not started.wait(0.2)  # no product asked for yet: the tuning waits
+    x = np.ones(A.shape[1])
+    assert np.allclose(k(x), A @ x)
+    assert started.wait(10) and k.wait().plan == "plan of tuned"
+
+
+def test_a_caller_waiting_for_the_tuned_kernel_starts_the_tuning_at_once(monkeypatch):
+    monkeypatch.setattr(tiered, "FIRST_CALL_WAIT_S", 30.0)
+    A = power_law(300, seed=12)
+    k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), lambda: FakeKernel(A, "tuned"))
+    assert k.wait(10).plan == "plan of tuned"
+
+
+def test_without_a_first_product_the_tuning_starts_after_a_short_wait(monkeypatch):
+    monkeypatch.setattr(tiered, "FIRST_CALL_WAIT_S", 0.05)
+    A = power_law(300, seed=11)
+    k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), lambda: FakeKernel(A, "tuned"))
+    assert k.wait(10).plan == "plan of tuned" and k.stand_in_products == 0
+
+
 def test_a_failed_tuning_leaves_the_stand_in_answering_and_wait_raises_it(caplog):
     A = power_law(300, seed=9)
     first = FakeKernel(A, "stand-in")

@@ -10,8 +10,10 @@ whatever the row lengths (as cuSPARSE's CSR kernel balances it) and its layout i
 pointers on the device, a few milliseconds. It costs ``flat_bytes`` of device memory until the tuned kernel
 replaces it, and is used only where that leaves the tuned build's work arrays room.
 
-Calls never wait for the tuning; everything else does (``plan``, ``spec``, ``launch``, ``time`` ...: they
-describe the tuned kernel), and :meth:`TieredSpMV.wait` returns the tuned :class:`~tuner.kernel.SpMV`. If
+The tuning starts when the first call has returned, when the caller waits for the tuned kernel, or
+:data:`FIRST_CALL_WAIT_S` after the compile, whichever comes first, so that it does not slow the first
+product. Calls never wait for the tuning; everything else does (``plan``, ``spec``, ``launch``, ``time`` ...:
+they describe the tuned kernel), and :meth:`TieredSpMV.wait` returns the tuned :class:`~tuner.kernel.SpMV`. If
 the tuning fails, calls go on on the stand-in (its results are right, only slower) and ``wait`` raises what
 the tuning raised.
 """
@@ -40,6 +42,10 @@ STAND_IN_PARAMS = AlignedCooParams("flat", BLOCK_SIZE, "none")
 # the planner holds it between its NumPy passes, and each of the caller's products waits for it a few
 # times, so at the default a 1 ms product could take several; at 50 us the waits stay a fraction of one.
 SWITCH_S = 0.00005
+# The tuning starts once the caller's first product has returned, or after this long without one: its
+# device work (the relabelling's sorts, from the first instant) would otherwise share the GPU, the copies
+# and the interpreter with the one product a caller waits for most.
+FIRST_CALL_WAIT_S = 0.25
 
 _switch_lock = threading.Lock()
 _switch_users = [0, None]  # tuning threads running, the interval before the first of them
@@ -123,12 +129,14 @@ class TieredSpMV:
         self.shape, self.dtype = first.shape, first.dtype
         self.stand_in_products = 0
         self.switch_s: float | None = None
+        self._first_answered = threading.Event()
         self._t0 = time.perf_counter()
         # Not a daemon: the process waits for a tuning under way (its plan and binary go to the cache).
         self._thread = threading.Thread(target=self._run, args=(tune,), name="tuner-tuning")
         self._thread.start()
 
     def _run(self, tune) -> None:
+        self._first_answered.wait(FIRST_CALL_WAIT_S)
         _switch_faster()
         try:
             # The tuning's device work (sorts, layouts: tens of milliseconds each) goes on a stream of its
@@ -153,7 +161,10 @@ class TieredSpMV:
         current = self._current
         if current is not self._tuned:
             self.stand_in_products += 1
-        return current(x, out)
+        try:
+            return current(x, out)
+        finally:
+            self._first_answered.set()
 
     @property
     def ready(self) -> bool:
@@ -167,6 +178,7 @@ class TieredSpMV:
 
     def wait(self, timeout: float | None = None):
         """The tuned :class:`~tuner.kernel.SpMV`, once made; raises what the tuning raised, or TimeoutError."""
+        self._first_answered.set()  # a caller waiting for the tuning has no first product to protect
         if not self._done.wait(timeout):
             raise TimeoutError(f"the tuning did not finish within {timeout} s")
         if self._error is not None:
