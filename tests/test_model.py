@@ -804,7 +804,8 @@ def _device_lengths_predictions(monkeypatch, profile, A, device_csr):
     monkeypatch.setattr(warps, "SAMPLE_ROWS", 64)  # the short classes sampled, as on a large matrix
     again = canonicalize(A)
     monkeypatch.setattr(warps, "known_copy", lambda v: device_csr(v) if v is again else None)
-    assert warps.device_row_lengths(again) is not None
+    with warps.device_row_lengths(again) as lengths:
+        assert lengths is not None
     device_side = predict_many(again, families.specializations(again, profile=profile), profile)
     monkeypatch.undo()
     return host_side, device_side

@@ -173,12 +173,11 @@ def rows_at_least(m, length: int) -> np.ndarray:
     def build():
         n = m.n_rows
         chunks = -(-n // CHUNK_ROWS)
-        dev = device_row_lengths(m)
-        if dev is not None:  # one pass on the GPU, only the counts per chunk come back
-            at_least = (dev >= length).astype(np.int32)
-            padded = module(dev).zeros(chunks * CHUNK_ROWS, np.int32)
-            padded[:n] = at_least
-            return host(padded.reshape(chunks, CHUNK_ROWS).sum(axis=1)).astype(np.int64)
+        with device_row_lengths(m) as dev:
+            if dev is not None:  # one pass on the GPU, only the counts per chunk come back
+                padded = module(dev).zeros(chunks * CHUNK_ROWS, np.int32)
+                padded[:n] = (dev >= length).astype(np.int32)
+                return host(padded.reshape(chunks, CHUNK_ROWS).sum(axis=1)).astype(np.int64)
         if length >= NARROW:  # beyond the uint8 lengths: count among the rows they clip
             L = m.row_lengths
             clipped = shared_layout(m, ("rows_clipped",), lambda: np.flatnonzero(narrow_lengths(m) == NARROW))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,7 @@ from ..families.tile_composite import TileCompositeParams
 from ..families.tile_coo import TileCooParams
 from ..families.tiles import bounds
 from ..formats.aligned_coo import sizes, split_lengths
+from ..formats import device_reorder
 from ..formats.device_reorder import known_copy
 from ..formats.reorder import Structure
 from ..formats.xp import host, module, on_device
@@ -154,8 +156,9 @@ def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
     """(rows of each length, entries in them), indexed by length; one bincount per matrix (on the GPU where
     :func:`device_row_lengths` has the lengths)."""
     def build():
-        dev = device_row_lengths(m)
-        count = (np.bincount(m.row_lengths) if dev is None else host(module(dev).bincount(dev))).astype(np.float64)
+        with device_row_lengths(m) as dev:
+            count = np.bincount(m.row_lengths) if dev is None else host(module(dev).bincount(dev))
+        count = count.astype(np.float64)
         return count, count * np.arange(count.size)
     return shared_layout(m, ("row_histogram",), build)
 
@@ -163,25 +166,29 @@ def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
 DEVICE_ROWS = 1 << 22  # from this many rows on, a view's passes over all its rows run on the GPU if it is there
 
 
+@contextmanager
 def device_row_lengths(m):
-    """``m``'s row lengths as a device (CuPy) array where ``m``'s CSR is on the GPU (uploaded, or relabelled
-    there: :func:`~tuner.formats.device_reorder.known_copy`) and it has :data:`DEVICE_ROWS` rows or more;
-    else None. The passes of the warp histograms over every row of a 30M-row view take tenths of a second
-    each on the host, holding the interpreter the other planning threads wait for, and a millisecond
-    there; what they return (histograms by length) is small.
+    """A block in which ``m``'s row lengths are a device (CuPy) array, where ``m``'s CSR is on the GPU
+    (uploaded, or relabelled there: :func:`~tuner.formats.device_reorder.known_copy`) and it has
+    :data:`DEVICE_ROWS` rows or more; else None. The block runs on that GPU whichever thread enters it (the
+    planner's threads start on CuPy's default device). The passes of the warp histograms over every row of a
+    30M-row view take tenths of a second each on the host, holding the interpreter the other planning
+    threads wait for, and a millisecond there; what they return (histograms by length) is small.
 
     Example:
         >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
-        >>> device_row_lengths(canonicalize(sp.eye(3, format="csr"))) is None   # not on a GPU, and small
+        >>> with device_row_lengths(canonicalize(sp.eye(3, format="csr"))) as lengths:  # small, not on a GPU
+        ...     lengths is None
         True
     """
-    if m.n_rows < DEVICE_ROWS or not isinstance(m, CanonicalMatrix):
-        return None
-    csr = known_copy(m)
+    csr = known_copy(m) if isinstance(m, CanonicalMatrix) and m.n_rows >= DEVICE_ROWS else None
     if csr is None:
-        return None
-    ptr = csr.indptr
-    return ptr[1:] - ptr[:-1]
+        yield None
+    elif not on_device(csr.indptr):  # host arrays standing in for the device's (tests)
+        yield csr.indptr[1:] - csr.indptr[:-1]
+    else:
+        with device_reorder.on_device():
+            yield csr.indptr[1:] - csr.indptr[:-1]
 
 
 def group_histograms(lengths: np.ndarray, groups=None) -> dict[int, WarpHistogram]:
@@ -450,12 +457,12 @@ def lane_groups(m: CanonicalMatrix, lo: int, hi: int | None, groups) -> dict[int
         if share:  # a class the sample misses (a few rows of some rare length) is counted whole
             scale = class_rows(m, lo, hi) / share
             return {g: scaled(h, scale) for g, h in group_histograms(class_lengths(sample, lo, hi), groups).items()}
-    dev = device_row_lengths(m)
-    if dev is not None:  # every row of the class, in order, filtered and grouped on the GPU
-        keep = None if lo <= 0 else dev >= lo
-        if hi is not None:
-            keep = dev < hi if keep is None else keep & (dev < hi)
-        return group_histograms(dev if keep is None else dev[keep], groups)
+    with device_row_lengths(m) as dev:
+        if dev is not None:  # every row of the class, in order, filtered and grouped on the GPU
+            keep = None if lo <= 0 else dev >= lo
+            if hi is not None:
+                keep = dev < hi if keep is None else keep & (dev < hi)
+            return group_histograms(dev if keep is None else dev[keep], groups)
     return group_histograms(class_lengths(m, lo, hi), groups)
 
 
@@ -517,9 +524,9 @@ def scaled(h: WarpHistogram, factor: float) -> WarpHistogram:
 def rows_descending(m: CanonicalMatrix) -> bool:
     """Whether ``m``'s rows come by decreasing length (checked once per matrix)."""
     def check():
-        dev = device_row_lengths(m)
-        L = m.row_lengths if dev is None else dev
-        return bool((L[1:] <= L[:-1]).all())
+        with device_row_lengths(m) as dev:
+            L = m.row_lengths if dev is None else dev
+            return bool((L[1:] <= L[:-1]).all())
     return shared_layout(m, ("rows_descending",), check)
 
 
