@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -184,11 +184,10 @@ def device_row_lengths(m):
     csr = known_copy(m) if isinstance(m, CanonicalMatrix) and m.n_rows >= DEVICE_ROWS else None
     if csr is None:
         yield None
-    elif not on_device(csr.indptr):  # host arrays standing in for the device's (tests)
+        return
+    # Host arrays standing in for the device's (tests) need no device.
+    with device_reorder.on_device() if on_device(csr.indptr) else nullcontext():
         yield csr.indptr[1:] - csr.indptr[:-1]
-    else:
-        with device_reorder.on_device():
-            yield csr.indptr[1:] - csr.indptr[:-1]
 
 
 def group_histograms(lengths: np.ndarray, groups=None) -> dict[int, WarpHistogram]:
