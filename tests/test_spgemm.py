@@ -106,6 +106,26 @@ def test_every_outer_product_specialisation_compiles(val, idx, value_free, tmp_p
     assert len(codegen.compile_source(source, cache=Cache(tmp_path)).cubin) > 0
 
 
+def test_candidates_compiled_ahead_are_what_each_family_builds(tmp_path, monkeypatch):
+    from tuner import spgemm
+    from tuner.spgemm import outer_product
+    a = canonicalize(sp.random(40, 40, density=0.1, format="csr", random_state=2, dtype=np.float64))
+    params = [OuterProductParams(), OuterProductParams(block_size=128, tile=512)]
+    ran = []
+    real_run = codegen.subprocess.run
+    monkeypatch.setattr(codegen.subprocess, "run",
+                        lambda cmd, **k: ran.append(any(c.startswith("-arch=") for c in cmd)) or real_run(cmd, **k))
+    cache = Cache(tmp_path)
+    spgemm.compile_candidates(a, a, params, codegen.DEFAULT_ARCH, 232448, cache)
+    assert sum(ran) == 2  # one nvcc build per distinct source
+    monkeypatch.setattr(codegen.subprocess, "run", lambda *a, **k: pytest.fail("nvcc ran again"))
+    for p in params:  # the source a build renders is the one compiled ahead: a cache hit
+        source = spgemm.FAMILY_OF[type(p)].source(a, a, p, 232448)
+        assert "outer_float64_int32" in source and f"{p.block_size}" in source
+        assert codegen.compile_source(source, codegen.DEFAULT_ARCH, cache=cache).cached
+    assert outer_product.kernel_source(a, a, params[0]) != outer_product.kernel_source(a, a, params[1])
+
+
 def test_prebuild_builds_every_library_the_families_load_under_its_own_name(tmp_path, monkeypatch):
     import ctypes
     from tuner import spgemm
@@ -639,6 +659,33 @@ def test_bench_records_a_product_too_large_for_host_memory_and_goes_on(monkeypat
     assert row.products > 0 and row.source == "rmat:8"
 
 
+def test_cusparse_result_is_compared_entry_by_entry_whatever_its_row_order():
+    from tuner import bench_spgemm
+
+    class Held(sp.csr_matrix):  # a SciPy matrix standing in for CuPy's, NumPy for CuPy
+        def get(self):
+            return sp.csr_matrix(self)
+
+    A = power_law(300, seed=8, dtype=np.float64)
+    C = (A @ A).tocsr()
+    C.sort_indices()
+    theirs = Held(C.copy())
+    theirs.data[theirs.indptr[5]:] *= 1 + 1e-9  # within rounding of ours
+    want = 1e-9 * abs(C.data[C.indptr[5]:]).max()
+    assert bench_spgemm._max_difference(np, theirs, C.copy()) == pytest.approx(want)
+    unsorted = Held(C.copy())
+    unsorted.has_sorted_indices = False
+    row = np.flatnonzero(np.diff(C.indptr) > 2)[0]
+    lo, hi = C.indptr[row], C.indptr[row + 1]
+    unsorted.indices[lo:hi] = unsorted.indices[lo:hi][::-1].copy()
+    unsorted.data[lo:hi] = unsorted.data[lo:hi][::-1].copy()
+    assert bench_spgemm._max_difference(np, unsorted, C.copy()) == 0.0  # sorted before comparing
+    moved = Held(C.copy())
+    moved.indices[lo] = next(c for c in range(C.shape[1]) if c not in set(C.indices[lo:hi].tolist()))
+    moved.has_sorted_indices = False
+    assert bench_spgemm._max_difference(np, moved, C.copy()) >= abs(C.data[lo])  # another entry: counted as missing
+
+
 def test_configurations_timed_in_turns_keep_their_own_times_through_a_slow_spell(monkeypatch):
     import types
 
@@ -660,6 +707,27 @@ def test_configurations_timed_in_turns_keep_their_own_times_through_a_slow_spell
     clock.update(now=0.0, calls=0)
     apart = {k: spgemm.wall_ms(fn, 50, warmup=1) for k, fn in {"a": costing(1.0), "b": costing(1.1)}.items()}
     assert apart["a"] > apart["b"]
+
+
+def test_configurations_timed_in_turns_make_the_calls_their_time_needs_and_no_more(monkeypatch):
+    import types
+
+    import tuner.spgemm as spgemm
+    clock = {"now": 0.0}
+    made = {"long": 0, "short": 0}
+
+    def costing(name, ms):
+        def call():
+            made[name] += 1
+            clock["now"] += ms / 1e3
+        return call
+
+    monkeypatch.setattr(spgemm, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    monkeypatch.setattr(spgemm.gpu, "synchronize", lambda: None)
+    spgemm.interleaved_ms({"long": costing("long", 60.0), "short": costing("short", 0.5)}, repeats=5)
+    # a warm-up and a first timed call each, then repeats_for's calls shared out among the rounds
+    assert made == {"long": 2 + spgemm.repeats_for(60.0, 5), "short": 2 + spgemm.repeats_for(0.5, 5)}
+    assert made == {"long": 7, "short": 102}
 
 
 def test_the_model_plans_each_family_with_the_parameters_its_profile_is_measured_at():

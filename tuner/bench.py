@@ -12,7 +12,7 @@ import json
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,9 +20,11 @@ import numpy as np
 from . import __version__, gpu, layouts, loaders, paths
 from .cache import cold_plans
 from .compiler import compile as compile_spmv
+from .host_products import matvec64
 from .kernel import copy_bandwidth_gbs, random_vector, time_spmv
 from .matrix import CanonicalMatrix, canonicalize
 from .memory import peak_rss
+from .stages import Stages
 
 GENERATED = ("rmat:20", "rmat:23", "rmat:25")
 # Kronecker-scaled real graphs of 50M+ non-zeros (the default seed about triples nnz per step): 72M-87M
@@ -48,7 +50,9 @@ class BenchRow:
     again as a compile builds it, relabelling included (``layout_where``: 'device' on the GPU, 'built' on
     the host). ``compile_host_peak_bytes``: the most resident host memory the first (cold) compile held at
     once beyond what the process held before it, the caller's matrix included there (``input_csr_bytes``:
-    its CSR arrays; :func:`~tuner.memory.peak_rss`).
+    its CSR arrays; :func:`~tuner.memory.peak_rss`). ``seconds``: the row's wall seconds by stage (load,
+    compile, cache_hit, layout, reference: SciPy's float64 product; timing: ours timed; cusparse: its
+    formats built, checked and timed; race_ours and race_cusparse: the time-to-first races).
     """
 
     name: str
@@ -81,6 +85,7 @@ class BenchRow:
     stand_in_products: int | None = None
     input_csr_bytes: int | None = None
     compile_host_peak_bytes: int | None = None
+    seconds: dict = field(default_factory=dict)
 
 
 LARGE_NNZ = 100_000_000  # generated graphs of this many non-zeros or more are built only where a GPU times them
@@ -136,25 +141,44 @@ def _cupy():
 
 
 CALLS_PER_SAMPLE = 10
+SAMPLE_SPAN_MS = 1000.0  # the samples of one measurement take about this long in all, ...
+MIN_SAMPLES = 20  # ... but never fewer than this many samples
+
+
+def samples_for(sample_ms: float, repeats: int) -> int:
+    """How many samples of ``sample_ms`` each one measurement takes: ``repeats``, or fewer where they would
+    take over :data:`SAMPLE_SPAN_MS` in all (at least :data:`MIN_SAMPLES`): a product of milliseconds varies
+    by a percent or less from one sample to the next, and its median settles long before a hundred samples.
+
+    Example:
+        >>> samples_for(0.5, 100), samples_for(20.0, 100), samples_for(95.0, 100), samples_for(95.0, 10)
+        (100, 50, 20, 10)
+    """
+    return int(min(repeats, max(MIN_SAMPLES, -(-SAMPLE_SPAN_MS // max(sample_ms, 1e-6)))))
 
 
 def _event_median(cp, fn, repeats: int, warmup: int = 5) -> float:
-    """Median over ``repeats`` samples of the per-call time of ``CALLS_PER_SAMPLE`` back-to-back calls.
+    """Median over :func:`samples_for` ``repeats`` samples of the per-call time of ``CALLS_PER_SAMPLE``
+    back-to-back calls.
 
     Back-to-back calls between two events measure what an iterative caller sees: where the GPU work is
     longer than the Python call it hides the call, and where it is shorter the call rate is the limit.
     """
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
+
+    def sample() -> float:
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         for _ in range(CALLS_PER_SAMPLE):
             fn()
         end.record()
         end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / CALLS_PER_SAMPLE)
+        return cp.cuda.get_elapsed_time(start, end)
+
+    times = [sample()]
+    times += [sample() for _ in range(samples_for(times[0], repeats) - 1)]
+    times = [t / CALLS_PER_SAMPLE for t in times]
     return float(np.median(times))
 
 
@@ -189,18 +213,18 @@ def _rel_error(y: np.ndarray, ref: np.ndarray) -> float:
 def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, cache_dir=None,
               tune: str = "model") -> BenchRow:
     """Tune, verify and time one matrix against cuSPARSE (see the module docstring)."""
-    t0 = time.perf_counter()
+    clock = Stages()
     A = loaders.load(source)
     m = canonicalize(A)
-    load_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    clock.stage("load")
     # Until the tuned kernel is made: a compile that tunes in the background returns before it.
     spmv, compile_peak = peak_rss(lambda: compile_spmv(A, cache_dir=cache_dir, tune=tune).wait())
-    tune_s = time.perf_counter() - t0
+    clock.stage("compile")
     layouts.wait()  # the layout the first compile keeps is on disk before the second looks for it
     t0 = time.perf_counter()
     spmv = compile_spmv(A, cache_dir=cache_dir, tune=tune).wait()  # second compile: plan, binary, layout cached
     cache_hit_s = time.perf_counter() - t0
+    clock.stage("cache_hit")
     # The chosen layout built again from a fresh canonical matrix (relabelling included), where compile
     # builds it (on the GPU where it can): its cost on a plan-cache hit.
     fresh = canonicalize(A)
@@ -208,8 +232,10 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     built, layout_where = layouts.build(fresh, spmv.spec)
     layout_s = time.perf_counter() - t0
     del fresh, built
+    clock.stage("layout")
     x = random_vector(m.n_cols, m.value_dtype, seed=1)
-    ref = m.to_scipy().astype(np.float64) @ x.astype(np.float64)
+    ref = matvec64(m.to_scipy(), x)
+    clock.stage("reference")
     y = spmv(x)
     err = _rel_error(y, ref)
     kernel_ms = float(np.median(time_spmv(spmv, repeats, warmup=5)))
@@ -220,13 +246,18 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
         spmv(xd, out=yd)
         err = max(err, _rel_error(cp.asnumpy(yd), ref))
         ours_ms = _event_median(cp, lambda: spmv(xd, out=yd), repeats)
+        clock.stage("timing")
         csr_ms, coo_ms = _cusparse_times(cp, m, x, ref, repeats)
+        clock.stage("cusparse")
     else:
         ours_ms = kernel_ms
+        clock.stage("timing")
     best_cusparse = min(t for t in (csr_ms, coo_ms) if t is not None) if csr_ms or coo_ms else None
     first_ms, ours_totals, tuned_after_ms, stand_in_products = _ours_race(cp, A, x, cache_dir, tune)
+    clock.stage("race_ours")
     cu_first_ms, cu_totals = (_cusparse_race(cp, m, x, len(ours_totals)) if best_cusparse is not None
                               else (None, []))
+    clock.stage("race_cusparse")
     nbytes = compulsory_bytes(m)
     achieved = nbytes / (ours_ms * 1e-3) / 1e9
     return BenchRow(name=loaders.display_name(source), n_rows=m.n_rows,
@@ -235,14 +266,15 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
                     cusparse_ms=best_cusparse, speedup=(best_cusparse / ours_ms) if best_cusparse else None,
                     compulsory_bytes=nbytes, achieved_gbs=achieved,
                     floor_fraction=achieved / copy_gbs if copy_gbs else float("nan"), rel_error=err,
-                    load_s=load_s, tune_s=tune_s, cache_hit_s=cache_hit_s, layout_s=layout_s, layout_where=layout_where,
+                    load_s=clock.seconds["load"], tune_s=clock.seconds["compile"], cache_hit_s=cache_hit_s,
+                    layout_s=layout_s, layout_where=layout_where,
                     plan_s=spmv.plan.seconds.get("plan", float("nan")), time_to_first_ms=first_ms,
                     cusparse_time_to_first_ms=cu_first_ms, cache_hit_ms=1e3 * cache_hit_s,
                     input_csr_bytes=int(sum(a.nbytes for a in (A.indptr, A.indices, A.data))),
                     compile_host_peak_bytes=int(compile_peak),
                     tuned_after_ms=tuned_after_ms, stand_in_products=stand_in_products,
                     break_even_products=raced_break_even(first_ms, ours_totals, ours_ms, cu_first_ms, cu_totals,
-                                                         best_cusparse))
+                                                         best_cusparse), seconds=clock.rounded())
 
 
 def break_even(first_ms: float, per_ms: float, other_first_ms: float | None, other_per_ms: float | None) -> int | None:
@@ -386,7 +418,9 @@ def resumed_rows(out: Path | None, gpu_name: str, tune: str, repeats: int) -> tu
 def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, progress=None,
         tune: str = "model", resume: bool = False) -> dict:
     """Benchmark every matrix of ``suite`` on the GPU and write the JSON report to ``out``; with
-    ``resume``, the matrices an interrupted run already wrote to ``out`` keep their rows."""
+    ``resume``, the matrices an interrupted run already wrote to ``out`` keep their rows. ``wall_s``: the
+    suite's wall seconds so far (CuPy's import and the copy bandwidth's measurement included)."""
+    started = time.perf_counter()
     cp = _cupy()
     info = gpu.device_info()
     copy_gbs = copy_bandwidth_gbs()
@@ -401,7 +435,8 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
         "cusparse": "cupyx.cusparse.spmv (CuPy %s)" % cp.__version__ if cp else None,
         "copy_bandwidth_gbs": copy_gbs, "repeats": repeats, "tune": tune,
         "timing": f"medians of CUDA-event times after warm-up; ours_ms and cusparse_*_ms: whole calls from "
-                  f"Python on CuPy arrays, {CALLS_PER_SAMPLE} back to back per sample, {repeats} samples; "
+                  f"Python on CuPy arrays, {CALLS_PER_SAMPLE} back to back per sample, {repeats} samples (fewer "
+                  f"where they take over {SAMPLE_SPAN_MS / 1e3:.0f} s, at least {MIN_SAMPLES}); "
                   "ours_kernel_ms: the kernel alone on the GPU (launches queued behind a hold kernel, so the "
                   "host's issue rate does not count); a relabelled plan's times include its gathers of x "
                   "and y; layout_s: time to build the chosen layout as a compile does (relabelling included; "
@@ -422,6 +457,7 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
             rows.append(bench_one(source, repeats=repeats, cp=cp, copy_gbs=copy_gbs, cache_dir=cache_dir,
                                   tune=tune))
         report["rows"] = [asdict(r) for r in rows]
+        report["wall_s"] = round(time.perf_counter() - started, 1)
         if out is not None:  # after every matrix: an interrupted run keeps what it measured
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(report, indent=1))

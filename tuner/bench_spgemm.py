@@ -18,9 +18,13 @@ import scipy.sparse as sp
 
 from . import __version__, gpu, loaders
 from .formats.row_bins import row_products
-from .spgemm import (FAMILIES, MAX_REPEATS, ROUNDS, SPAN_MS, compile_spgemm, interleaved_ms, planned_params,
-                     timed_ms, whole)
+from .host_products import matmul64, matvec64
+from .cache import Cache
+from .spgemm import (FAMILIES, MAX_REPEATS, ROUNDS, SPAN_MS, compile_candidates, compile_spgemm, interleaved_ms,
+                     planned_params, timed_ms, whole)
 from .spgemm.base import DeviceMemoryError
+from .spgemm.row_hash import shared_limit
+from .stages import Stages
 
 GENERATED = ("rmat:16", "rmat:18", "rmat:20")
 KRONECKER = (("email-Enron.npz", 1), ("wiki-Vote.npz", 2))  # products of a few hundred million
@@ -51,6 +55,10 @@ class SpgemmRow:
         peak_device_bytes: the most device memory our call needed (operands, tables, output, CUB's storage).
         power_law: False for the finite-element and circuit controls.
         source: the matrix source (file or generator spec) A came from.
+        seconds: the row's wall seconds by stage (load: the matrix made or read; compile: ours planned and
+            built; run: its first product, C to the host; check: C checked; sweep_compile and sweep_time: the
+            configurations compared built and timed; numeric: the numeric phase timed; cusparse: cuSPARSE run,
+            checked and timed).
     """
 
     name: str
@@ -75,6 +83,7 @@ class SpgemmRow:
     error: str | None = None
     source: str = ""
     candidates_ms: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
 
 
 def default_suite(data_dir=None) -> list[tuple[str, str]]:
@@ -109,18 +118,17 @@ def check_product(C: sp.csr_matrix, A: sp.csr_matrix, B: sp.csr_matrix, products
         >>> check_product((A @ A).tocsr(), A, A, 10)
         (True, 'scipy')
     """
-    A64, B64 = A.astype(np.float64), B.astype(np.float64)
     if products <= SCIPY_PRODUCTS:
-        ref = (A64 @ B64).tocsr()
+        ref = matmul64(A, B)
         ref.sum_duplicates()
-        pattern = (_structure(A) @ _structure(B)).tocsr()  # every reached entry, cancelled sums included
+        pattern = matmul64(_structure(A), _structure(B))  # every reached entry, cancelled sums included
         same = C.shape == ref.shape and np.array_equal(np.diff(C.indptr), np.diff(pattern.indptr))
         scale = max(abs(ref).max(), 1.0) if ref.nnz else 1.0
         return bool(same and (abs(C.astype(np.float64) - ref).max() if C.nnz else 0.0) <= 1e-5 * scale), "scipy"
     rng = np.random.default_rng(seed)
     v = rng.uniform(0.5, 1.5, C.shape[1])
-    bound = abs(A64) @ (abs(B64) @ v) + 1e-30
-    sums_ok = bool(np.all(np.abs(C.astype(np.float64) @ v - A64 @ (B64 @ v)) <= 1e-4 * bound))
+    bound = matvec64(A, matvec64(B, v, absolute=True), absolute=True) + 1e-30
+    sums_ok = bool(np.all(np.abs(matvec64(C, v) - matvec64(A, matvec64(B, v))) <= 1e-4 * bound))
     lengths = np.diff(C.indptr)
     rows = np.unique(np.concatenate([np.argsort(lengths)[-SAMPLED_ROWS // 10:],
                                      rng.integers(0, C.shape[0], SAMPLED_ROWS)]))
@@ -151,37 +159,57 @@ def _cusparse(A, B, C_checked, checked: bool, repeats: int):
     elif dC.nnz != C_checked.nnz:
         status = f"wrong: {dC.nnz:,} entries, the product has {C_checked.nnz:,}"
     else:
-        got = dC.get().tocsr()
-        got.sort_indices()
-        diff = abs(got.astype(np.float64) - C_checked.astype(np.float64)).max() if got.nnz else 0.0
-        scale = max(abs(C_checked).max(), 1.0) if C_checked.nnz else 1.0
+        diff = _max_difference(cp, dC, C_checked)
+        scale = max(float(abs(C_checked.data).max()), 1.0) if C_checked.nnz else 1.0
         status = "ok" if diff <= 1e-4 * scale else f"wrong: values differ by {diff:.3g}"
     del dC
     ms = timed_ms(lambda: dA @ dB, repeats)
     return ms, status
 
 
+def _max_difference(cp, dC, C: sp.csr_matrix) -> float:
+    """Largest |cuSPARSE's entry - ours| over C's entries (an entry one side lacks counts as 0): on the device
+    where both hold the same entries in sorted rows (C uploaded, nothing of cuSPARSE's copied back), else
+    through SciPy on the host."""
+    if not C.nnz:
+        return float(abs(dC.data).max()) if dC.nnz else 0.0
+    C.sort_indices()
+    dC.sort_indices()
+    if (dC.indptr.size == C.indptr.size and bool((dC.indptr == cp.asarray(C.indptr)).all())
+            and bool((dC.indices == cp.asarray(C.indices)).all())):
+        return float(cp.abs(dC.data.astype(cp.float64) - cp.asarray(C.data).astype(cp.float64)).max())
+    got = dC.get().tocsr()
+    return float(abs(got.astype(np.float64) - C.astype(np.float64)).max())
+
+
 def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> SpgemmRow:
     """Benchmark one product (see :class:`SpgemmRow`)."""
+    clock = Stages()
     A = loaders.load(source).tocsr()
     B = A if op == "AA" else A.T.tocsr()
     products = int(row_products(A.indptr, A.indices, B.indptr).sum())
+    clock.stage("load")
     name = loaders.display_name(source)
     base = dict(name=name, op=op, nnz=int(A.nnz), products=products, source=str(source),
                 power_law=not any(name.startswith(n) for n in NOT_POWER_LAW))
     try:
         f = compile_spgemm(A, B, cache_dir=cache_dir)
+        clock.stage("compile")
         if f.family not in FAMILIES:  # over the device's memory: slotted pages, which bench-stream times
             raise DeviceMemoryError(f"streamed in {f.plan.pages:,} slotted pages ({f.plan.reason}); "
                                     "python -m tuner bench-stream --op spgemm times such products")
         C = f()
+        clock.stage("run")
     except (DeviceMemoryError, MemoryError) as e:  # C too large for the GPU, or to check in host memory
+        clock.stage("compile")
         ms, status = _cusparse(A, B, None, False, repeats)
+        clock.stage("cusparse")
         return SpgemmRow(**base, nnz_c=None, ours_ms=None, ours_numeric_ms=None, cusparse_ms=ms, speedup=None,
                          cusparse_status=status, ours_correct=None,
                          check="ours refused", gflops=None, plan="", predicted_ms={}, family_ms={},
-                         pick_within_10pct=None, peak_device_bytes=None, error=str(e))
+                         pick_within_10pct=None, peak_device_bytes=None, error=str(e), seconds=clock.rounded())
     correct, how = check_product(C, A, B, products)
+    clock.stage("check")
     # Every configuration compared is compiled first and all are timed in turns (interleaved_ms): the
     # model's, the other family's at the parameters the model would run it with, and every candidate.
     mine = f"{f.family} {f.params}"
@@ -193,6 +221,9 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
         for params in FAMILIES[name_f].candidates:
             configs.setdefault(f"{name_f} {params}", (name_f, params))
     compiled = {mine: f}
+    info = gpu.device_info()
+    compile_candidates(f.a, f.b, [params for _, params in configs.values()], info.arch,
+                       shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm), Cache(cache_dir))
     for key, (_, params) in configs.items():
         if key not in compiled:
             try:
@@ -200,21 +231,25 @@ def bench_product(source: str, op: str, repeats: int = 5, cache_dir=None) -> Spg
                 whole(compiled[key])()  # a call may find its working memory too large only when it runs
             except DeviceMemoryError:
                 compiled[key] = None
+    clock.stage("sweep_compile")
     times = interleaved_ms({k: whole(p) for k, p in compiled.items() if p is not None}, repeats)
     del compiled
+    clock.stage("sweep_time")
     family_ms = {name_f: times.get(key) for name_f, key in family_keys.items()}
     candidates_ms = {f"{name_f} {params}": times.get(f"{name_f} {params}")
                      for name_f, family in FAMILIES.items() for params in family.candidates}
     ours = family_ms[f.family]
     numeric = timed_ms(lambda: f(out="device"), repeats)
+    clock.stage("numeric")
     measured = [v for v in times.values() if v is not None]
     ms, status = _cusparse(A, B, C, correct, repeats)
+    clock.stage("cusparse")
     return SpgemmRow(**base, nnz_c=int(C.nnz), ours_ms=ours, ours_numeric_ms=numeric, cusparse_ms=ms,
                      speedup=None if ms is None or not status.startswith("ok") else ms / ours,
                      cusparse_status=status, ours_correct=correct, check=how, gflops=2 * products / ours / 1e6,
                      plan=f"{f.family} {f.params}", predicted_ms={k: round(v, 4) for k, v in f.plan.predicted_ms.items()},
                      family_ms=family_ms, candidates_ms=candidates_ms, pick_within_10pct=ours <= 1.1 * min(measured),
-                     peak_device_bytes=f.peak_bytes)
+                     peak_device_bytes=f.peak_bytes, seconds=clock.rounded())
 
 
 def summary(rows: list[SpgemmRow]) -> dict:
@@ -237,7 +272,9 @@ def summary(rows: list[SpgemmRow]) -> dict:
 
 
 def run(suite: list[tuple[str, str]], out: Path, repeats: int = 5, cache_dir=None, progress=None) -> dict:
-    """Benchmark every product of ``suite``; write the JSON report to ``out`` after each product."""
+    """Benchmark every product of ``suite``; write the JSON report to ``out`` after each product (``wall_s``:
+    the suite's wall seconds so far)."""
+    started = time.perf_counter()
     info = gpu.device_info()
     report = {"tool": f"sparse-tuner {__version__}", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "command": " ".join(["python -m tuner"] + sys.argv[1:]) if sys.argv else "",
@@ -253,6 +290,7 @@ def run(suite: list[tuple[str, str]], out: Path, repeats: int = 5, cache_dir=Non
         rows.append(bench_product(source, op, repeats, cache_dir))
         report["rows"] = [asdict(r) for r in rows]
         report["summary"] = summary(rows)
+        report["wall_s"] = round(time.perf_counter() - started, 1)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1))
     return report

@@ -290,14 +290,15 @@ def product_of_shards(make_facts, make_rows, comm, dtype=np.float32, weighted: b
     from ..cache import Cache
     from ..model import load_profile
     from .rank_kernel import RankKernel
+    from ..stages import Stages
     from .rank_tiles import rank_tiles
-    from .spmv import DistributedSpMV, _Stages
+    from .spmv import DistributedSpMV
     if profile is None:
         try:
             profile = load_profile(gpu.device_info().name)
         except FileNotFoundError:
             profile = None
-    clock = _Stages()
+    clock = Stages()
     facts = make_facts()
     clock.stage("facts")
     partition = shard_partition(facts, comm.size, xp=cupy)

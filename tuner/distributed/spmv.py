@@ -7,7 +7,6 @@ with its own compiled kernel.
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import numpy as np
@@ -16,23 +15,11 @@ import scipy.sparse as sp
 from .. import gpu
 from ..formats.xp import host
 from ..matrix import MatrixError, canonicalize, check_vector_dtype, check_vector_shape
+from ..stages import Stages
 from .comm import Communicator
 from .partition import RowPartition, bitonic_partition, square_partition
 
 RANK_KERNELS = ("auto", "tiles", "compile")
-
-
-class _Stages:
-    """Wall seconds of a setup's stages, each from the end of the previous one."""
-
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def stage(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = now - self._last
-        self._last = now
 
 
 def _sorts(device_comm: bool):
@@ -134,7 +121,7 @@ class DistributedSpMV:
             raise MatrixError(f"the distributed SpMV splits x like A's rows: A must be square, got {m.shape}")
         self.comm = comm
         device_comm = comm.size > 1 and hasattr(comm, "allgather_into")
-        clock = _Stages()
+        clock = Stages()
         # One rank keeps every row in order and counts no column.
         if partition is None:
             partition = square_partition(m.row_lengths, m.col_lengths, comm.size, _sorts(device_comm)) \

@@ -36,12 +36,14 @@ class Family:
         name: as plans and reports name it.
         params: its parameter dataclass (defaults: the model's choice).
         build: (A, B, params, cache) -> its :class:`~tuner.spgemm.base.Product`.
+        source: (A, B, params, shared limit) -> the CUDA source ``build`` compiles (rendered without a device).
         candidates: parameter sets ``tune='measure'`` times.
     """
 
     name: str
     params: type
     build: Callable
+    source: Callable
     candidates: tuple
 
 
@@ -49,10 +51,10 @@ class Family:
 # takes) for the outer product; lanes, the largest shared table, the in-shared-memory sort limit and the dense
 # rule (none, or rows from half as many entries on) for row_hash.
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("outer_product", OuterProductParams, OuterProduct,
+    Family("outer_product", OuterProductParams, OuterProduct, outer_product.kernel_source,
            (OuterProductParams(), OuterProductParams(block_size=128, tile=512),
             OuterProductParams(split=65536))),
-    Family("row_hash", RowHashParams, RowHash,
+    Family("row_hash", RowHashParams, RowHash, row_hash.kernel_source,
            tuple(RowHashParams(lanes=n) for n in (16, 32, 64, 128))
            + (RowHashParams(lanes=64, tables=RowHashParams().tables[:8]), RowHashParams(lanes=64, sort_max=1024),
               RowHashParams(dense_ratio=0), RowHashParams(dense_ratio=128))),
@@ -82,6 +84,21 @@ def prebuild(arch: str, cache: Cache | None = None) -> None:
     sources = library_sources()
     with ThreadPoolExecutor(max_workers=len(sources)) as pool:
         list(pool.map(lambda s: codegen.compile_library(s, arch, cache=cache), sources))
+
+
+def compile_candidates(a: CanonicalMatrix, b: CanonicalMatrix, params: list, arch: str, shared: int,
+                       cache: Cache | None = None) -> None:
+    """Compile the kernels of A B for every parameter set of ``params`` (any family's) into the binary cache,
+    on parallel nvcc runs: the builds that follow find them there instead of running nvcc one after another.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> a = canonicalize(sp.random(30, 30, density=0.1, format="csr", dtype="float32", random_state=0))
+        >>> import tempfile
+        >>> cache = Cache(tempfile.mkdtemp())
+        >>> compile_candidates(a, a, [OuterProductParams(), OuterProductParams(tile=512)], "sm_90", 232448, cache)
+    """
+    codegen.compile_many([FAMILY_OF[type(p)].source(a, b, p, shared) for p in params], arch, cache=cache)
 
 
 @dataclass(frozen=True)
@@ -272,19 +289,20 @@ ROUNDS = 4  # turns in which configurations compared with each other are timed
 def interleaved_ms(runs: dict, repeats: int, rounds: int = ROUNDS) -> dict:
     """Median wall ms of each callable of ``runs`` (name -> callable), timed in turns: after a warm-up call
     and a first timed one each, ``rounds`` rounds in which every callable makes its share of the
-    :func:`repeats_for` calls it needs, the median taken over all its calls. A spell in which the host or
-    the device runs slow (sub-millisecond products vary by tens of percent for seconds at a time) then falls
-    on every configuration alike, not on whichever was being timed: what a comparison of them needs.
+    :func:`repeats_for` calls it needs (their total is that number), the median taken over all its calls.
+    A spell in which the host or the device runs slow (sub-millisecond products vary by tens of percent for
+    seconds at a time) then falls on every configuration alike, not on whichever was being timed: what a
+    comparison of them needs.
 
     Example (on a GPU machine):
         >>> interleaved_ms({"a": whole(f), "b": whole(g)}, 5)      # doctest: +SKIP
         {'a': 0.41, 'b': 0.57}
     """
-    shares = {k: -(-repeats_for(wall_ms(fn, 1, warmup=1), repeats) // rounds) for k, fn in runs.items()}
+    calls = {k: repeats_for(wall_ms(fn, 1, warmup=1), repeats) for k, fn in runs.items()}
     times = {k: [] for k in runs}
-    for _ in range(rounds):
+    for r in range(rounds):
         for k, fn in runs.items():
-            times[k] += _call_ms(fn, shares[k])
+            times[k] += _call_ms(fn, calls[k] // rounds + (r < calls[k] % rounds))
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
@@ -376,6 +394,7 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
                                   plan.rates, "fastest measured earlier (plan cache)")
         return product
     measured, best_product, best_ms = {}, None, float("inf")
+    compile_candidates(a, b, [p for family in FAMILIES.values() for p in family.candidates], info.arch, shared, cache)
     for family in FAMILIES.values():
         for p in family.candidates:
             candidate = family.build(a, b, p, cache)

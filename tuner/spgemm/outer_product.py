@@ -190,6 +190,33 @@ def library_sources() -> list[str]:
     return [merge_source(d) for d in (np.float32, np.float64)]
 
 
+def index_dtype(a: CanonicalMatrix, b: CanonicalMatrix) -> np.dtype:
+    """The kernels' index type: int64 where either operand has int64 indices, else int32."""
+    return np.dtype(np.int64) if np.dtype(np.int64) in (a.index_dtype, b.index_dtype) else np.dtype(np.int32)
+
+
+def kernel_name(dtype, index, value_free: bool) -> str:
+    """The kernels' name prefix for these value and index types (value-free or not)."""
+    return f"outer_{np.dtype(dtype).name}_{np.dtype(index).name}{'_pattern' if value_free else ''}"
+
+
+def kernel_source(a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams, limit: int = 0) -> str:
+    """The CUDA source :class:`OuterProduct` compiles for A B with ``params`` (``limit``, the shared bytes of a
+    block, does not shape it): rendering it needs no device, so candidates can be compiled ahead.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> from tuner.matrix import canonicalize
+        >>> a = canonicalize(sp.random(20, 20, density=0.2, format="csr", dtype="float64", random_state=0))
+        >>> "outer_float64_int32_indptr32" in kernel_source(a, a, OuterProductParams())
+        True
+    """
+    dtype, value_free, index = a.value_dtype, a.value_free and b.value_free, index_dtype(a, b)
+    return codegen.render("outer_product.cu.j2", dict(
+        VAL=CTYPES[dtype], IDX=CTYPES[index], value_free=value_free, kernel_name=kernel_name(dtype, index, value_free),
+        block_size=params.block_size, tile=params.tile))
+
+
 class OuterProduct(Product):
     """C = A B by outer products (a :class:`~tuner.spgemm.base.Product`); a call's ``seconds`` has the phases
     allocate, expand, sort, reduce, csr (and download)."""
@@ -199,14 +226,10 @@ class OuterProduct(Product):
     def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams, cache: Cache,
                  prepared: Prepared | None = None):
         super().__init__(a, b, params)
-        index = np.dtype(np.int64) if np.dtype(np.int64) in (a.index_dtype, b.index_dtype) else np.dtype(np.int32)
-        self.index_dtype = index
-        name = f"outer_{self.dtype.name}_{index.name}{'_pattern' if self.value_free else ''}"
-        source = codegen.render("outer_product.cu.j2", dict(
-            VAL=CTYPES[self.dtype], IDX=CTYPES[index], value_free=self.value_free, kernel_name=name,
-            block_size=params.block_size, tile=params.tile))
+        self.index_dtype = index = index_dtype(a, b)
+        name = kernel_name(self.dtype, index, self.value_free)
         info = gpu.device_info()
-        binary = codegen.compile_source(source, info.arch, cache=cache)
+        binary = codegen.compile_source(kernel_source(a, b, params), info.arch, cache=cache)
         self._merge_name = merge_name(self.dtype)
         self._library = gpu.Library(codegen.compile_library(merge_source(self.dtype), info.arch, cache=cache))
         v = "f" if self.dtype == np.float32 else "d"

@@ -191,6 +191,38 @@ def library_sources() -> list[str]:
     return [helpers_source(d, k) for d in (np.float32, np.float64) for k in (np.int32, np.int64)]
 
 
+def column_dtype(n_cols: int) -> np.dtype:
+    """C's column index type: int32 where every column fits, else int64."""
+    return np.dtype(np.int32 if n_cols <= INT32_MAX else np.int64)
+
+
+def kernel_name(dtype, col_dtype, value_free: bool) -> str:
+    """The kernels' name prefix for these value and column types (value-free or not)."""
+    return f"row_hash_{np.dtype(dtype).name}_{np.dtype(col_dtype).name}{'_pattern' if value_free else ''}"
+
+
+def kernel_source(a: CanonicalMatrix, b: CanonicalMatrix, params: RowHashParams, limit: int) -> str:
+    """The CUDA source :class:`RowHash` compiles for A B with ``params`` (``limit``: the shared bytes a block
+    may use, :func:`shared_limit`): rendering it needs no device, so candidates can be compiled ahead.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> from tuner.matrix import canonicalize
+        >>> a = canonicalize(sp.random(20, 20, density=0.2, format="csr", dtype="float32", random_state=0))
+        >>> "row_hash_float32_int32_numeric_global" in kernel_source(a, a, RowHashParams(), 232448)
+        True
+    """
+    dtype, value_free = a.value_dtype, a.value_free and b.value_free
+    col = column_dtype(b.n_cols)
+    ks, vs = col.itemsize, dtype.itemsize
+    return codegen.render("row_hash.cu.j2", dict(
+        VAL=CTYPES[dtype], KEY=CTYPES[col], value_free=value_free, kernel_name=kernel_name(dtype, col, value_free),
+        lanes=params.lanes, symbolic_bins=geometry(params, ks, limit), numeric_bins=geometry(params, ks + vs, limit),
+        global_block=params.global_block, sort_max=params.sort_max, dense_block=params.dense_block,
+        dense_widths=dense_widths(params, vs, limit), dense_lanes=params.dense_lanes,
+        dense_entries=params.dense_entries))
+
+
 class RowHash(Product):
     """C = A B by hashed rows (a :class:`~tuner.spgemm.base.Product`); a call's ``seconds`` has the phases
     symbolic_shared, symbolic_global, symbolic_dense, symbolic_rest (first call only), allocate, numeric_shared,
@@ -201,7 +233,7 @@ class RowHash(Product):
     def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, params: RowHashParams, cache: Cache):
         super().__init__(a, b, params)
         n_cols = self.shape[1]
-        self.col_dtype = np.dtype(np.int32 if n_cols <= INT32_MAX else np.int64)
+        self.col_dtype = column_dtype(n_cols)
         info = gpu.device_info()
         ks, vs = self.col_dtype.itemsize, self.dtype.itemsize
         limit = shared_limit(info.shared_bytes_per_block, info.shared_bytes_per_sm)
@@ -214,13 +246,8 @@ class RowHash(Product):
         self._a_indptr = np.asarray(a.indptr, np.int64)  # split_rows' offsets, converted once, not every call
         self.symbolic_layout: RowBins = bin_rows(self.products, tuple(g.table for g in self.symbolic_bins),
                                                  params.symbolic_load, n_cols, self.dense_from)
-        name = f"row_hash_{self.dtype.name}_{self.col_dtype.name}{'_pattern' if self.value_free else ''}"
-        source = codegen.render("row_hash.cu.j2", dict(
-            VAL=CTYPES[self.dtype], KEY=CTYPES[self.col_dtype], value_free=self.value_free, kernel_name=name,
-            lanes=params.lanes, symbolic_bins=self.symbolic_bins, numeric_bins=self.numeric_bins,
-            global_block=params.global_block, sort_max=params.sort_max, dense_block=params.dense_block,
-            dense_widths=self.dense_widths, dense_lanes=params.dense_lanes, dense_entries=params.dense_entries))
-        binary = codegen.compile_source(source, info.arch, cache=cache)
+        name = kernel_name(self.dtype, self.col_dtype, self.value_free)
+        binary = codegen.compile_source(kernel_source(a, b, params, limit), info.arch, cache=cache)
         self._library = gpu.Library(codegen.compile_library(helpers_source(self.dtype, self.col_dtype), info.arch,
                                                             cache=cache))
         self._helpers = helpers_name(self.dtype, self.col_dtype)
