@@ -128,9 +128,10 @@ def _segment_by_segment(m: CanonicalMatrix, spec: Specialization, profile: Profi
         if seg.warps.w.size == 0:
             continue
         key, profiled_bytes = table_for(profile, seg.key)
-        fractions = segment_gathers(m, profile, seg)
+        # The gathers only where the sums are not memoised: the key (the table, which names the kernel's
+        # lanes and block) fixes them too.
         sums = shared_layout(m, ("segment", seg.ident, key, profile.digest),
-                             lambda: segment_sums(profile, key, seg.warps, fractions))
+                             lambda: segment_sums(profile, key, seg.warps, segment_gathers(m, profile, seg)))
         blocks = -(-seg.warps.warps * WARP // block_threads(seg.key))
         rows.append((*sums, blocks, profiled_bytes, profile.max_active_warps(key), key))
     return SegmentSums.of_rows(rows)
