@@ -824,6 +824,21 @@ def test_rows_of_a_class_per_chunk_counted_from_the_device_lengths_equal_the_hos
     assert sum(expected[4]) == int(np.count_nonzero(on_host.row_lengths >= 4))
 
 
+@pytest.mark.gpu
+def test_rows_of_a_class_per_chunk_counted_on_the_gpu_equal_the_host_counts(monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    from tuner.formats.device_reorder import DeviceCsr
+    from tuner.model import reuse, warps
+    A = power_law(70000, seed=28)
+    expected = {k: reuse.rows_at_least(canonicalize(A), k).tolist() for k in (1, 4, 300)}
+    m = canonicalize(A)
+    monkeypatch.setattr(warps, "DEVICE_ROWS", 0)
+    monkeypatch.setattr(warps, "known_copy", lambda v: DeviceCsr(cupy.asarray(v.indptr), cupy.asarray(v.indices),
+                                                                None) if v is m else None)
+    assert {k: reuse.rows_at_least(m, k).tolist() for k in (1, 4, 300)} == expected
+    assert len(expected[1]) > 100
+
+
 def test_warp_histograms_of_every_row_from_the_device_lengths_predict_as_the_host_passes(profile, monkeypatch):
     from tuner.formats.device_reorder import DeviceCsr
     A = power_law(6000, seed=25)

@@ -189,10 +189,14 @@ def _cusparse_times(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray,
     if m.index_dtype != np.int32:
         return None, None  # CuPy's sparse matrices hold int32 indices only
     a_csr = cpsp.csr_matrix((cp.asarray(m.data), cp.asarray(m.indices), cp.asarray(m.indptr)), shape=m.shape)
+    # A canonical matrix's rows are sorted and free of duplicates, and so is the COO made from them (as
+    # cuSPARSE's COO path requires): said, not checked on the GPU, where CuPy's checks are reductions it
+    # builds as CUB kernels on first use, seconds each on a fresh install.
+    a_csr.has_canonical_format = True
     x = cp.asarray(x_host)
     y = cp.empty(m.n_rows, dtype=m.value_dtype)
     a_coo = a_csr.tocoo()
-    a_coo.sum_duplicates()  # marks it canonical (sorted, no duplicates), which cuSPARSE's COO path requires
+    a_coo.has_canonical_format = True
     out = []
     for a in (a_csr, a_coo):
         y.fill(np.nan)

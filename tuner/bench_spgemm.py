@@ -149,6 +149,9 @@ def _cusparse(A, B, C_checked, checked: bool, repeats: int):
         return None, f"error: CuPy unavailable ({type(e).__name__})"
     try:
         dA, dB = csp.csr_matrix(A), csp.csr_matrix(B)
+        for host_m, dev_m in ((A, dA), (B, dB)):
+            if host_m.has_canonical_format:  # SciPy's check on the host: CuPy's would build CUB kernels
+                dev_m.has_canonical_format = True
         dC = dA @ dB
         cp.cuda.Device().synchronize()
     except Exception as e:  # noqa: BLE001 - cuSPARSE's failures are the result

@@ -175,9 +175,12 @@ def rows_at_least(m, length: int) -> np.ndarray:
         chunks = -(-n // CHUNK_ROWS)
         with device_row_lengths(m) as dev:
             if dev is not None:  # one pass on the GPU, only the counts per chunk come back
-                padded = module(dev).zeros(chunks * CHUNK_ROWS, np.int32)
-                padded[:n] = (dev >= length).astype(np.int32)
-                return host(padded.reshape(chunks, CHUNK_ROWS).sum(axis=1)).astype(np.int64)
+                # From the rows' positions, not a sum per chunk: CuPy builds a reduction over an axis as
+                # a CUB kernel on first use, seconds of NVRTC on a fresh install.
+                xp = module(dev)
+                at = xp.flatnonzero(dev >= length)
+                edges = xp.searchsorted(at, xp.arange(chunks + 1, dtype=at.dtype) * CHUNK_ROWS)
+                return host(xp.diff(edges)).astype(np.int64)
         if length >= NARROW:  # beyond the uint8 lengths: count among the rows they clip
             L = m.row_lengths
             clipped = shared_layout(m, ("rows_clipped",), lambda: np.flatnonzero(narrow_lengths(m) == NARROW))
