@@ -146,7 +146,7 @@ MIN_SAMPLES = 20  # ... but never fewer than this many samples
 
 
 def samples_for(sample_ms: float, repeats: int) -> int:
-    """How many samples of ``sample_ms`` each one measurement takes: ``repeats``, or fewer where they would
+    """How many samples, of ``sample_ms`` each, one measurement takes: ``repeats``, or fewer where they would
     take over :data:`SAMPLE_SPAN_MS` in all (at least :data:`MIN_SAMPLES`): a product of milliseconds varies
     by a percent or less from one sample to the next, and its median settles long before a hundred samples.
 

@@ -17,9 +17,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import __version__, gpu, loaders
+from .cache import Cache
 from .formats.row_bins import row_products
 from .host_products import matmul64, matvec64
-from .cache import Cache
 from .spgemm import (FAMILIES, MAX_REPEATS, ROUNDS, SPAN_MS, compile_candidates, compile_spgemm, interleaved_ms,
                      planned_params, timed_ms, whole)
 from .spgemm.base import DeviceMemoryError

@@ -289,8 +289,8 @@ def product_of_shards(make_facts, make_rows, comm, dtype=np.float32, weighted: b
     from .. import gpu
     from ..cache import Cache
     from ..model import load_profile
-    from .rank_kernel import RankKernel
     from ..stages import Stages
+    from .rank_kernel import RankKernel
     from .rank_tiles import rank_tiles
     from .spmv import DistributedSpMV
     if profile is None:
