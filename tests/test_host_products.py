@@ -4,7 +4,8 @@ import pytest
 import scipy.sparse as sp
 
 from tuner import host_products
-from tuner.host_products import matmul64, matvec64, row_blocks
+from tuner.host_products import matmul64, matvec64
+from tuner.matrix import row_blocks
 
 from .conftest import fixture_matrices, power_law
 

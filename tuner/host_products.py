@@ -13,20 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.sparse as sp
 
+from .matrix import row_blocks
+
 BLOCK_ENTRIES = 2_000_000  # a block of rows holds at least this many entries (smaller matrices: one block)
-
-
-def row_blocks(indptr: np.ndarray, blocks: int) -> list[tuple[int, int]]:
-    """(first, end) row ranges, about equal in entries, at most ``blocks`` of them, none empty.
-
-    Example:
-        >>> row_blocks(np.array([0, 5, 6, 7, 12]), 2)
-        [(0, 2), (2, 4)]
-    """
-    n_rows = indptr.size - 1
-    targets = np.linspace(0, int(indptr[-1]), max(1, blocks) + 1)[1:-1]
-    cuts = np.unique(np.concatenate([[0], np.searchsorted(indptr, targets).clip(0, n_rows), [n_rows]]))
-    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
 def _rows(A: sp.csr_matrix, first: int, end: int, absolute: bool) -> sp.csr_matrix:

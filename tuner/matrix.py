@@ -154,6 +154,19 @@ def _value_dtype(dtype: np.dtype, data: np.ndarray, requested) -> np.dtype:
     raise MatrixError(f"unsupported value dtype {dtype}: use a real floating, integer or boolean matrix")
 
 
+def row_blocks(indptr: np.ndarray, blocks: int) -> list[tuple[int, int]]:
+    """(first, end) row ranges, about equal in entries, at most ``blocks`` of them, none empty.
+
+    Example:
+        >>> row_blocks(np.array([0, 5, 6, 7, 12]), 2)
+        [(0, 2), (2, 4)]
+    """
+    n_rows = indptr.size - 1
+    targets = np.linspace(0, int(indptr[-1]), max(1, blocks) + 1)[1:-1]
+    cuts = np.unique(np.concatenate([[0], np.searchsorted(indptr, targets).clip(0, n_rows), [n_rows]]))
+    return [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+
+
 def _in_pieces(fn, a: np.ndarray) -> list:
     """``fn`` of consecutive pieces of ``a``, on several threads for large arrays (NumPy's passes release the
     GIL): the checks of a 100M-entry matrix then take a fraction of the time one core needs."""

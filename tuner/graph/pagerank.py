@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..formats.transpose import transpose
-from ..matrix import MatrixError, all_finite, extrema
+from ..matrix import MatrixError, all_finite, extrema, row_blocks
 
 TOL_RULES = ("networkx", "per_node")
 
@@ -133,9 +133,7 @@ def row_sums(W: sp.csr_matrix) -> np.ndarray:
     """
     n, indptr, data = W.shape[0], W.indptr.astype(np.int64, copy=False), W.data
     out = np.zeros(n, dtype=np.result_type(data.dtype, np.float64))
-    k = min(os.cpu_count() or 1, 16, max(1, W.nnz // ROW_SUM_PIECE))
-    cuts = np.searchsorted(indptr, np.linspace(0, W.nnz, k + 1), side="left").clip(0, n)
-    cuts[0], cuts[-1] = 0, n
+    blocks = row_blocks(indptr, min(os.cpu_count() or 1, 16, max(1, W.nnz // ROW_SUM_PIECE)))
 
     def piece(lo: int, hi: int) -> None:
         starts, ends = indptr[lo:hi], indptr[lo + 1:hi + 1]
@@ -143,11 +141,12 @@ def row_sums(W: sp.csr_matrix) -> np.ndarray:
         if full.size:
             out[lo + full] = np.add.reduceat(data[indptr[lo]:indptr[hi]], starts[full] - indptr[lo],
                                              dtype=out.dtype)  # float32 weights summed in float64
-    if k == 1:  # a small graph: starting a thread costs more than its sums
-        piece(0, n)
+    if len(blocks) <= 1:  # a small graph: starting a thread costs more than its sums
+        for lo, hi in blocks:
+            piece(lo, hi)
         return out
-    with ThreadPoolExecutor(max_workers=k) as pool:
-        list(pool.map(piece, cuts[:-1], cuts[1:]))
+    with ThreadPoolExecutor(max_workers=len(blocks)) as pool:
+        list(pool.map(lambda b: piece(*b), blocks))
     return out
 
 
