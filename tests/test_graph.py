@@ -114,12 +114,12 @@ def test_pagerank_through_the_tuned_spmv_equals_the_host_iteration(tune):
 
 
 @pytest.mark.gpu
-def test_pagerank_iterates_on_the_device_with_the_generic_kernel_unless_asked_to_tune():
+def test_pagerank_iterates_in_one_launch_on_the_device_unless_asked_to_tune():
     pytest.importorskip("cupy")
     A = graph(3000, 64)
     host = tuner.pagerank(A, backend="scipy", tol=1e-12, tol_rule="per_node", max_iter=500)
     x, info = tuner.pagerank(A, tol=1e-12, tol_rule="per_node", max_iter=500, return_info=True)
-    assert info.backend == "generic SpMV on 1 GPU(s)" and np.abs(x - host).max() <= 1e-12
+    assert info.backend.startswith("resident") and np.abs(x - host).max() <= 1e-12
     x, info = tuner.pagerank(A, tol=1e-12, tol_rule="per_node", max_iter=500, tune="model", return_info=True)
     assert info.backend == "tuned SpMV on 1 GPU(s)" and np.abs(x - host).max() <= 1e-12
 
@@ -131,7 +131,7 @@ def test_pagerank_with_iterations_on_the_device_equals_networkx(path):
     x, info = tuner.pagerank(A, backend="device", tol=1e-12, tol_rule="per_node", max_iter=500, return_info=True)
     # NetworkX stops once the L1 change is under N * tol: 3.5e-10 on cit-HepPh at 1e-14, too loose a reference
     expected = ranks(nx.pagerank(as_networkx(A), tol=1e-15, max_iter=5000), A.shape[0])
-    assert info.backend == "generic SpMV on 1 GPU(s)" and info.seconds["iterations"] > 0
+    assert info.backend.startswith("resident") and info.seconds["iterations"] > 0
     assert np.abs(x - expected).max() <= 1e-10
     host, host_info = tuner.pagerank(A, backend="scipy", tol=1e-12, tol_rule="per_node", max_iter=500,
                                      return_info=True)
@@ -246,6 +246,110 @@ def test_every_pagerank_step_specialisation_compiles(val, tmp_path):
     from tuner.distributed.pagerank import STEP_BLOCK
     source = codegen.render("pagerank_step.cu.j2", dict(VAL=val, block_size=STEP_BLOCK, kernel_name="s"))
     assert len(codegen.compile_source(source, cache=Cache(tmp_path)).cubin) > 0
+
+
+@pytest.mark.parametrize("val", ["float", "double"])
+@pytest.mark.parametrize("pattern", [False, True])
+def test_every_resident_pagerank_specialisation_compiles(val, pattern, tmp_path):
+    from tuner import codegen
+    from tuner.cache import Cache
+    from tuner.graph.resident import resident_source
+    name, source = resident_source(np.float32 if val == "float" else np.float64, pattern)
+    assert f"typedef {val} val_t;" in source and f"#define PATTERN {int(pattern)}" in source
+    assert name in source and len(codegen.compile_source(source, cache=Cache(tmp_path)).cubin) > 0
+
+
+def test_the_resident_grid_covers_the_chunks_and_nodes_within_what_the_gpu_holds():
+    from tuner.graph.resident import grid_for, resident_source
+    assert grid_for(chunks=0, n=1, max_blocks=792) == 1
+    assert grid_for(chunks=9, n=100, max_blocks=792) == 2  # 8 warps a block: 9 chunks need 2 blocks
+    assert grid_for(chunks=8, n=600, max_blocks=792) == 3  # 256 nodes a block
+    assert grid_for(chunks=10**6, n=10**6, max_blocks=792) == 792
+    with pytest.raises(ValueError, match="float32 or float64"):
+        resident_source(np.float16, False)
+
+
+def in_degree_graph(in_degrees, n, seed):
+    """A weighted graph whose node v has ``in_degrees[v]`` in-edges from distinct random nodes (0 for the
+    rest): Wᵀ's row v then has that many entries, so rows of 256 and more fill or cross the resident kernel's
+    chunks of 256 entries at chosen places."""
+    rng = np.random.default_rng(seed)
+    rows, cols = [], []
+    for v, k in enumerate(in_degrees):
+        rows.append(rng.choice(n, size=k, replace=False))
+        cols.append(np.full(k, v))
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    return sp.csr_matrix((rng.uniform(0.5, 2.0, rows.size), (rows, cols)), shape=(n, n))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tol_rule", ["per_node", "networkx"])
+def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning_chunks(tol_rule):
+    pytest.importorskip("cupy")
+    from tuner.distributed.nccl import SoloDevice
+    from tuner.distributed.pagerank import pagerank_on_devices
+    n = 3000
+    # Wᵀ's rows: one chunk exactly, one from a chunk's start across two, a hub across many, empty rows, rows
+    # of one entry, then a power-law rest; node 7 has no out-edges (dangling) and node 9 a self-loop.
+    degrees = [256, 300, 5, 0, 2500, 1, 1, 0, 256, 17] + list(np.random.default_rng(1).zipf(2.0, n - 10) % 400)
+    A = (in_degree_graph(degrees, n, 71) + graph(n, 72)).tolil()
+    A[7, :] = 0
+    A[9, 9] = 1.5
+    A = A.tocsr()
+    A.eliminate_zeros()
+    p = np.random.default_rng(5).uniform(0.1, 1.0, n)
+    host, host_info = tuner.pagerank(A, personalization=p, tol=1e-13, tol_rule=tol_rule, max_iter=500,
+                                     backend="scipy", return_info=True)
+    x, info = pagerank_on_devices(A, SoloDevice(), personalization=p, tol=1e-13, tol_rule=tol_rule, max_iter=500,
+                                  dtype=np.float64, return_info=True, tune="none")
+    assert info.backend.startswith("resident") and abs(info.iterations - host_info.iterations) <= 1
+    assert np.abs(x - host).max() <= 1e-12
+    # The kernel has no atomics: a run repeats bit for bit (where the out-weights, summed by atomic adds on
+    # the device, are too: every edge weighing the same).
+    runs = [pagerank_on_devices(A, SoloDevice(), personalization=p, tol=1e-13, tol_rule=tol_rule, max_iter=500,
+                                dtype=np.float64, tune="none", weighted=False) for _ in range(2)]
+    assert np.array_equal(runs[0], runs[1])
+    loop = pagerank_on_devices(A, SoloDevice(), personalization=p, tol=1e-13, tol_rule=tol_rule, max_iter=500,
+                               dtype=np.float64, tune="none", resident=False)
+    assert np.abs(loop - x).max() <= 1e-12
+
+
+@pytest.mark.gpu
+def test_resident_pagerank_stages_its_node_vectors_after_the_setups_kernels(monkeypatch):
+    pytest.importorskip("cupy")
+    from tuner.formats import device_reorder
+    # Every copy through the pinned staging buffers (as a graph of millions of nodes copies its vectors): its
+    # side stream must not write memory that kernels still queued on the current stream were given back.
+    monkeypatch.setattr(device_reorder, "STAGE_BYTES", 4096)
+    A = large_graph(24)
+    seeds = np.zeros(A.shape[0])
+    seeds[[3, 5, 7]] = 1.0
+    for p in (np.random.default_rng(4).uniform(0.1, 1.0, A.shape[0]), seeds):
+        host = tuner.pagerank(A, personalization=p, backend="scipy", tol=1e-12, tol_rule="per_node", max_iter=500)
+        for _ in range(3):
+            x = tuner.pagerank(A, personalization=p, tol=1e-12, tol_rule="per_node", max_iter=500)
+            assert np.abs(x - host).max() <= 1e-12
+
+
+@pytest.mark.gpu
+def test_resident_pagerank_of_a_pattern_graph_in_float32_and_its_convergence_error():
+    pytest.importorskip("cupy")
+    A = in_degree_graph([600, 0, 3, 256] + [4] * 996, 1000, 73)
+    expected = tuner.pagerank(A, weighted=False, backend="scipy", tol=1e-12, tol_rule="per_node")
+    x, info = tuner.pagerank(A, weighted=False, dtype=np.float32, tol=1e-9, tol_rule="per_node", return_info=True)
+    assert info.backend.startswith("resident") and np.abs(x - expected).max() <= 1e-6 * expected.max()
+    with pytest.raises(ConvergenceError, match="did not converge in 2 iterations"):
+        tuner.pagerank(A, max_iter=2, tol=1e-12)
+    # node vectors checked on the device name their problem as the host's check does
+    for pers, message in ((np.r_[-1.0, np.ones(999)], "personalization must be finite and non-negative"),
+                          (np.r_[np.nan, np.ones(999)], "personalization must be finite and non-negative"),
+                          (np.zeros(1000), "personalization sums to zero"),
+                          (np.ones(3), "personalization has 3 entries, the graph 1000 nodes")):
+        with pytest.raises(ValueError, match=message):
+            tuner.pagerank(A, personalization=pers)
+    uneven = np.arange(1000.0)
+    assert np.abs(tuner.pagerank(A, personalization=uneven, dtype=np.float64, tol=1e-12)
+                  - tuner.pagerank(A, personalization=uneven, backend="scipy", tol=1e-12)).max() <= 1e-12
 
 
 def dense_simrank(A):
@@ -509,7 +613,7 @@ def test_pagerank_set_up_on_the_device_equals_the_host_iteration(tune):
     host = tuner.pagerank(A, personalization=pers, backend="scipy", tol=1e-12, tol_rule="per_node", max_iter=500)
     x, info = tuner.pagerank(A, personalization=pers, tol=1e-12, tol_rule="per_node", max_iter=500, tune=tune,
                              return_info=True)
-    assert info.backend.startswith("generic" if tune == "none" else "tuned")
+    assert info.backend.startswith("resident" if tune == "none" else "tuned")
     assert np.abs(x - host).max() <= 1e-12
     unweighted = tuner.pagerank(A, weighted=False, dtype=np.float32, tol=1e-9, tol_rule="per_node")
     expected = tuner.pagerank(A, weighted=False, backend="scipy", tol=1e-12, tol_rule="per_node")

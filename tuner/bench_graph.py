@@ -4,8 +4,9 @@ cuSPARSE through CuPy, with the same iterations, and against NetworkX where it r
 Rows (models/<gpu-slug>/bench-graph.json), host SciPy matrix in, NumPy result out:
 
 * ``pagerank``: ours is one call of :func:`tuner.pagerank` as a user makes it (host matrix in, ranks out; the
-  defaults: iterations on this GPU with the fused update kernel, the product by Aᵀ the generic kernel, no
-  tuning) to a per-node change below ``TOL``; then the same iterations on the tuned product
+  defaults: set up on this GPU, every iteration in one launch of the resident kernel
+  (:mod:`tuner.graph.resident`), no tuning) to a per-node change below ``TOL``; then the same iterations on the
+  tuned product, driven from the host
   (:func:`~tuner.distributed.pagerank.pull_product`, planned from a cold plan cache) give the tuned columns.
   cuSPARSE's is the same pull iteration in CuPy (``csr @ vector`` on Aᵀ transposed on the GPU, device-side
   dangling sum, the change read by the host each iteration as ours is), run for exactly our number of
@@ -56,8 +57,8 @@ class GraphRow:
         tuned_iter_ms, tuned_setup_s: the same iterations on the tuned product, and its setup (plan,
             relabelling, layout, compile and upload from a plan cache that has never seen the graph); None
             for SimRank. tuned_max_abs_diff: the largest difference between the two runs' results.
-        setup_s, cusparse_setup_s: each side's setup (ours: weights, upload, transpose and the generic
-            kernel's layout; cuSPARSE: weights, upload, transpose).
+        setup_s, cusparse_setup_s: each side's setup (ours: upload, checks, transpose, out-weights and the
+            resident kernel's chunks; cuSPARSE: upload, out-weights, transpose).
         ours_50_s, cusparse_50_s, speedup_50: each side's setup plus ``TARGET_ITERATIONS`` (50) of its
             measured iterations, the run issue 36's target names (computed from the two measured parts;
             None for SimRank).
@@ -201,7 +202,10 @@ def _warm_up(dtype=np.float32) -> None:
     from .graph import pagerank
     for source in WARM_UP:
         A = abs(loaders.load(source))
-        pagerank(A, backend="device", dtype=dtype)
+        weighted = A.copy()
+        weighted.data = np.random.default_rng(0).uniform(0.5, 2.0, A.nnz).astype(A.dtype)
+        for graph in (A, weighted):  # the resident kernel of a pattern and of a weighted graph
+            pagerank(graph, backend="device", dtype=dtype, personalization=np.full(A.shape[0], 1.0 / A.shape[0]))
         solo = SoloDevice()
         with cold_plans() as cold:
             pagerank_on_devices(A, solo, dtype=dtype, product=pull_product(A, solo, dtype=dtype, cache_dir=cold))

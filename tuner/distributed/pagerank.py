@@ -82,14 +82,17 @@ def pull_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: bool
 def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_iter: int = 100,
                         tol: float = 1e-6, nstart=None, dangling=None, weighted: bool = True,
                         tol_rule: str = "networkx", dtype=np.float32, check_every: int = 1,
-                        return_info: bool = False, product: DistributedSpMV | None = None, **options):
+                        return_info: bool = False, product: DistributedSpMV | None = None,
+                        resident: bool | None = None, **options):
     """PageRank of ``A`` (edge u -> v is ``A[u, v]``) on the GPUs of device communicator ``comm``.
 
     ``comm``: :class:`~tuner.distributed.nccl.NcclComm` (one MPI rank per GPU; every rank calls this with the
     same A, or with None and a ``product`` from :func:`~tuner.distributed.shard.sharded_product`) or
     :class:`~tuner.distributed.nccl.SoloDevice`. ``dtype``: of the matrix and the vectors (the
     sums are accumulated in float64). ``options`` go to each rank's :func:`tuner.compile`; ``product``
-    reuses one made by :func:`pull_product` for the same A, comm and options. Returns the whole
+    reuses one made by :func:`pull_product` for the same A, comm and options. ``resident``: every
+    iteration in one kernel launch (:mod:`tuner.graph.resident`); None (the default) where it applies: one GPU,
+    no ``product``, the generic kernel (``tune='none'``) and no ``device_memory_limit``. Returns the whole
     rank vector (float64, A's order) on every rank, and with ``return_info`` an
     :class:`~tuner.graph.pagerank.IterationInfo` whose ``seconds`` split setup (partition, compile, upload)
     from the iterations. Other arguments: :func:`tuner.graph.pagerank`.
@@ -111,6 +114,17 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
         raise ValueError(f"tol_rule must be one of {TOL_RULES}, got {tol_rule!r}")
     if max_iter < 1 or tol <= 0 or check_every < 1:
         raise ValueError(f"max_iter, tol and check_every must be positive, got {max_iter}, {tol}, {check_every}")
+    alone = comm.size == 1 and product is None and A is not None
+    if resident is None:
+        resident = alone and options.get("tune") == "none" and options.get("device_memory_limit") is None
+    elif resident and not alone:
+        raise ValueError("resident iterations run on one GPU (comm.size 1) from the graph, without a product")
+    if resident:
+        from ..graph import resident as resident_run
+        done = resident_run.pagerank(A, alpha, personalization, max_iter, tol, nstart, dangling, weighted, tol_rule,
+                                     dtype, return_info)
+        if done is not None:  # else the graph stays on the host (too large, or a check to name): the loop below
+            return done
     t0 = time.perf_counter()
     # One GPU: Wᵀ and the rank-cache factors made on the device from one upload (None: on the host instead).
     on_device = pull_on_device(A, weighted, dtype) if product is None and comm.size == 1 else None

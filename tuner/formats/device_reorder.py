@@ -181,6 +181,8 @@ def upload(array: np.ndarray):
     buffers = [cupy.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
     stages = [np.frombuffer(b, np.uint8, STAGE_BYTES) for b in buffers]
     stream = cupy.cuda.Stream(non_blocking=True)
+    # CuPy may hand ``out`` memory freed by kernels still queued on the current stream: the copies wait for them.
+    stream.wait_event(cupy.cuda.get_current_stream().record())
     done = [None, None]
     part = -(-STAGE_BYTES // STAGE_THREADS)
     with ThreadPoolExecutor(STAGE_THREADS) as pool:

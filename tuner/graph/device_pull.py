@@ -5,14 +5,17 @@ PageRank's setup on the host passes over every edge several times before the fir
 both ways and the generic kernel's upload of Wᵀ: about a second for 100M edges, against a few milliseconds
 of iterations. Here the caller's arrays cross PCIe once through pinned buffers
 (:func:`~tuner.formats.device_reorder.upload`), the checks are reductions on the device, cuSPARSE transposes
-(csr2csc), the out-weights are summed from Wᵀ's entries (``cupy.bincount``, float64), and Wᵀ stays on the
-device for the kernel's layout: the host holds only its row pointers, its entries are
-:class:`~tuner.formats.device_reorder.HostMirror` arrays copied back only if something on the host reads them.
+(csr2csc), the out-weights are summed from Wᵀ's entries (float64), and Wᵀ stays on the device:
+:func:`pull_arrays` hands its CuPy arrays to the resident iterations (:mod:`~tuner.graph.resident`), and
+:func:`pull_on_device` to a compiled product's layout, the host holding only the row pointers and the entries
+as :class:`~tuner.formats.device_reorder.HostMirror` arrays copied back only if something on the host reads them.
 
 Only the happy path runs here: a graph that fails a check (or is too small to pay for the device, or has
 64-bit indices) returns None, and the host path checks it again and names the problem.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -26,47 +29,101 @@ INT32_MAX = np.iinfo(np.int32).max
 # Device bytes per edge at the peak: the upload (index, weight), the check's mask, Wᵀ (index, weight) and
 # cuSPARSE's csr2csc buffer, with a quarter to spare.
 PULL_BYTES_PER_ENTRY = 32
+NODE_BYTES = 64  # per node: the factors (inverse, dangling, degree, out-weight) and the row pointers
 
 
-def usable(A, dtype) -> bool:
-    """Whether :func:`pull_on_device` takes ``A`` (a SciPy CSR graph) for products in ``dtype``: large enough
-    for the device to pay, 32-bit indices (cuSPARSE's transpose), float weights, CuPy with room.
+def usable(A, dtype, small: bool = False) -> bool:
+    """Whether :func:`pull_arrays` takes ``A`` (a SciPy CSR graph) for products in ``dtype``: large enough for
+    the device to pay a compiled product's layout (any size with ``small``: for the resident iterations,
+    which need no layout), 32-bit indices (cuSPARSE's transpose), float weights, CuPy with room.
 
     Example:
         >>> usable(sp.eye(3, format="csr"), np.float32)   # far too small
         False
     """
     n, nnz = A.shape[0], A.nnz
-    return (np.dtype(dtype) in DEVICE_DTYPES and A.dtype in DEVICE_DTYPES and nnz < INT32_MAX and n < INT32_MAX
-            and device_reorder.usable(n, n, nnz, PULL_BYTES_PER_ENTRY * nnz))
+    if not (np.dtype(dtype) in DEVICE_DTYPES and A.dtype in DEVICE_DTYPES and nnz < INT32_MAX and n < INT32_MAX):
+        return False
+    need = PULL_BYTES_PER_ENTRY * nnz + NODE_BYTES * n
+    if small:
+        return device_reorder.available() and need <= device_reorder.free_bytes()
+    return device_reorder.usable(n, n, nnz, need)
+
+
+@dataclass(frozen=True, eq=False)
+class DevicePull:
+    """A graph's pull matrix and rank-cache factors, on the device (CuPy arrays).
+
+    Attributes:
+        matrix: the canonical Wᵀ as a CuPy CSR (int32 indices, columns ascending) in the value dtype; where
+            ``pattern`` is set its values are all that weight and no kernel needs to read them.
+        pattern: the weight every edge has where all are equal (every edge weighing 1 unless weighted), else None.
+        dangling: bool per node, True where it has no out-weight.
+        inverse: float64 per node, 1 / out-weight (0 where dangling).
+        degree: out-degrees (Wᵀ's column lengths).
+    """
+
+    matrix: object
+    pattern: float | None
+    dangling: object
+    inverse: object
+    degree: object
+
+
+def pull_arrays(A, weighted: bool, dtype, small: bool = False) -> DevicePull | None:
+    """:class:`DevicePull` of square CSR graph ``A`` (edge u -> v at ``A[u, v]``) for products in ``dtype``,
+    from one upload of its arrays; None where :func:`usable` says no (``small``: whatever its size) or a check
+    fails (the host path then names the problem).
+
+    Example (on a GPU machine):
+        >>> pull = pull_arrays(A, True, np.float32, small=True)             # doctest: +SKIP
+        >>> (pull.matrix.get() != A.T).nnz                                  # doctest: +SKIP
+        0
+    """
+    A = A if sp.issparse(A) and A.format == "csr" else sp.csr_matrix(A)
+    if A.shape[0] != A.shape[1]:
+        raise MatrixError(f"an adjacency matrix is square, got {A.shape}")
+    if not usable(A, dtype, small):
+        return None
+    try:
+        return _pull(A, A.shape[0], weighted, np.dtype(dtype))
+    except MemoryError:  # CuPy's OutOfMemoryError is one: the host path builds it instead
+        device_reorder.release()
+        return None
 
 
 def pull_on_device(A, weighted: bool, dtype):
     """``(Wt, dangling, inverse)`` for the graph of square CSR ``A`` (edge u -> v at ``A[u, v]``): ``Wt`` the
     canonical Wᵀ in ``dtype`` (every edge weighing 1 unless ``weighted``) with its arrays on the device
-    (``device_reorder.device_csr(Wt)`` returns them), ``dangling`` (CuPy bool) the nodes without out-weight,
-    ``inverse`` (CuPy float64) 1 / out-weight (0 where dangling). None where :func:`usable` says no or a
-    check fails (the host path then names the problem).
+    (``device_reorder.device_csr(Wt)`` returns them) for a compiled product, ``dangling`` and ``inverse`` as
+    :class:`DevicePull`'s. None where :func:`pull_arrays` gives None.
 
     Example (on a GPU machine):
         >>> Wt, dangling, inverse = pull_on_device(A, True, np.float32)   # doctest: +SKIP
         >>> (Wt.to_scipy() != A.T).nnz                                     # doctest: +SKIP
         0
     """
-    A = A if sp.issparse(A) and A.format == "csr" else sp.csr_matrix(A)
-    n = A.shape[0]
-    if A.shape[0] != A.shape[1]:
-        raise MatrixError(f"an adjacency matrix is square, got {A.shape}")
-    if not usable(A, dtype):
+    pull = pull_arrays(A, weighted, dtype)
+    if pull is None:
         return None
-    try:
-        return _pull(A, n, weighted, np.dtype(dtype))
-    except MemoryError:  # CuPy's OutOfMemoryError is one: the host path builds it instead
-        device_reorder.release()
-        return None
+    n, t, pattern = A.shape[0], pull.matrix, pull.pattern
+    with device_reorder.on_device():
+        col_lengths = pull.degree.astype(np.int64).get()
+        values = None if pattern is not None else t.data
+        csr = DeviceCsr(t.indptr, t.indices, values)
+        host_indptr = device_reorder.download(t.indptr)
+    nnz = int(csr.indices.size)
+    dtype = np.dtype(dtype)
+    entries = (np.broadcast_to(np.array([pattern], dtype), (nnz,)) if pattern is not None else HostMirror(csr.data))
+    Wt = CanonicalMatrix(indptr=host_indptr, indices=HostMirror(csr.indices), data=entries, shape=(n, n),
+                         pattern_value=pattern)
+    Wt.__dict__["row_lengths"] = np.diff(host_indptr).astype(np.int64)
+    Wt.__dict__["col_lengths"] = col_lengths
+    device_reorder.keep(Wt, csr)
+    return Wt, pull.dangling, pull.inverse
 
 
-def _pull(A, n: int, weighted: bool, dtype: np.dtype):
+def _pull(A, n: int, weighted: bool, dtype: np.dtype) -> DevicePull | None:
     with device_reorder.on_device() as cupy:
         import cupyx.scipy.sparse as cpsp
         up = device_reorder.upload
@@ -80,28 +137,19 @@ def _pull(A, n: int, weighted: bool, dtype: np.dtype):
         lo, hi = (float(v) for v in cupy.stack([data.min(), data.max()]).astype(dtype).get()) if indices.size \
             else (None, None)
         pattern = lo if lo is not None and lo == hi else None
+        degree = indptr[1:] - indptr[:-1]  # out-degrees: A's row lengths, Wᵀ's column lengths
         t = cpsp.csr_matrix((data, indices, indptr), shape=(n, n)).T.tocsr()  # cuSPARSE csr2csc, columns ascending
         del data, indices, indptr
-        degree = cupy.bincount(t.indices, minlength=n)  # out-degrees: Wᵀ's column lengths
-        col_lengths = degree.astype(np.int64).get()
         if pattern is not None:  # every edge weighs the same: a node's out-weight is its out-degree times it
             out = degree.astype(np.float64) * pattern
-        else:
-            out = cupy.bincount(t.indices, weights=t.data, minlength=n)  # float64 sums
+        else:  # the caller's weights summed in float64 by atomic adds (cupy.bincount would first build two CUB
+            out = cupy.zeros(n, np.float64)  # kernels on a fresh install)
+            cupy.add.at(out, t.indices, t.data.astype(np.float64, copy=False))
+        if t.dtype != dtype:
+            t = cpsp.csr_matrix((t.data.astype(dtype), t.indices, t.indptr), shape=(n, n))
         dangling = out == 0
         inverse = cupy.where(dangling, 0.0, 1.0 / cupy.where(dangling, 1.0, out))
-        del out, degree
-        values = None if pattern is not None else t.data.astype(dtype, copy=False)
-        csr = DeviceCsr(t.indptr, t.indices, values)
-        host_indptr = device_reorder.download(t.indptr)
-    nnz = int(csr.indices.size)
-    entries = (np.broadcast_to(np.array([pattern], dtype), (nnz,)) if pattern is not None else HostMirror(csr.data))
-    Wt = CanonicalMatrix(indptr=host_indptr, indices=HostMirror(csr.indices), data=entries, shape=(n, n),
-                         pattern_value=pattern)
-    Wt.__dict__["row_lengths"] = np.diff(host_indptr).astype(np.int64)
-    Wt.__dict__["col_lengths"] = col_lengths
-    device_reorder.keep(Wt, csr)
-    return Wt, dangling, inverse
+    return DevicePull(t, pattern, dangling, inverse, degree)
 
 
 def _valid(cupy, indptr, indices, data, n: int) -> bool:

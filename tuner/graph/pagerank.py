@@ -2,8 +2,9 @@
 
 Each iteration is paper 002's pull formulation: x_new = alpha (Aᵀ (x / outdeg) + (sum of x over dangling
 nodes) d) + (1 - alpha) p, with the rank cache x / outdeg computed once per iteration and Aᵀ multiplied by the
-tuner's SpMV. ``backend='device'`` (the default where CuPy reaches a GPU): the iterations stay on the GPU, or
-on the GPUs of a communicator (``comm``, see :mod:`tuner.distributed.pagerank`); ``'tuned'`` (the default
+tuner's SpMV. ``backend='device'`` (the default where CuPy reaches a GPU): the iterations stay on the GPU (on
+one GPU, untuned, all of them in one kernel launch: :mod:`tuner.graph.resident`), or on the GPUs of a
+communicator (``comm``, see :mod:`tuner.distributed.pagerank`); ``'tuned'`` (the default
 with PyCUDA alone): the host drives the loop, each iteration copying x to the GPU and the product back;
 ``'scipy'``: the same iteration with SciPy on the host.
 
@@ -201,10 +202,12 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
     ``backend``: 'tuned', 'device' or 'scipy' (module docstring; default 'device' where CuPy reaches a GPU,
     else 'tuned'); ``comm``: with 'device', the GPUs to split the graph over (a :mod:`tuner.distributed`
     device communicator; default this GPU alone). ``tune``: how the product by Aᵀ is compiled
-    (:func:`tuner.compile`'s modes). The default, 'none', multiplies with the generic kernel, ready in
-    milliseconds: a tuned kernel repays its planning and layout only after hundreds to thousands of products
-    (``break_even_products`` in bench-spmv.json), more than a PageRank's iterations; 'model' tunes it (for
-    long runs; to reuse one tuned product across calls see :func:`tuner.distributed.pagerank.pull_product`).
+    (:func:`tuner.compile`'s modes). The default, 'none', runs every iteration of one GPU in one launch of the
+    resident kernel (:mod:`tuner.graph.resident`: no layout, ready in milliseconds; the host-driven loop on the
+    generic kernel where the graph does not fit or needs several GPUs): a tuned kernel repays its planning and
+    layout only after hundreds to thousands of products (``break_even_products`` in bench-spmv.json), more
+    than a PageRank's iterations; 'model' tunes it (for long runs; to reuse one tuned product across calls
+    see :func:`tuner.distributed.pagerank.pull_product`).
     On several GPUs the ranks multiply in the tiles of the model's one-GPU plan where it plans tile_composite,
     whatever ``tune`` says (:class:`~tuner.distributed.spmv.DistributedSpMV`).
     ``device_memory_limit``: with 'tuned' or 'device', the device memory each GPU's product may hold (bytes or a figure

@@ -1,0 +1,225 @@
+"""PageRank's iterations inside one cooperative kernel launch (templates/pagerank_resident.cu.j2).
+
+Driven from the host, an iteration is a product, an update and a read of the change: four launches and a
+round trip, about 0.1 ms, against a 5-20 us product on a graph of a few million edges. Here one launch runs
+every iteration: each is two grid-wide phases (the pull over equal chunks of Wᵀ's entries, then the update,
+the next rank cache and the block partials), and every block reduces the partials in the same order, so all
+stop together when the change meets the tolerance. The grid is what the GPU holds at once (a cooperative
+launch), at most what the graph's chunks and nodes need. It reads Wᵀ as :mod:`~tuner.graph.device_pull`
+leaves it on the device: no layout to build, so it is also what an untuned PageRank runs on a large graph.
+
+Nothing in the kernel is atomic, so a run repeats bit for bit on the same GPU from the same factors; a
+weighted graph's out-weights are summed by atomic adds on the device, which may round differently from one
+setup to the next.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import codegen
+from .device_pull import pull_arrays
+from .pagerank import ConvergenceError, IterationInfo, _node_vector
+
+RESIDENT_BLOCK = 256
+RESIDENT_CHUNK = 256  # Wᵀ's entries a warp pulls at a time: eight steps of 32, a row's run carried between them
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_kernels: dict = {}
+
+
+@dataclass(frozen=True)
+class ResidentRun:
+    """How a resident run ended.
+
+    Attributes:
+        iterations: iterations run (the last one met the tolerance, unless it is ``max_iter``).
+        error: that iteration's change, as the stopping rule measures it.
+        grid: blocks of the launch.
+    """
+
+    iterations: int
+    error: float
+    grid: int
+
+
+def resident_source(dtype, pattern: bool) -> tuple[str, str]:
+    """The kernel's name and CUDA source for values of ``dtype``; ``pattern``: every edge has one weight,
+    passed as an argument instead of read per edge.
+
+    Example:
+        >>> name, source = resident_source(np.float32, True)
+        >>> name, "#define PATTERN 1" in source
+        ('pagerank_resident_float32_pattern', True)
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in _CTYPES:
+        raise ValueError(f"resident PageRank runs in float32 or float64, got {dtype}")
+    name = f"pagerank_resident_{dtype.name}_{'pattern' if pattern else 'weighted'}"
+    return name, codegen.render("pagerank_resident.cu.j2", dict(VAL=_CTYPES[dtype], block_size=RESIDENT_BLOCK,
+                                                                 chunk=RESIDENT_CHUNK, pattern=pattern,
+                                                                 kernel_name=name))
+
+
+def grid_for(chunks: int, n: int, max_blocks: int) -> int:
+    """Blocks of a run: enough for a warp per chunk and a thread per node, at most ``max_blocks`` (what the
+    GPU holds at once); fewer blocks make each grid-wide barrier cheaper.
+
+    Example:
+        >>> grid_for(chunks=405, n=8298, max_blocks=792), grid_for(10**6, 10**7, 792)
+        (51, 792)
+    """
+    warps = RESIDENT_BLOCK // 32
+    return max(1, min(max_blocks, max(-(-chunks // warps), -(-n // RESIDENT_BLOCK))))
+
+
+def _kernel(dtype: np.dtype, pattern: bool):
+    """(function, blocks the GPU holds at once) for the current device, loaded once per process."""
+    import cupy
+    device = cupy.cuda.Device()
+    key = (dtype.name, pattern, device.id)
+    hit = _kernels.get(key)
+    if hit is None:
+        name, source = resident_source(dtype, pattern)
+        binary = codegen.compile_source(source, f"sm_{device.compute_capability}")
+        module = cupy.cuda.function.Module()
+        module.load(binary.cubin)
+        function = module.get_function(name)
+        per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, RESIDENT_BLOCK, 0)
+        hit = _kernels[key] = (function, per_sm * device.attributes["MultiProcessorCount"])
+    return hit
+
+
+@dataclass(frozen=True, eq=False)
+class ResidentLayout:
+    """Wᵀ's chunks and the work arrays of a run (CuPy).
+
+    Attributes:
+        chunks: Wᵀ's chunks of ``RESIDENT_CHUNK`` entries.
+        chunk_row: each chunk's first row, then the last row.
+        work: two rank caches, the rows' pulls, and the chunks' head and tail slots.
+        out: the run's [iterations, change, dangling sum].
+    """
+
+    chunks: int
+    chunk_row: object
+    work: object
+    out: object
+
+
+def layout(matrix, dtype) -> ResidentLayout:
+    """The :class:`ResidentLayout` of Wᵀ (a CuPy CSR with int32 indices) for vectors of ``dtype``.
+
+    Example (on a GPU machine):
+        >>> layout(pull.matrix, np.float32).chunks                          # doctest: +SKIP
+        406
+    """
+    import cupy
+    dtype = np.dtype(dtype)
+    n, nnz = matrix.shape[0], int(matrix.indices.size)
+    chunks = -(-nnz // RESIDENT_CHUNK)
+    # Each chunk's first row (the last row whose pointer is at most its first entry), then the last row.
+    starts = cupy.arange(chunks, dtype=np.int32) * RESIDENT_CHUNK  # below nnz < 2^31
+    chunk_row = cupy.empty(chunks + 1, np.int32)
+    chunk_row[:chunks] = cupy.searchsorted(matrix.indptr, starts, side="right") - 1
+    chunk_row[chunks] = max(n - 1, 0)
+    return ResidentLayout(chunks, chunk_row, cupy.empty(3 * n + 2 * max(chunks, 1), dtype), cupy.zeros(3, np.float64))
+
+
+def iterate(layout: ResidentLayout, matrix, pattern: float | None, inverse, dangling, x, p, d, alpha: float,
+            limit: float, max_rule: int, max_iter: int) -> ResidentRun:
+    """Iterate PageRank on the device until the change is below ``limit`` or ``max_iter`` iterations ran.
+
+    ``matrix``: Wᵀ as a CuPy CSR with int32 indices (its values unread where ``pattern`` gives every edge's
+    weight) and ``layout`` its :func:`layout`; ``inverse`` (1 / out-weight, 0 where dangling), ``dangling`` (1
+    where dangling, else 0), ``p`` (teleport) and ``d`` (dangling distribution): CuPy vectors in ``x``'s
+    dtype; ``x``: the start, overwritten with the ranks. ``max_rule``: 0 for the L1 change, 1 for the largest.
+
+    Example (on a GPU machine):
+        >>> run = iterate(layout(Wt, np.float32), Wt, 1.0, inv, dang, x, p, p, 0.85, n * 1e-6, 0, 100)  # doctest: +SKIP
+        >>> run.iterations                                                                               # doctest: +SKIP
+        17
+    """
+    import cupy
+    dtype = np.dtype(x.dtype)
+    n, chunks, work = x.size, layout.chunks, layout.work
+    function, max_blocks = _kernel(dtype, pattern is not None)
+    grid = grid_for(chunks, n, max_blocks)
+    slots = max(chunks, 1)
+    cache_a, cache_b, direct = work[:n], work[n:2 * n], work[2 * n:3 * n]
+    head, tail = work[3 * n:3 * n + slots], work[3 * n + slots:]
+    partials = cupy.empty(2 * grid, np.float64)
+    values = np.uint64(0) if pattern is not None else matrix.data
+    function((grid,), (RESIDENT_BLOCK,),
+             (matrix.indptr, matrix.indices, values, dtype.type(0 if pattern is None else pattern),
+              layout.chunk_row, np.int64(chunks), inverse, dangling, p, d, x, cache_a, cache_b, direct, head, tail,
+              partials, layout.out, np.int64(n), np.float64(alpha), np.float64(limit), np.int32(max_rule),
+              np.int32(max_iter)),
+             enable_cooperative_groups=True)
+    iterations, error, _ = layout.out.get()
+    return ResidentRun(int(iterations), float(error), grid)
+
+
+def node_vector(values, n: int, what: str, dtype):
+    """:func:`~tuner.graph.pagerank._node_vector` (None: uniform) as a CuPy vector in ``dtype``; a NumPy array
+    is copied to the device once and checked and normalised there (one number read back instead of several
+    host passes over it), anything else (a {node: value} dict) goes through the host function.
+
+    Example (on a GPU machine):
+        >>> node_vector(np.array([1.0, 3.0]), 2, "nstart", np.float32).tolist()   # doctest: +SKIP
+        [0.25, 0.75]
+    """
+    import cupy
+
+    from ..formats import device_reorder
+    if values is None:
+        return cupy.full(n, 1.0 / n, dtype)
+    if not isinstance(values, np.ndarray) or values.dtype.kind not in "fiub":
+        return cupy.asarray(_node_vector(values, n, what).astype(dtype))
+    if values.size != n:
+        raise ValueError(f"{what} has {values.size} entries, the graph {n} nodes")
+    v = device_reorder.upload(np.ascontiguousarray(values).reshape(-1)).astype(np.float64, copy=False)
+    bad, total = (float(f) for f in cupy.stack([cupy.any(~cupy.isfinite(v) | (v < 0)), v.sum()]).get())
+    if bad:
+        raise ValueError(f"{what} must be finite and non-negative")
+    if total == 0:
+        raise ValueError(f"{what} sums to zero: it must give some node a positive weight")
+    return (v / total).astype(dtype, copy=False)
+
+
+def pagerank(A, alpha: float, personalization, max_iter: int, tol: float, nstart, dangling, weighted: bool,
+             tol_rule: str, dtype, return_info: bool):
+    """:func:`tuner.graph.pagerank` on this GPU with every iteration in one launch (arguments, result and
+    errors as there, arguments already checked), or None where :func:`~tuner.graph.device_pull.pull_arrays`
+    does not take the graph (the caller's path then checks it and names any problem).
+
+    Example (on a GPU machine):
+        >>> x = pagerank(A, 0.85, None, 100, 1e-6, None, None, True, "networkx", np.float32, False)  # doctest: +SKIP
+    """
+    import cupy
+    t0 = time.perf_counter()
+    pull = pull_arrays(A, weighted, dtype, small=True)
+    if pull is None:
+        return None
+    n, dtype = A.shape[0], np.dtype(dtype)
+    x = node_vector(nstart, n, "nstart", dtype)
+    p_d = node_vector(personalization, n, "personalization", dtype)
+    d_d = p_d if dangling is None else node_vector(dangling, n, "dangling", dtype)
+    inverse, is_dangling = pull.inverse.astype(dtype), pull.dangling.astype(dtype)
+    limit = n * tol if tol_rule == "networkx" else tol
+    ready = layout(pull.matrix, dtype)
+    _kernel(dtype, pull.pattern is not None)  # loaded (and compiled, the first time) before the clock
+    cupy.cuda.Device().synchronize()
+    t1 = time.perf_counter()
+    run = iterate(ready, pull.matrix, pull.pattern, inverse, is_dangling, x, p_d, d_d, alpha, limit,
+                  int(tol_rule == "per_node"), max_iter)
+    t2 = time.perf_counter()
+    if not run.error < limit:
+        raise ConvergenceError(f"PageRank did not converge in {max_iter} iterations (last change {run.error:.3g}, "
+                               f"rule {tol_rule!r}, tol {tol})")
+    ranks = cupy.asnumpy(x).astype(np.float64)
+    info = IterationInfo(run.iterations, run.error, {"setup": t1 - t0, "iterations": t2 - t1,
+                                                     "gather": time.perf_counter() - t2},
+                         f"resident generic kernel on 1 GPU ({run.grid} blocks)")
+    return (ranks, info) if return_info else ranks
