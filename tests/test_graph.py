@@ -347,6 +347,10 @@ def test_resident_pagerank_of_a_pattern_graph_in_float32_and_its_convergence_err
                           (np.ones(3), "personalization has 3 entries, the graph 1000 nodes")):
         with pytest.raises(ValueError, match=message):
             tuner.pagerank(A, personalization=pers)
+    with pytest.raises(MatrixError, match="no nodes"):
+        tuner.pagerank(sp.csr_matrix((0, 0)))
+    edgeless = tuner.pagerank(sp.csr_matrix((5, 5)), personalization=np.arange(1.0, 6.0))
+    assert np.allclose(edgeless, np.arange(1.0, 6.0) / 15, rtol=1e-6)  # every node dangling: x = p
     uneven = np.arange(1000.0)
     assert np.abs(tuner.pagerank(A, personalization=uneven, dtype=np.float64, tol=1e-12)
                   - tuner.pagerank(A, personalization=uneven, backend="scipy", tol=1e-12)).max() <= 1e-12

@@ -42,6 +42,8 @@ def usable(A, dtype, small: bool = False) -> bool:
         False
     """
     n, nnz = A.shape[0], A.nnz
+    if not nnz:  # no edge (or no node): the host's few passes, and its error for a graph without nodes
+        return False
     if not (np.dtype(dtype) in DEVICE_DTYPES and A.dtype in DEVICE_DTYPES and nnz < INT32_MAX and n < INT32_MAX):
         return False
     need = PULL_BYTES_PER_ENTRY * nnz + NODE_BYTES * n
