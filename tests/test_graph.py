@@ -253,20 +253,27 @@ def test_every_pagerank_step_specialisation_compiles(val, tmp_path):
 def test_every_resident_pagerank_specialisation_compiles(val, pattern, tmp_path):
     from tuner import codegen
     from tuner.cache import Cache
-    from tuner.graph.resident import resident_source
-    name, source = resident_source(np.float32 if val == "float" else np.float64, pattern)
-    assert f"typedef {val} val_t;" in source and f"#define PATTERN {int(pattern)}" in source
-    assert name in source and len(codegen.compile_source(source, cache=Cache(tmp_path)).cubin) > 0
+    from tuner.graph.resident import CHUNKS, resident_source
+    for chunk in CHUNKS:
+        name, source = resident_source(np.float32 if val == "float" else np.float64, pattern, chunk)
+        assert f"typedef {val} val_t;" in source and f"#define PATTERN {int(pattern)}" in source
+        assert f"#define CHUNK {chunk}" in source
+        assert name in source and len(codegen.compile_source(source, cache=Cache(tmp_path)).cubin) > 0
 
 
-def test_the_resident_grid_covers_the_chunks_and_nodes_within_what_the_gpu_holds():
-    from tuner.graph.resident import grid_for, resident_source
+def test_the_resident_grid_and_chunks_cover_the_graph_within_what_the_gpu_holds():
+    from tuner.graph.resident import chunk_for, grid_for, resident_source
     assert grid_for(chunks=0, n=1, max_blocks=792) == 1
     assert grid_for(chunks=9, n=100, max_blocks=792) == 2  # 8 warps a block: 9 chunks need 2 blocks
     assert grid_for(chunks=8, n=600, max_blocks=792) == 3  # 256 nodes a block
     assert grid_for(chunks=10**6, n=10**6, max_blocks=792) == 792
+    # 64 chunks an SM: 132 SMs hold 8448 chunks of 32 entries, of 64, ...
+    assert [chunk_for(nnz, 132) for nnz in (1, 270_336, 270_337, 1_081_344, 1_081_345, 10**9)] == \
+        [32, 32, 64, 128, 256, 256]
     with pytest.raises(ValueError, match="float32 or float64"):
-        resident_source(np.float16, False)
+        resident_source(np.float16, False, 256)
+    with pytest.raises(ValueError, match="chunk must be one of"):
+        resident_source(np.float32, False, 48)
 
 
 def in_degree_graph(in_degrees, n, seed):
@@ -284,10 +291,13 @@ def in_degree_graph(in_degrees, n, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tol_rule", ["per_node", "networkx"])
-def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning_chunks(tol_rule):
+@pytest.mark.parametrize("chunk", [32, 64, 128, 256])
+def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning_chunks(tol_rule, chunk, monkeypatch):
     pytest.importorskip("cupy")
     from tuner.distributed.nccl import SoloDevice
     from tuner.distributed.pagerank import pagerank_on_devices
+    from tuner.graph import resident
+    monkeypatch.setattr(resident, "chunk_for", lambda nnz, sm_count: chunk)
     n = 3000
     # Wᵀ's rows: one chunk exactly, one from a chunk's start across two, a hub across many, empty rows, rows
     # of one entry, then a power-law rest; node 7 has no out-edges (dangling) and node 9 a self-loop.
@@ -317,10 +327,12 @@ def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning
 @pytest.mark.gpu
 def test_resident_pagerank_stages_its_node_vectors_after_the_setups_kernels(monkeypatch):
     pytest.importorskip("cupy")
+    from tuner import staging
     from tuner.formats import device_reorder
     # Every copy through the pinned staging buffers (as a graph of millions of nodes copies its vectors): its
     # side stream must not write memory that kernels still queued on the current stream were given back.
     monkeypatch.setattr(device_reorder, "STAGE_BYTES", 4096)
+    monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
     A = large_graph(24)
     seeds = np.zeros(A.shape[0])
     seeds[[3, 5, 7]] = 1.0

@@ -24,7 +24,8 @@ from .device_pull import pull_arrays
 from .pagerank import ConvergenceError, IterationInfo, _node_vector
 
 RESIDENT_BLOCK = 256
-RESIDENT_CHUNK = 256  # Wᵀ's entries a warp pulls at a time: eight steps of 32, a row's run carried between them
+CHUNKS = (32, 64, 128, 256)  # Wᵀ's entries a warp pulls at a time: one to eight steps of 32
+CHUNKS_PER_SM = 64  # about the warps an SM holds: a graph with fewer entries takes smaller chunks
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _kernels: dict = {}
 
@@ -44,22 +45,39 @@ class ResidentRun:
     grid: int
 
 
-def resident_source(dtype, pattern: bool) -> tuple[str, str]:
+def resident_source(dtype, pattern: bool, chunk: int) -> tuple[str, str]:
     """The kernel's name and CUDA source for values of ``dtype``; ``pattern``: every edge has one weight,
-    passed as an argument instead of read per edge.
+    passed as an argument instead of read per edge; ``chunk``: entries a warp pulls at a time (of ``CHUNKS``).
 
     Example:
-        >>> name, source = resident_source(np.float32, True)
+        >>> name, source = resident_source(np.float32, True, 256)
         >>> name, "#define PATTERN 1" in source
-        ('pagerank_resident_float32_pattern', True)
+        ('pagerank_resident_float32_pattern_256', True)
     """
     dtype = np.dtype(dtype)
     if dtype not in _CTYPES:
         raise ValueError(f"resident PageRank runs in float32 or float64, got {dtype}")
-    name = f"pagerank_resident_{dtype.name}_{'pattern' if pattern else 'weighted'}"
+    if chunk not in CHUNKS:
+        raise ValueError(f"chunk must be one of {CHUNKS}, got {chunk}")
+    name = f"pagerank_resident_{dtype.name}_{'pattern' if pattern else 'weighted'}_{chunk}"
     return name, codegen.render("pagerank_resident.cu.j2", dict(VAL=_CTYPES[dtype], block_size=RESIDENT_BLOCK,
-                                                                 chunk=RESIDENT_CHUNK, pattern=pattern,
-                                                                 kernel_name=name))
+                                                                 chunk=chunk, pattern=pattern, kernel_name=name))
+
+
+def chunk_for(nnz: int, sm_count: int) -> int:
+    """Entries a warp pulls at a time: the smallest of ``CHUNKS`` that leaves at most about the warps the
+    GPU holds (``CHUNKS_PER_SM`` an SM) a chunk each, else the largest. A warp's steps of 32 entries run one
+    after another, each waiting on its loads: a small graph then pays one short chunk's latency an
+    iteration, and a large one the fewest head and tail slots.
+
+    Example (132 SMs):
+        >>> chunk_for(103_689, 132), chunk_for(948_464, 132), chunk_for(131_161_551, 132)
+        (32, 128, 256)
+    """
+    for chunk in CHUNKS:
+        if nnz <= chunk * CHUNKS_PER_SM * sm_count:
+            return chunk
+    return CHUNKS[-1]
 
 
 def grid_for(chunks: int, n: int, max_blocks: int) -> int:
@@ -74,14 +92,14 @@ def grid_for(chunks: int, n: int, max_blocks: int) -> int:
     return max(1, min(max_blocks, max(-(-chunks // warps), -(-n // RESIDENT_BLOCK))))
 
 
-def _kernel(dtype: np.dtype, pattern: bool):
+def _kernel(dtype: np.dtype, pattern: bool, chunk: int):
     """(function, blocks the GPU holds at once) for the current device, loaded once per process."""
     import cupy
     device = cupy.cuda.Device()
-    key = (dtype.name, pattern, device.id)
+    key = (dtype.name, pattern, chunk, device.id)
     hit = _kernels.get(key)
     if hit is None:
-        name, source = resident_source(dtype, pattern)
+        name, source = resident_source(dtype, pattern, chunk)
         binary = codegen.compile_source(source, f"sm_{device.compute_capability}")
         module = cupy.cuda.function.Module()
         module.load(binary.cubin)
@@ -96,12 +114,13 @@ class ResidentLayout:
     """Wᵀ's chunks and the work arrays of a run (CuPy).
 
     Attributes:
-        chunks: Wᵀ's chunks of ``RESIDENT_CHUNK`` entries.
+        chunk: entries a warp pulls at a time (:func:`chunk_for`); chunks: Wᵀ's chunks of that many entries.
         chunk_row: each chunk's first row, then the last row.
         work: two rank caches, the rows' pulls, and the chunks' head and tail slots.
         out: the run's [iterations, change, dangling sum].
     """
 
+    chunk: int
     chunks: int
     chunk_row: object
     work: object
@@ -118,13 +137,14 @@ def layout(matrix, dtype) -> ResidentLayout:
     import cupy
     dtype = np.dtype(dtype)
     n, nnz = matrix.shape[0], int(matrix.indices.size)
-    chunks = -(-nnz // RESIDENT_CHUNK)
+    chunk = chunk_for(nnz, cupy.cuda.Device().attributes["MultiProcessorCount"])
+    chunks = -(-nnz // chunk)
     # Each chunk's first row (the last row whose pointer is at most its first entry), then the last row.
-    starts = cupy.arange(chunks, dtype=np.int32) * RESIDENT_CHUNK  # below nnz < 2^31
+    starts = cupy.arange(chunks, dtype=np.int32) * chunk  # below nnz < 2^31
     chunk_row = cupy.empty(chunks + 1, np.int32)
     chunk_row[:chunks] = cupy.searchsorted(matrix.indptr, starts, side="right") - 1
     chunk_row[chunks] = max(n - 1, 0)
-    return ResidentLayout(chunks, chunk_row, cupy.empty(3 * n + 2 * max(chunks, 1), dtype), cupy.zeros(3, np.float64))
+    return ResidentLayout(chunk, chunks, chunk_row, cupy.empty(3 * n + 2 * max(chunks, 1), dtype), cupy.zeros(3, np.float64))
 
 
 def iterate(layout: ResidentLayout, matrix, pattern: float | None, inverse, dangling, x, p, d, alpha: float,
@@ -144,7 +164,7 @@ def iterate(layout: ResidentLayout, matrix, pattern: float | None, inverse, dang
     import cupy
     dtype = np.dtype(x.dtype)
     n, chunks, work = x.size, layout.chunks, layout.work
-    function, max_blocks = _kernel(dtype, pattern is not None)
+    function, max_blocks = _kernel(dtype, pattern is not None, layout.chunk)
     grid = grid_for(chunks, n, max_blocks)
     slots = max(chunks, 1)
     cache_a, cache_b, direct = work[:n], work[n:2 * n], work[2 * n:3 * n]
@@ -198,6 +218,8 @@ def pagerank(A, alpha: float, personalization, max_iter: int, tol: float, nstart
         >>> x = pagerank(A, 0.85, None, 100, 1e-6, None, None, True, "networkx", np.float32, False)  # doctest: +SKIP
     """
     import cupy
+
+    from ..formats import device_reorder
     t0 = time.perf_counter()
     pull = pull_arrays(A, weighted, dtype, small=True)
     if pull is None:
@@ -209,7 +231,7 @@ def pagerank(A, alpha: float, personalization, max_iter: int, tol: float, nstart
     inverse, is_dangling = pull.inverse.astype(dtype), pull.dangling.astype(dtype)
     limit = n * tol if tol_rule == "networkx" else tol
     ready = layout(pull.matrix, dtype)
-    _kernel(dtype, pull.pattern is not None)  # loaded (and compiled, the first time) before the clock
+    _kernel(dtype, pull.pattern is not None, ready.chunk)  # loaded (and compiled, the first time) before the clock
     cupy.cuda.Device().synchronize()
     t1 = time.perf_counter()
     run = iterate(ready, pull.matrix, pull.pattern, inverse, is_dangling, x, p_d, d_d, alpha, limit,
@@ -218,7 +240,7 @@ def pagerank(A, alpha: float, personalization, max_iter: int, tol: float, nstart
     if not run.error < limit:
         raise ConvergenceError(f"PageRank did not converge in {max_iter} iterations (last change {run.error:.3g}, "
                                f"rule {tol_rule!r}, tol {tol})")
-    ranks = cupy.asnumpy(x).astype(np.float64)
+    ranks = device_reorder.download(x.astype(np.float64, copy=False))  # widened there, through pinned buffers
     info = IterationInfo(run.iterations, run.error, {"setup": t1 - t0, "iterations": t2 - t1,
                                                      "gather": time.perf_counter() - t2},
                          f"resident generic kernel on 1 GPU ({run.grid} blocks)")
