@@ -261,6 +261,15 @@ def test_every_resident_pagerank_specialisation_compiles(val, pattern, tmp_path)
         assert name in source and len(codegen.compile_source(source, cache=Cache(tmp_path)).cubin) > 0
 
 
+def test_the_first_resident_compile_builds_every_chunk_and_weighting_of_its_value_type(tmp_path):
+    from tuner.cache import Cache
+    from tuner.graph.resident import compile_all
+    cache = Cache(tmp_path)
+    built = compile_all(np.float64, "sm_90", cache)
+    assert len({b.key for b in built}) == 8 and not any(b.cached for b in built)
+    assert all(b.cached for b in compile_all(np.float64, "sm_90", cache))
+
+
 def test_the_resident_grid_and_chunks_cover_the_graph_within_what_the_gpu_holds():
     from tuner.graph.resident import chunk_for, grid_for, resident_source
     assert grid_for(chunks=0, n=1, max_blocks=792) == 1

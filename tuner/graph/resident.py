@@ -92,6 +92,20 @@ def grid_for(chunks: int, n: int, max_blocks: int) -> int:
     return max(1, min(max_blocks, max(-(-chunks // warps), -(-n // RESIDENT_BLOCK))))
 
 
+def compile_all(dtype, arch: str, cache=None) -> list:
+    """Every specialisation of the kernel for ``dtype`` (pattern or weighted, each chunk size) built at once,
+    nvcc runs in parallel, into the binary cache: the first PageRank on a machine waits for one round of
+    compiles, not one per graph size met later.
+
+    Example:
+        >>> import tempfile; from tuner.cache import Cache
+        >>> len(compile_all(np.float32, "sm_90", Cache(tempfile.mkdtemp())))
+        8
+    """
+    sources = [resident_source(dtype, pattern, chunk)[1] for pattern in (False, True) for chunk in CHUNKS]
+    return codegen.compile_many(sources, arch, cache=cache)
+
+
 def _kernel(dtype: np.dtype, pattern: bool, chunk: int):
     """(function, blocks the GPU holds at once) for the current device, loaded once per process."""
     import cupy
@@ -99,8 +113,10 @@ def _kernel(dtype: np.dtype, pattern: bool, chunk: int):
     key = (dtype.name, pattern, chunk, device.id)
     hit = _kernels.get(key)
     if hit is None:
+        arch = f"sm_{device.compute_capability}"
+        compile_all(dtype, arch)  # cache hits once built
         name, source = resident_source(dtype, pattern, chunk)
-        binary = codegen.compile_source(source, f"sm_{device.compute_capability}")
+        binary = codegen.compile_source(source, arch)
         module = cupy.cuda.function.Module()
         module.load(binary.cubin)
         function = module.get_function(name)
