@@ -160,7 +160,8 @@ def layout(matrix, dtype) -> ResidentLayout:
     chunk_row = cupy.empty(chunks + 1, np.int32)
     chunk_row[:chunks] = cupy.searchsorted(matrix.indptr, starts, side="right") - 1
     chunk_row[chunks] = max(n - 1, 0)
-    return ResidentLayout(chunk, chunks, chunk_row, cupy.empty(3 * n + 2 * max(chunks, 1), dtype), cupy.zeros(3, np.float64))
+    work = cupy.empty(3 * n + 2 * max(chunks, 1), dtype)
+    return ResidentLayout(chunk, chunks, chunk_row, work, cupy.zeros(3, np.float64))
 
 
 def iterate(layout: ResidentLayout, matrix, pattern: float | None, inverse, dangling, x, p, d, alpha: float,
@@ -173,8 +174,8 @@ def iterate(layout: ResidentLayout, matrix, pattern: float | None, inverse, dang
     dtype; ``x``: the start, overwritten with the ranks. ``max_rule``: 0 for the L1 change, 1 for the largest.
 
     Example (on a GPU machine):
-        >>> run = iterate(layout(Wt, np.float32), Wt, 1.0, inv, dang, x, p, p, 0.85, n * 1e-6, 0, 100)  # doctest: +SKIP
-        >>> run.iterations                                                                               # doctest: +SKIP
+        >>> ready = layout(Wt, np.float32)                                          # doctest: +SKIP
+        >>> iterate(ready, Wt, 1.0, inv, dang, x, p, p, 0.85, n * 1e-6, 0, 100).iterations  # doctest: +SKIP
         17
     """
     import cupy
