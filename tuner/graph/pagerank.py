@@ -60,14 +60,35 @@ def _node_vector(values, n: int, what: str) -> np.ndarray:
             v[int(node)] = value
     else:
         v = np.asarray(values, dtype=np.float64).ravel()
-        if v.size != n:
-            raise ValueError(f"{what} has {v.size} entries, the graph {n} nodes")
-    if not np.all(np.isfinite(v)) or np.any(v < 0):
-        raise ValueError(f"{what} must be finite and non-negative")
+        check_node_size(what, v.size, n)
     total = v.sum()
+    check_node_values(what, not np.all(np.isfinite(v)) or bool(np.any(v < 0)), total)
+    return v / total
+
+
+def check_node_size(what: str, size: int, n: int) -> None:
+    """Refuse a node vector of ``size`` entries for a graph of ``n`` nodes.
+
+    Example:
+        >>> check_node_size("nstart", 3, 3)
+    """
+    if size != n:
+        raise ValueError(f"{what} has {size} entries, the graph {n} nodes")
+
+
+def check_node_values(what: str, bad: bool, total: float) -> None:
+    """Refuse a node vector with a negative or non-finite entry (``bad``) or one summing (``total``) to zero,
+    wherever its entries were checked (the host, or the device: :func:`tuner.graph.resident.node_vector`).
+
+    Example:
+        >>> check_node_values("personalization", False, 0.0)
+        Traceback (most recent call last):
+        ValueError: personalization sums to zero: it must give some node a positive weight
+    """
+    if bad:
+        raise ValueError(f"{what} must be finite and non-negative")
     if total == 0:
         raise ValueError(f"{what} sums to zero: it must give some node a positive weight")
-    return v / total
 
 
 def adjacency(A, keep_float: bool = False) -> sp.csr_matrix:

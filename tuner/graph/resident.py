@@ -21,13 +21,14 @@ import numpy as np
 
 from .. import codegen
 from .device_pull import pull_arrays
-from .pagerank import ConvergenceError, IterationInfo, _node_vector
+from .pagerank import ConvergenceError, IterationInfo, _node_vector, check_node_size, check_node_values
 
 RESIDENT_BLOCK = 256
 CHUNKS = (32, 64, 128, 256)  # Wᵀ's entries a warp pulls at a time: one to eight steps of 32
 CHUNKS_PER_SM = 64  # about the warps an SM holds: a graph with fewer entries takes smaller chunks
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _kernels: dict = {}
+_built: set = set()  # (value type, arch) whose variants compile_all has put in the binary cache
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,9 @@ def _kernel(dtype: np.dtype, pattern: bool, chunk: int):
     hit = _kernels.get(key)
     if hit is None:
         arch = f"sm_{device.compute_capability}"
-        compile_all(dtype, arch)  # cache hits once built
+        if (dtype.name, arch) not in _built:
+            compile_all(dtype, arch)
+            _built.add((dtype.name, arch))
         name, source = resident_source(dtype, pattern, chunk)
         binary = codegen.compile_source(source, arch)
         module = cupy.cuda.function.Module()
@@ -214,14 +217,10 @@ def node_vector(values, n: int, what: str, dtype):
         return cupy.full(n, 1.0 / n, dtype)
     if not isinstance(values, np.ndarray) or values.dtype.kind not in "fiub":
         return cupy.asarray(_node_vector(values, n, what).astype(dtype))
-    if values.size != n:
-        raise ValueError(f"{what} has {values.size} entries, the graph {n} nodes")
+    check_node_size(what, values.size, n)
     v = device_reorder.upload(np.ascontiguousarray(values).reshape(-1)).astype(np.float64, copy=False)
     bad, total = (float(f) for f in cupy.stack([cupy.any(~cupy.isfinite(v) | (v < 0)), v.sum()]).get())
-    if bad:
-        raise ValueError(f"{what} must be finite and non-negative")
-    if total == 0:
-        raise ValueError(f"{what} sums to zero: it must give some node a positive weight")
+    check_node_values(what, bool(bad), total)
     return (v / total).astype(dtype, copy=False)
 
 
