@@ -1,5 +1,7 @@
 """Graph algorithms against NetworkX: PageRank with the same semantics on real and generated graphs, on the
 host (backend 'scipy') here and through the tuned SpMV on a GPU."""
+import importlib
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -465,6 +467,53 @@ def test_betweenness_refuses_an_unknown_backend():
 def test_simrank_through_the_tuned_spgemm_equals_the_host_products():
     A = graph(400, 75)
     assert abs(tuner.simrank(A, backend="tuned") - tuner.simrank(A)).max() <= 1e-12
+    pruned = tuner.simrank(A, threshold=1e-3)
+    assert abs(tuner.simrank(A, backend="tuned", threshold=1e-3) - pruned).max() <= 1e-12
+
+
+@pytest.mark.gpu
+def test_simrank_goes_dense_on_the_device_once_a_power_law_graphs_similarities_fill_in():
+    A = abs(tuner.load("rmat:10"))
+    S, info = tuner.simrank(A, backend="tuned", return_info=True)
+    host, host_info = tuner.simrank(A, return_info=True)
+    assert "dense from iteration" in info.backend and info.iterations == host_info.iterations
+    assert abs(S - host).max() <= 1e-12 and np.array_equal(S.diagonal(), np.ones(A.shape[0]))
+
+
+def _dense_on_the_host(monkeypatch, ratio):
+    """simrank's dense iterations on NumPy with SciPy's product, as if a GPU of ``ratio`` x the host's
+    bandwidth had room for them."""
+    import importlib
+    from tuner.graph import dense_simrank
+    simrank_module = importlib.import_module("tuner.graph.simrank")  # the package's name is the function
+    monkeypatch.setattr(simrank_module, "bandwidth_ratio", lambda: ratio)
+    monkeypatch.setattr(simrank_module, "dense_fits_device", lambda n: True)
+    monkeypatch.setattr(simrank_module, "device_simrank", lambda Wt, S: dense_simrank.DenseSimRank(
+        S, lambda X, out: np.copyto(out, Wt @ X), np))
+    monkeypatch.setattr(simrank_module, "_product", lambda backend: lambda X, Y: (X @ Y).tocsr())
+
+
+@pytest.mark.parametrize("ratio", [1e6, 30.0])
+def test_simrank_dense_iterations_continue_the_sparse_ones_to_networkxs_result(monkeypatch, ratio):
+    _dense_on_the_host(monkeypatch, ratio)
+    A = graph(150, 70)
+    S, info = tuner.simrank(A, backend="tuned", return_info=True)
+    reference, ref_info = tuner.simrank(A, return_info=True)
+    first = int(info.backend.rsplit(" ", 1)[1].rstrip(")"))
+    assert (first == 1) == (ratio == 1e6) and first < info.iterations
+    assert info.iterations == ref_info.iterations and sp.issparse(S)
+    assert np.abs(S.toarray() - dense_simrank(A)).max() <= 1e-12 and abs(S - reference).max() <= 1e-12
+    assert np.array_equal(S.diagonal(), np.ones(150)) and abs(S - S.T).max() <= 1e-15
+    assert "dense" not in tuner.simrank(A, backend="tuned", threshold=1e-3, return_info=True)[1].backend
+
+
+def test_simrank_goes_dense_when_the_sparse_products_host_bytes_outweigh_the_dense_device_bytes():
+    from tuner.graph.dense_simrank import DENSE_BYTES, SPARSE_BYTES, dense_bytes, dense_pays
+    w_nnz, n, ratio = 5_000, 2_000, 200.0
+    crossover = DENSE_BYTES * w_nnz * n / (SPARSE_BYTES * ratio)  # products where both move equal time
+    assert not dense_pays(w_nnz, n, int(crossover) - 1, ratio) and dense_pays(w_nnz, n, int(crossover) + 1, ratio)
+    assert not dense_pays(w_nnz, n, 10**12, 0.0)  # no GPU profile: never
+    assert dense_bytes(2_000) == 3 * 2_000 * 2_000 * 8
 
 
 def test_simrank_tuned_backend_multiplies_through_the_spgemm_compile(monkeypatch):
@@ -485,6 +534,7 @@ def test_simrank_tuned_backend_multiplies_through_the_spgemm_compile(monkeypatch
             return ((X if A is None else A) @ (Y if B is None else B)).tocsr()
         return product
     monkeypatch.setattr(operations, "compile", fake_compile)
+    monkeypatch.setattr(importlib.import_module("tuner.graph.simrank"), "bandwidth_ratio", lambda: 0.0)  # sparse
     A = graph(120, 76)
     S, info = tuner.simrank(A, backend="tuned", return_info=True)
     assert abs(S - tuner.simrank(A)).max() == 0 and info.backend == "tuned"

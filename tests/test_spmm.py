@@ -43,9 +43,11 @@ def test_the_kernels_arithmetic_equals_scipy_for_every_stream_count(name):
 
 
 @pytest.mark.parametrize("k, val, idx", [(1, "float", "int"), (4, "float", "int"), (4, "double", "long long"),
-                                         (33, "float", "long long"), (16, "double", "int")])
+                                         (33, "float", "long long"), (16, "double", "int"),
+                                         (4096, "double", "int")])
 def test_every_spmm_specialisation_compiles(k, val, idx, tmp_path):
-    sources = [codegen.render("spmm.cu.j2", dict(VAL=val, IDX=idx, K=k, KP=column_pass(k), LANES=p.lanes,
+    sources = [codegen.render("spmm.cu.j2", dict(VAL=val, IDX=idx, K=spmm.compiled_width(k), KP=column_pass(k),
+                                                 LANES=p.lanes,
                                                  block_size=p.block_size, kernel_name=spmm.KERNEL))
                for p in candidates(k)]
     binaries = codegen.compile_many(sources, cache=Cache(tmp_path))

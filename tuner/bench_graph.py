@@ -69,6 +69,9 @@ class GraphRow:
             ours stages through two fixed 32 MB buffers.
         max_abs_diff_vs_networkx: against NetworkX in float64 (None where not run); max_abs_diff_vs_cusparse:
             against the cuSPARSE loop's result.
+        cusparse_how: SimRank's cuSPARSE loop timed (the faster of its sparse S through SpGEMM and its dense
+            S through SpMM, both run); None for the others.
+        ours_how: what ours ran (SimRank: sparse, or dense from which iteration); None for the others.
     """
 
     algorithm: str
@@ -93,6 +96,8 @@ class GraphRow:
     cusparse_repeat_s: float | None
     max_abs_diff_vs_networkx: float | None
     max_abs_diff_vs_cusparse: float
+    cusparse_how: str | None = None
+    ours_how: str | None = None
 
 
 def _sync():
@@ -231,13 +236,37 @@ def cusparse_simrank(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_matrix,
     return S.get(), t1 - t0, t2 - t1
 
 
+def cusparse_simrank_dense(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_matrix, float, float]:
+    """SimRank on a dense S through CuPy's ``csr @ dense`` (cuSPARSE SpMM), float64: T = Wᵀ S, then
+    S = c Wᵀ Tᵀ with the unit diagonal, as :mod:`tuner.graph.dense_simrank` iterates."""
+    import cupy
+    import cupyx.scipy.sparse as cpsp
+    t0 = time.perf_counter()
+    Wt = cpsp.csr_matrix(column_normalised(A).T.tocsr())
+    S = cupy.eye(Wt.shape[0], dtype=np.float64)
+    _sync()
+    t1 = time.perf_counter()
+    for _ in range(iterations):
+        T = Wt @ S
+        S = Wt @ cupy.ascontiguousarray(T.T)
+        S *= c
+        cupy.fill_diagonal(S, 1.0)
+    _sync()
+    t2 = time.perf_counter()
+    return sp.csr_matrix(S.get()), t1 - t0, t2 - t1
+
+
 def bench_simrank(source: str) -> GraphRow:
     from .graph import simrank
     A = abs(loaders.load(source))
     t0 = time.perf_counter()
     S, info = simrank(A, backend="tuned", return_info=True)
     ours = time.perf_counter() - t0
-    ref_cu, cu_setup, cu_iter = cusparse_simrank(A, info.iterations)
+    # The careful cuSPARSE SimRank is the faster of its two formulations (both run the same iterations).
+    loops = {how: fn(A, info.iterations) for how, fn in (("SpGEMM, sparse S", cusparse_simrank),
+                                                          ("SpMM, dense S", cusparse_simrank_dense))}
+    how = min(loops, key=lambda k: loops[k][1] + loops[k][2])
+    ref_cu, cu_setup, cu_iter = loops[how]
     nx_diff = None
     if A.shape[0] <= NETWORKX_SIMRANK_NODES:
         import networkx as nx
@@ -251,7 +280,7 @@ def bench_simrank(source: str) -> GraphRow:
         ours_iter_ms=1e3 * ours / info.iterations, cusparse_iter_ms=1e3 * cu_iter / info.iterations, spmv_ms=None,
         tuned_iter_ms=None, tuned_setup_s=None, tuned_max_abs_diff=None, setup_s=0.0, cusparse_setup_s=cu_setup, ours_50_s=None, cusparse_50_s=None, speedup_50=None,
         ours_repeat_s=None, cusparse_repeat_s=None, max_abs_diff_vs_networkx=nx_diff,
-        max_abs_diff_vs_cusparse=float(abs(S - ref_cu).max()))
+        max_abs_diff_vs_cusparse=float(abs(S - ref_cu).max()), cusparse_how=how, ours_how=info.backend)
 
 
 def default_suite(data_dir=None) -> list[str]:
@@ -283,10 +312,17 @@ def format_table(rows: list[GraphRow]) -> str:
     return "\n".join(lines)
 
 
-def run(suite: list[str], out: Path, command: str, progress=None) -> list[GraphRow]:
-    """Every row of the suite (PageRank and RWR per graph, then SimRank's), written to ``out`` after each."""
-    jobs = [(bench_pagerank, (s, a)) for s in suite for a in ("pagerank", "rwr")]
-    jobs += [(bench_simrank, (s,)) for s in SIMRANK_SUITE]
+ALGORITHMS = ("pagerank", "rwr", "simrank")
+
+
+def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALGORITHMS) -> list[GraphRow]:
+    """Every row of the suite (PageRank and RWR per graph, then SimRank's; those of ``algorithms``), written
+    to ``out`` after each."""
+    unknown = sorted(set(algorithms) - set(ALGORITHMS))
+    if unknown:
+        raise ValueError(f"unknown algorithms {unknown}: choose from {list(ALGORITHMS)}")
+    jobs = [(bench_pagerank, (s, a)) for s in suite for a in ("pagerank", "rwr") if a in algorithms]
+    jobs += [(bench_simrank, (s,)) for s in SIMRANK_SUITE if "simrank" in algorithms]
     rows: list[GraphRow] = []
     info = gpu.device_info()
     # Both sides once on a tiny graph, unrecorded: the first graph would otherwise carry the process's one-time

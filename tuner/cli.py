@@ -410,7 +410,7 @@ def cmd_bench_graph(args) -> int:
     out = Path(args.out) if args.out else paths.gpu_results_dir(gpu.device_info().name) / "bench-graph.json"
     suite = args.suite or bench_graph.default_suite(args.data_dir)
     bar = lambda jobs: tqdm(jobs, desc="bench graph", unit="row", file=sys.stderr)  # noqa: E731
-    rows = bench_graph.run(suite, out, args.command_line, progress=bar)
+    rows = bench_graph.run(suite, out, args.command_line, progress=bar, algorithms=tuple(args.algorithms))
     print(bench_graph.format_table(rows))
     print(f"wrote {out}")
     return 0
@@ -793,6 +793,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(SimRank: rmat:10, rmat:12)")
     p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
     p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-graph.json)")
+    p.add_argument("--algorithms", nargs="+", choices=["pagerank", "rwr", "simrank"],
+                   default=["pagerank", "rwr", "simrank"], help="the algorithms to run (default: all three)")
     p.set_defaults(func=cmd_bench_graph)
 
     p = sub.add_parser("bench-stream", help="SpMV, PageRank and SpGEMM streamed through a device-memory budget",

@@ -74,8 +74,19 @@ def render(k: int, params: SpmmParams, value_dtype, index_dtype) -> str:
         True
     """
     return codegen.render(TEMPLATE, dict(VAL=CTYPES[np.dtype(value_dtype)], IDX=CTYPES[np.dtype(index_dtype)],
-                                         K=int(k), KP=column_pass(k), LANES=params.lanes,
+                                         K=compiled_width(k), KP=column_pass(k), LANES=params.lanes,
                                          block_size=params.block_size, kernel_name=KERNEL))
+
+
+def compiled_width(k: int) -> int:
+    """The block width a binary is compiled for: ``k`` up to one column pass of a warp (32), else 0 (the
+    width read at run time: a block of n columns, as SimRank's, would otherwise build a binary per n).
+
+    Example:
+        >>> [compiled_width(k) for k in (1, 32, 33, 4096)]
+        [1, 32, 0, 0]
+    """
+    return int(k) if k <= 32 else 0
 
 
 def grid(n_rows: int, params: SpmmParams) -> int:
@@ -135,21 +146,32 @@ class SpMM:
     def __init__(self, m, k: int, params: SpmmParams, cubin: bytes, X=None, arrays=None, plan: dict | None = None):
         self.shape, self.k, self.dtype, self.params = m.shape, int(k), m.value_dtype, params
         self.plan = plan or {"params": asdict(params), "tune": "fixed"}
-        need = (m.n_rows + m.n_cols) * self.k * self.dtype.itemsize + (0 if arrays else _matrix_bytes(m))
+        need = 0 if arrays else _matrix_bytes(m)
         if need > gpu.free_memory(release_pool=True):
-            raise MatrixError(f"the product needs {need:,} bytes of GPU memory (A, X and Y), "
+            raise MatrixError(f"the product needs {need:,} bytes of GPU memory for A, "
                               f"{gpu.free_memory():,} are free")
         # The matrix's device arrays, shared by the candidates a tuning times.
         self._arrays = arrays or tuple(gpu.upload(np.ascontiguousarray(a)) for a in (m.indptr, m.indices, m.data))
-        self._kernel = gpu.Kernel(cubin, KERNEL, "PPPPPq")
-        self._x = gpu.alloc(self.shape[1] * self.k * self.dtype.itemsize)
-        self._y = gpu.alloc(self.shape[0] * self.k * self.dtype.itemsize)
+        self._kernel = gpu.Kernel(cubin, KERNEL, "PPPPPqq")
+        self._staging = None  # device X and Y for host blocks and timing: made on first use (device callers
+        # bring their own, and a block of n columns, as SimRank's, would double their memory)
         self._block = None if X is None else np.ascontiguousarray(X, dtype=self.dtype)
+
+    def _buffers(self) -> tuple:
+        """Device X and Y of one block, allocated on first use after checking they fit."""
+        if self._staging is None:
+            need = (self.shape[0] + self.shape[1]) * self.k * self.dtype.itemsize
+            if need > gpu.free_memory(release_pool=True):
+                raise MatrixError(f"the product needs {need:,} bytes of GPU memory for X and Y, "
+                                  f"{gpu.free_memory():,} are free")
+            self._staging = (gpu.alloc(self.shape[1] * self.k * self.dtype.itemsize),
+                             gpu.alloc(self.shape[0] * self.k * self.dtype.itemsize))
+        return self._staging
 
     def launch(self, x_ptr: int, y_ptr: int) -> None:
         """The product on device pointers (no checks: for timing loops and iterative solvers)."""
         self._kernel.launch(grid(self.shape[0], self.params), self.params.block_size,
-                            *(int(a) for a in self._arrays), x_ptr, y_ptr, np.int64(self.shape[0]))
+                            *(int(a) for a in self._arrays), x_ptr, y_ptr, np.int64(self.shape[0]), np.int64(self.k))
 
     def __call__(self, X=None, out=None):
         if X is None:
@@ -169,9 +191,10 @@ class SpMM:
             raise MatrixError(f"out must be a writeable C-contiguous {self.dtype} array of shape "
                               f"{(self.shape[0], self.k)}")
         gpu.ensure_context()
-        gpu.copy_to_device(int(self._x), np.ascontiguousarray(X, dtype=self.dtype))
-        self.launch(int(self._x), int(self._y))
-        gpu.copy_to_host(out, int(self._y))
+        x, y = self._buffers()
+        gpu.copy_to_device(int(x), np.ascontiguousarray(X, dtype=self.dtype))
+        self.launch(int(x), int(y))
+        gpu.copy_to_host(out, int(y))
         return out
 
     def _call_device(self, X, out):
@@ -192,8 +215,9 @@ class SpMM:
     def time(self, repeats: int = TIMING_REPEATS, warmup: int = 3, seed: int = 0) -> float:
         """Median milliseconds of one product (CUDA events after warm-up) on a random block."""
         block = np.random.default_rng(seed).uniform(-1, 1, (self.shape[1], self.k)).astype(self.dtype)
-        gpu.copy_to_device(int(self._x), block)
-        return float(np.median(gpu.time_launches(lambda: self.launch(int(self._x), int(self._y)), repeats, warmup)))
+        x, y = self._buffers()
+        gpu.copy_to_device(int(x), block)
+        return float(np.median(gpu.time_launches(lambda: self.launch(int(x), int(y)), repeats, warmup)))
 
     def __repr__(self) -> str:
         return f"<SpMM {self.shape[0]}x{self.shape[1]} by {self.k} columns {self.dtype.name} {self.params}>"

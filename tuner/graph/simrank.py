@@ -10,6 +10,9 @@ dropping similarities below it. Each iteration averages similarities (W's column
 by c, so what one pruning drops shrinks by c an iteration: no entry ends more than threshold / (1 - c) from
 the exact S (10 x threshold at c = 0.9); the tests measure it. Keeping each node's top k instead would not
 converge: entries trade places at the cut from one iteration to the next.
+
+Without pruning, the tuned backend goes on with a dense S on the device once S has filled in enough for that
+to pay (:mod:`tuner.graph.dense_simrank`).
 """
 from __future__ import annotations
 
@@ -20,10 +23,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..formats.row_bins import row_products
-from ..memory import check_fits
+from ..memory import available_bytes, check_fits
+from .dense_simrank import RTOL, bandwidth_ratio, dense_fits_device, dense_pays, device_simrank
 from .pagerank import ConvergenceError, IterationInfo, adjacency
 
-RTOL = 1e-5  # numpy.allclose's, which NetworkX's stopping rule uses with atol=tolerance
 BYTES_PER_PRODUCT = 24  # SciPy's product: C's entries (12 B) plus its work arrays, per scalar product at most
 
 
@@ -87,11 +90,12 @@ def column_normalised(A) -> sp.csr_matrix:
     return (W @ sp.diags(1.0 / in_weight)).tocsr()
 
 
-def _check_fits(X: sp.csr_matrix, Y: sp.csr_matrix, what: str) -> None:
-    """Refuse X Y before it runs when its scalar products may not fit host memory."""
+def _check_fits(X: sp.csr_matrix, Y: sp.csr_matrix, what: str) -> int:
+    """Refuse X Y before it runs when its scalar products may not fit host memory; else their number."""
     products = int(row_products(X.indptr, X.indices, Y.indptr).sum())
     check_fits(BYTES_PER_PRODUCT * products, what, f"{BYTES_PER_PRODUCT} B per scalar product x {products:,}",
                hint="prune the similarities with threshold=")
+    return products
 
 
 def _prune(S: sp.csr_matrix, threshold: float) -> sp.csr_matrix:
@@ -117,7 +121,9 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
     Stops when ``numpy.allclose(S_k, S_k+1, atol=tolerance)`` holds (NetworkX's rule) and raises
     :class:`~tuner.graph.pagerank.ConvergenceError` after ``max_iterations`` without. ``threshold``: pruning
     after each iteration, within threshold / (1 - importance_factor) of the exact S (module docstring). ``backend``: 'scipy' (host) or 'tuned' (both
-    products through :func:`tuner.compile`'s SpGEMM on the GPU). A product whose result may not fit host
+    products through :func:`tuner.compile`'s SpGEMM on the GPU while S is sparse; without ``threshold``, S
+    goes dense on the device once that pays: :mod:`tuner.graph.dense_simrank`; ``info.backend`` says from
+    which iteration). A product whose result may not fit host
     memory is refused before it runs, with the figures.
 
     Example:
@@ -137,8 +143,19 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
     n = W.shape[0]
     Wt = W.T.tocsr()
     S = sp.identity(n, format="csr")
+    dense = None  # the device iterations on a dense S, once they pay (tuned backend, no pruning)
+    ratio = bandwidth_ratio() if backend == "tuned" and threshold is None else 0.0
     for iteration in range(1, max_iterations + 1):
-        _check_fits(Wt, S, f"SimRank's product Wᵀ S (iteration {iteration})")
+        if dense is None:
+            products = _check_fits(Wt, S, f"SimRank's product Wᵀ S (iteration {iteration})")
+            if backend == "tuned" and threshold is None and _goes_dense(Wt, n, products, ratio):
+                dense, dense_from = device_simrank(Wt, S), iteration
+        if dense is not None:
+            error = dense.step(importance_factor)
+            if error <= tolerance:
+                S = dense.result()
+                break
+            continue
         T = multiply(Wt, S)
         _check_fits(T, W, f"SimRank's product (Wᵀ S) W (iteration {iteration})")
         new = _with_unit_diagonal(importance_factor * multiply(T, W))
@@ -146,10 +163,22 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
             new = _prune(new, threshold)
         # numpy.allclose(S, new, atol=tolerance) over the entries either has
         gap = (abs(new - S) - RTOL * abs(new)).tocsr()
-        converged = gap.nnz == 0 or gap.data.max() <= tolerance
+        error = float(gap.data.max()) if gap.nnz else 0.0
         S = new
-        if converged:
-            info = IterationInfo(iteration, float(gap.data.max()) if gap.nnz else 0.0,
-                                 {"setup": 0.0, "iterations": time.perf_counter() - t0}, backend)
-            return (S, info) if return_info else S
-    raise ConvergenceError(f"SimRank did not converge in {max_iterations} iterations (tolerance {tolerance})")
+        if error <= tolerance:
+            break
+    else:
+        raise ConvergenceError(f"SimRank did not converge in {max_iterations} iterations (tolerance {tolerance})")
+    backend_used = backend if dense is None else f"{backend} (dense from iteration {dense_from})"
+    info = IterationInfo(iteration, max(error, 0.0), {"setup": 0.0, "iterations": time.perf_counter() - t0},
+                         backend_used)
+    return (S, info) if return_info else S
+
+
+def _goes_dense(Wt: sp.csr_matrix, n: int, products: int, ratio: float) -> bool:
+    """Whether the next iteration runs on a dense S: it pays (:func:`~tuner.graph.dense_simrank.dense_pays`:
+    the two sparse products estimated at twice the first's scalar products), and the dense S and the SciPy
+    matrix it ends as (an n x n float64 array, then 12 B per entry) fit host memory and the device's free
+    memory (:func:`~tuner.graph.dense_simrank.dense_bytes`)."""
+    return (dense_pays(Wt.nnz, n, 2 * products, ratio) and n * n * (8 + 12) <= available_bytes()
+            and dense_fits_device(n))
