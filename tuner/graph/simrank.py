@@ -90,12 +90,13 @@ def column_normalised(A) -> sp.csr_matrix:
     return (W @ sp.diags(1.0 / in_weight)).tocsr()
 
 
-def _check_fits(X: sp.csr_matrix, Y: sp.csr_matrix, what: str) -> int:
-    """Refuse X Y before it runs when its scalar products may not fit host memory; else their number."""
-    products = int(row_products(X.indptr, X.indices, Y.indptr).sum())
+def _check_fits(X: sp.csr_matrix, Y: sp.csr_matrix, what: str, products: int | None = None) -> None:
+    """Refuse X Y before it runs when its scalar products (``products``, where already counted) may not fit
+    host memory."""
+    if products is None:
+        products = int(row_products(X.indptr, X.indices, Y.indptr).sum())
     check_fits(BYTES_PER_PRODUCT * products, what, f"{BYTES_PER_PRODUCT} B per scalar product x {products:,}",
                hint="prune the similarities with threshold=")
-    return products
 
 
 def _prune(S: sp.csr_matrix, threshold: float) -> sp.csr_matrix:
@@ -147,9 +148,11 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
     ratio = bandwidth_ratio() if backend == "tuned" and threshold is None else 0.0
     for iteration in range(1, max_iterations + 1):
         if dense is None:
-            products = _check_fits(Wt, S, f"SimRank's product Wᵀ S (iteration {iteration})")
+            products = int(row_products(Wt.indptr, Wt.indices, S.indptr).sum())
             if backend == "tuned" and threshold is None and _goes_dense(Wt, n, products, ratio):
                 dense, dense_from = device_simrank(Wt, S), iteration
+            else:
+                _check_fits(Wt, S, f"SimRank's product Wᵀ S (iteration {iteration})", products)
         if dense is not None:
             error = dense.step(importance_factor)
             if error <= tolerance:
