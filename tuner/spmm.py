@@ -80,7 +80,7 @@ def render(k: int, params: SpmmParams, value_dtype, index_dtype) -> str:
 
 def compiled_width(k: int) -> int:
     """The block width a binary is compiled for: ``k`` up to one column pass of a warp (32), else 0 (the
-    width read at run time: a block of n columns, as SimRank's, would otherwise build a binary per n).
+    width read at run time, so that blocks wider than a pass share one binary instead of building one each).
 
     Example:
         >>> [compiled_width(k) for k in (1, 32, 33, 4096)]
@@ -154,7 +154,7 @@ class SpMM:
         self._arrays = arrays or tuple(gpu.upload(np.ascontiguousarray(a)) for a in (m.indptr, m.indices, m.data))
         self._kernel = gpu.Kernel(cubin, KERNEL, "PPPPPqq")
         self._staging = None  # device X and Y for host blocks and timing: made on first use (device callers
-        # bring their own, and a block of n columns, as SimRank's, would double their memory)
+        # bring their own, and would otherwise hold a second X and Y for nothing)
         self._block = None if X is None else np.ascontiguousarray(X, dtype=self.dtype)
 
     def _buffers(self) -> tuple:

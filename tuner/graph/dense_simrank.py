@@ -20,8 +20,12 @@ Example (1,000 nodes, 10,000 edges, a device 300 times the host's bandwidth):
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import scipy.sparse as sp
+
+from ..formats.xp import host
 
 RTOL = 1e-5  # numpy.allclose's, which NetworkX's stopping rule uses with atol=tolerance
 SPARSE_BYTES = 12  # host bytes per scalar product of the sparse iteration: its result's value and index
@@ -73,8 +77,9 @@ def dense_bytes(n: int, itemsize: int = 8) -> int:
 
 
 def dense_fits_device(n: int) -> bool:
-    """Whether :func:`dense_bytes` of ``n`` nodes, and an n x n block besides for each product's result, fit
-    the GPU's free memory (False without a GPU).
+    """Whether :func:`dense_bytes` of ``n`` nodes fit the GPU's free memory with two n x n blocks to spare
+    (a product's result before it is copied into place, and a margin for cuSPARSE's work space); False
+    without a GPU.
 
     Example (on a GPU machine):
         >>> dense_fits_device(10_000), dense_fits_device(1_000_000)   # doctest: +SKIP
@@ -88,7 +93,8 @@ def dense_fits_device(n: int) -> bool:
 
 class DenseSimRank:
     """SimRank's iterations from S (a SciPy matrix) on dense n x n arrays of ``xp`` (NumPy or CuPy), with
-    ``product(X, out)`` writing Wᵀ X into ``out`` (X, out: n x n arrays of ``xp``).
+    ``product(X, out)`` writing Wᵀ X into ``out`` (X, out: n x n arrays of ``xp``); ``on()`` a context in
+    which ``xp``'s work runs (the GPU the arrays live on).
 
     Example (NumPy, SciPy's product):
         >>> Wt = sp.csr_matrix(np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))  # 0 -> 1, 0 -> 2
@@ -97,31 +103,32 @@ class DenseSimRank:
         (0.9, 0.0, [[1.0, 0.0, 0.0], [0.0, 1.0, 0.9], [0.0, 0.9, 1.0]])
     """
 
-    def __init__(self, S: sp.spmatrix, product, xp):
+    def __init__(self, S: sp.spmatrix, product, xp, on=contextlib.nullcontext):
         n = S.shape[0]
-        self._xp, self._product = xp, product
-        self._s = xp.asarray(np.asarray(S.toarray(), dtype=np.float64))
-        self._t = xp.empty((n, n), np.float64)
-        self._tt = xp.empty((n, n), np.float64)
+        self._xp, self._product, self._on = xp, product, on
+        with on():
+            self._s = xp.asarray(np.asarray(S.toarray(), dtype=np.float64))
+            self._t = xp.empty((n, n), np.float64)
+            self._tt = xp.empty((n, n), np.float64)
         self._gap = _gap_kernel(xp)
 
     def step(self, c: float) -> float:
         """One iteration; the largest of ``|S_k+1 - S_k| - RTOL |S_k+1|`` over the entries (NumPy's allclose
         with atol=tolerance holds where it is at most the tolerance)."""
-        xp = self._xp
-        self._product(self._s, self._t)          # T = Wᵀ S
-        self._tt[...] = self._t.T                # Tᵀ = S W
-        self._product(self._tt, self._t)         # Wᵀ S W, in T's place
-        self._t *= c
-        xp.fill_diagonal(self._t, 1.0)
-        gap = float(self._gap(self._t, self._s))
+        with self._on():
+            self._product(self._s, self._t)      # T = Wᵀ S
+            self._tt[...] = self._t.T            # Tᵀ = S W
+            self._product(self._tt, self._t)     # Wᵀ S W, in T's place
+            self._t *= c
+            self._xp.fill_diagonal(self._t, 1.0)
+            gap = float(self._gap(self._t, self._s))
         self._s, self._t = self._t, self._s
         return gap
 
     def result(self) -> sp.csr_matrix:
         """S as a SciPy CSR matrix (its zeros left out)."""
-        dense = self._s.get() if hasattr(self._s, "get") else np.asarray(self._s)
-        return sp.csr_matrix(dense)
+        with self._on():
+            return sp.csr_matrix(host(self._s))
 
 
 def _gap_kernel(xp):
@@ -132,7 +139,7 @@ def _gap_kernel(xp):
         return lambda new, old: (np.abs(new - old) - RTOL * np.abs(new)).max()
     rows = xp.ReductionKernel("float64 s1, float64 s0", "float64 gap", f"fabs(s1 - s0) - {RTOL!r} * fabs(s1)",
                               "fmax(a, b)", "gap = a", "-1e300", "simrank_gap")
-    return lambda new, old: rows(new, old, axis=1).get().max()
+    return lambda new, old: host(rows(new, old, axis=1)).max()
 
 
 def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
@@ -148,9 +155,9 @@ def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
     import cupyx.scipy.sparse as cpsp
 
     from ..formats import device_reorder
-    with device_reorder.on_device():
+    with device_reorder.on_device():  # the process's GPU (tuner.gpu.select_device), here and in every step
         wt = cpsp.csr_matrix(sp.csr_matrix(Wt, dtype=np.float64))
 
     def product(X, out):
         out[...] = wt @ X
-    return DenseSimRank(S, product, cupy)
+    return DenseSimRank(S, product, cupy, on=device_reorder.on_device)
