@@ -1,6 +1,7 @@
 """Graph algorithms against NetworkX: PageRank with the same semantics on real and generated graphs, on the
 host (backend 'scipy') here and through the tuned SpMV on a GPU."""
 import importlib
+import json
 
 import numpy as np
 import pytest
@@ -316,6 +317,7 @@ def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning
     A = (in_degree_graph(degrees, n, 71) + graph(n, 72)).tolil()
     A[7, :] = 0
     A[9, 9] = 1.5
+    A[:, 1000:1700] = 0  # 700 nodes without in-edges: a run of empty rows, more than a chunk marks (it searches)
     A = A.tocsr()
     A.eliminate_zeros()
     p = np.random.default_rng(5).uniform(0.1, 1.0, n)
@@ -489,7 +491,7 @@ def _dense_on_the_host(monkeypatch, ratio):
     monkeypatch.setattr(simrank_module, "bandwidth_ratio", lambda: ratio)
     monkeypatch.setattr(simrank_module, "dense_fits_device", lambda n: True)
     monkeypatch.setattr(simrank_module, "device_simrank", lambda Wt, S: dense_simrank.DenseSimRank(
-        S, lambda X, out: np.copyto(out, Wt @ X), np))
+        S, dense_simrank.host_product(Wt), np))
     monkeypatch.setattr(simrank_module, "_product", lambda backend: lambda X, Y: (X @ Y).tocsr())
 
 
@@ -507,12 +509,45 @@ def test_simrank_dense_iterations_continue_the_sparse_ones_to_networkxs_result(m
     assert "dense" not in tuner.simrank(A, backend="tuned", threshold=1e-3, return_info=True)[1].backend
 
 
+class _CompiledScipyProduct:
+    """SciPy's product as simrank calls the tuned one, each new structure costing ``cost`` seconds to compile."""
+
+    def __init__(self, cost):
+        self.cost, self.seen = cost, []
+
+    def compile_cost(self, X, Y):
+        return self.cost
+
+    def __call__(self, X, Y):
+        self.seen.append(X.nnz)
+        return (X @ Y).tocsr()
+
+
+@pytest.mark.parametrize("cost", [0.0, 0.02])
+def test_simrank_goes_dense_from_the_first_iteration_where_compiling_a_sparse_one_takes_longer(monkeypatch, cost):
+    import importlib
+    _dense_on_the_host(monkeypatch, 30.0)
+    product = _CompiledScipyProduct(cost)
+    monkeypatch.setattr(importlib.import_module("tuner.graph.simrank"), "_product", lambda backend: product)
+    A = graph(150, 70)
+    S, info = tuner.simrank(A, backend="tuned", return_info=True)
+    first = int(info.backend.rsplit(" ", 1)[1].rstrip(")"))
+    # 20 ms of compiling outweighs a dense iteration of this graph (microseconds at 30 x the host's rate);
+    # without it the sparse iterations go on while their host bytes are fewer
+    assert (first == 1) == (cost > 0) and len(product.seen) == 2 * (first - 1)
+    assert abs(S - tuner.simrank(A)).max() <= 1e-12
+
+
 def test_simrank_goes_dense_when_the_sparse_products_host_bytes_outweigh_the_dense_device_bytes():
-    from tuner.graph.dense_simrank import DENSE_BYTES, SPARSE_BYTES, dense_bytes, dense_pays
+    from tuner.graph.dense_simrank import DENSE_BYTES, HOST_GBS, SPARSE_BYTES, dense_bytes, dense_pays
     w_nnz, n, ratio = 5_000, 2_000, 200.0
     crossover = DENSE_BYTES * w_nnz * n / (SPARSE_BYTES * ratio)  # products where both move equal time
     assert not dense_pays(w_nnz, n, int(crossover) - 1, ratio) and dense_pays(w_nnz, n, int(crossover) + 1, ratio)
     assert not dense_pays(w_nnz, n, 10**12, 0.0)  # no GPU profile: never
+    # Compiling the sparse products for new structures counts as that many seconds of host bytes
+    compile_s = (DENSE_BYTES * w_nnz * n - SPARSE_BYTES * 1_000 * ratio) / (ratio * HOST_GBS * 1e9)
+    assert dense_pays(w_nnz, n, 1_000, ratio, 1.01 * compile_s)
+    assert not dense_pays(w_nnz, n, 1_000, ratio, 0.99 * compile_s)
     assert dense_bytes(2_000) == 3 * 2_000 * 2_000 * 8
 
 
@@ -546,15 +581,33 @@ def test_simrank_tuned_backend_multiplies_through_the_spgemm_compile(monkeypatch
 @pytest.mark.gpu
 def test_graph_bench_rows_agree_with_networkx_and_the_cusparse_loop():
     pytest.importorskip("cupy")
-    from tuner.bench_graph import bench_pagerank, bench_simrank, format_table
-    rows = [bench_pagerank("rmat:10", "pagerank"), bench_pagerank("rmat:10", "rwr"), bench_simrank("rmat:8")]
+    from tuner.bench_graph import bench_betweenness, bench_hits, bench_pagerank, bench_simrank, format_table
+    rows = [bench_pagerank("rmat:10", "pagerank"), bench_pagerank("rmat:10", "rwr"), bench_simrank("rmat:8"),
+            bench_hits("rmat:10"), bench_betweenness("rmat:10")]
     for row in rows[:2]:
         assert row.iterations > 5 and row.max_abs_diff_vs_networkx <= 1e-6 and row.max_abs_diff_vs_cusparse <= 1e-6
         assert row.ours_iter_ms > 0 and row.spmv_ms > 0 and row.setup_s > 0
         assert row.tuned_iter_ms > 0 and row.tuned_setup_s > 0 and row.tuned_max_abs_diff <= 1e-6
         assert row.ours_repeat_s > 0 and row.cusparse_repeat_s > 0
     assert rows[2].max_abs_diff_vs_networkx <= 1e-12 and rows[2].max_abs_diff_vs_cusparse <= 1e-12
-    assert len(format_table(rows).splitlines()) == 4
+    hits_row, betweenness_row = rows[3:]
+    assert hits_row.iterations > 2 and hits_row.max_abs_diff_vs_networkx <= 1e-5
+    assert hits_row.max_abs_diff_vs_cusparse <= 1e-8 and "cuSPARSE products" in hits_row.cusparse_how
+    # the same sources, batches and shortest-path counts: equal up to the order of the sums
+    assert betweenness_row.iterations > 2 and betweenness_row.max_abs_diff_vs_networkx <= 1e-12
+    assert betweenness_row.max_abs_diff_vs_cusparse <= 1e-12
+    assert len(format_table(rows).splitlines()) == 6
+
+
+def test_graph_bench_keeps_the_rows_of_algorithms_a_run_leaves_out(tmp_path):
+    from tuner.bench_graph import kept_rows
+    out = tmp_path / "bench-graph.json"
+    out.write_text(json.dumps({"command": "bench-graph", "gpu": {"name": "H"},
+                               "rows": [{"algorithm": "pagerank", "name": "g"}, {"algorithm": "hits", "name": "g"}]}))
+    assert kept_rows(out, "H", ("hits", "betweenness")) == ([{"algorithm": "pagerank", "name": "g"}],
+                                                            ["bench-graph"])
+    assert kept_rows(out, "another GPU", ("hits",)) == ([], [])
+    assert kept_rows(out, "H", ("pagerank", "hits")) == ([], [])
 
 
 def test_graph_bench_table_has_a_line_per_row():

@@ -11,8 +11,9 @@ by c, so what one pruning drops shrinks by c an iteration: no entry ends more th
 the exact S (10 x threshold at c = 0.9); the tests measure it. Keeping each node's top k instead would not
 converge: entries trade places at the cut from one iteration to the next.
 
-Without pruning, the tuned backend goes on with a dense S on the device once S has filled in enough for that
-to pay (:mod:`tuner.graph.dense_simrank`).
+Without pruning, the tuned backend goes on with a dense S on the device once that pays
+(:mod:`tuner.graph.dense_simrank`): on a graph whose dense iteration takes less than compiling a sparse one's
+products for new structures, from the first iteration.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import scipy.sparse as sp
 
 from ..formats.row_bins import row_products
 from ..memory import available_bytes, check_fits
-from .dense_simrank import RTOL, bandwidth_ratio, dense_fits_device, dense_pays, device_simrank
+from .dense_simrank import (COMPILE_FLOOR_S, RTOL, bandwidth_ratio, dense_fits_device, dense_pays,
+                            device_simrank)
 from .pagerank import ConvergenceError, IterationInfo, adjacency
 
 BYTES_PER_PRODUCT = 24  # SciPy's product: C's entries (12 B) plus its work arrays, per scalar product at most
@@ -48,16 +50,27 @@ class ReusedProducts:
         >>> C = multiply(A, B); C2 = multiply(A, 2 * B)   # the second reuses the first's compile  # doctest: +SKIP
     """
 
+    compile_s: float | None = None  # the latest compile's wall seconds in this process (any instance)
+
     def __init__(self, keep: int = 2):
         from ..operations import compile as compile_product
         self._compile, self._keep = compile_product, keep
         self._made: dict = {}
 
+    def compile_cost(self, X, Y) -> float:
+        """Seconds X @ Y would spend compiling first: none where these structures are compiled, else the
+        latest compile this process timed (:data:`~tuner.graph.dense_simrank.COMPILE_FLOOR_S` before any)."""
+        if (_structure(X), _structure(Y)) in self._made:
+            return 0.0
+        return COMPILE_FLOOR_S if ReusedProducts.compile_s is None else ReusedProducts.compile_s
+
     def __call__(self, X, Y) -> sp.csr_matrix:
         key = (_structure(X), _structure(Y))
         product = self._made.pop(key, None)
         if product is None:
+            t0 = time.perf_counter()
             product = self._compile(X, Y, dtype=np.float64)
+            ReusedProducts.compile_s = time.perf_counter() - t0
             result = product()
         else:
             result = product(X, Y)  # the same structures: new values, numeric phase only
@@ -121,11 +134,11 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
 
     Stops when ``numpy.allclose(S_k, S_k+1, atol=tolerance)`` holds (NetworkX's rule) and raises
     :class:`~tuner.graph.pagerank.ConvergenceError` after ``max_iterations`` without. ``threshold``: pruning
-    after each iteration, within threshold / (1 - importance_factor) of the exact S (module docstring). ``backend``: 'scipy' (host) or 'tuned' (both
-    products through :func:`tuner.compile`'s SpGEMM on the GPU while S is sparse; without ``threshold``, S
-    goes dense on the device once that pays: :mod:`tuner.graph.dense_simrank`; ``info.backend`` says from
-    which iteration). A product whose result may not fit host
-    memory is refused before it runs, with the figures.
+    after each iteration, within threshold / (1 - importance_factor) of the exact S (module docstring).
+    ``backend``: 'scipy' (host) or 'tuned' (both products through :func:`tuner.compile`'s SpGEMM on the GPU
+    while S is sparse; without ``threshold``, S goes dense on the device once that pays (module docstring);
+    ``info.backend`` says from which iteration). A product whose result may not fit host memory is refused
+    before it runs, with the figures.
 
     Example:
         >>> A = sp.csr_matrix(np.array([[0, 1, 1], [0, 0, 0], [0, 0, 0]], dtype=float))  # 0 -> 1, 0 -> 2
@@ -149,7 +162,9 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
     for iteration in range(1, max_iterations + 1):
         if dense is None:
             products = int(row_products(Wt.indptr, Wt.indices, S.indptr).sum())
-            if backend == "tuned" and threshold is None and _goes_dense(Wt, n, products, ratio):
+            # Both products compile anew where Wᵀ S's structures are new (T W's follow from them).
+            compile_s = 2 * multiply.compile_cost(Wt, S) if hasattr(multiply, "compile_cost") else 0.0
+            if backend == "tuned" and threshold is None and _goes_dense(Wt, n, products, ratio, compile_s):
                 dense, dense_from = device_simrank(Wt, S), iteration
             else:
                 _check_fits(Wt, S, f"SimRank's product Wᵀ S (iteration {iteration})", products)
@@ -178,10 +193,10 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
     return (S, info) if return_info else S
 
 
-def _goes_dense(Wt: sp.csr_matrix, n: int, products: int, ratio: float) -> bool:
+def _goes_dense(Wt: sp.csr_matrix, n: int, products: int, ratio: float, compile_s: float) -> bool:
     """Whether the next iteration runs on a dense S: it pays (:func:`~tuner.graph.dense_simrank.dense_pays`:
-    the two sparse products estimated at twice the first's scalar products), and the dense S and the SciPy
-    matrix it ends as (an n x n float64 array, then 12 B per entry) fit host memory and the device's free
-    memory (:func:`~tuner.graph.dense_simrank.dense_bytes`)."""
-    return (dense_pays(Wt.nnz, n, 2 * products, ratio) and n * n * (8 + 12) <= available_bytes()
+    the two sparse products estimated at twice the first's scalar products, after ``compile_s`` compiling),
+    and the dense S and the SciPy matrix it ends as (an n x n float64 array, then 12 B per entry) fit host
+    memory and the device's free memory (:func:`~tuner.graph.dense_simrank.dense_bytes`)."""
+    return (dense_pays(Wt.nnz, n, 2 * products, ratio, compile_s) and n * n * (8 + 12) <= available_bytes()
             and dense_fits_device(n))
