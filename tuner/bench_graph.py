@@ -14,6 +14,14 @@ Rows (models/<gpu-slug>/bench-graph.json), host SciPy matrix in, NumPy result ou
 * ``rwr``: the same with the walk restarting at the three nodes of largest out-degree.
 * ``simrank``: :func:`tuner.simrank` through our SpGEMM against the same two products an iteration through
   CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), for our number of iterations, on small generated graphs.
+* ``hits``: :func:`tuner.hits` as a user calls it (ARPACK on the host, the products by A and Aᵀ on this GPU)
+  against the same ARPACK iterations with cuSPARSE's products through CuPy, both from the same start vector.
+* ``betweenness``: :func:`tuner.betweenness` on the GPU from ``BETWEENNESS_SOURCES`` sampled sources against
+  a separately written batched Brandes on CuPy (cuSPARSE SpMM per BFS level, the levels kept as Brandes'
+  stack), the same sources and batches.
+
+Rows of algorithms a run leaves out are kept from the file it writes over (same GPU), so that the algorithms
+can be benched in separate runs.
 
 Every time is wall seconds between device synchronisations; ``setup_s`` covers the host-to-device copies and
 (ours) the plan, layout and compile.
@@ -32,16 +40,25 @@ from . import __version__, gpu, layouts, loaders
 from .cache import cold_plans
 from .graph.simrank import column_normalised
 
+ALGORITHMS = ("pagerank", "rwr", "hits", "betweenness", "simrank")
 TOL = 1e-7  # per node: float32 ranks change by a few ulps of the largest rank (1e-8 at 0.1) at their fixed point
 ALPHA = 0.85
 NETWORKX_NNZ = 5_000_000  # NetworkX's PageRank takes seconds per million edges: compared up to here
 SIMRANK_SUITE = ("rmat:10", "rmat:12")
 NETWORKX_SIMRANK_NODES = 2048  # NetworkX returns every pair as a dict of dicts: compared up to here
 DEFAULT_GENERATED = ("rmat:20", "rmat:23", "rmat:25")
+# The generated graphs of the HITS and betweenness rows (the suite's files all run): HITS multiplies host
+# vectors (ARPACK runs on the host), each product of rmat:25 moving 256 MB each way on both sides alike; a
+# betweenness batch holds seven n x batch arrays, so rmat:23's batches would be of two sources
+HITS_GENERATED = ("rmat:20", "rmat:23")
+BETWEENNESS_GENERATED = ("rmat:20",)
+BETWEENNESS_SOURCES = 64  # sampled sources (seed 0) of each betweenness row
+NETWORKX_BETWEENNESS_NNZ = 150_000  # NetworkX's Brandes in Python: about 0.1 s per source at 100k edges
 KRONECKER = (("cnr-2000.npz", 4),)  # 260M entries: the Kronecker-scaled web graph the targets name
 TARGET_ITERATIONS = 50  # the end-to-end run the targets are stated for
 # 1.2M edges (large enough for the device set-up paths of both sides) and 50k (the host paths of small graphs)
 WARM_UP = ("rmat:16:20", "rmat:12")
+SIMRANK_WARM_UP = "rmat:8"
 
 
 @dataclass(frozen=True)
@@ -200,12 +217,26 @@ def bench_pagerank(source: str, algorithm: str, dtype=np.float32) -> GraphRow:
         max_abs_diff_vs_cusparse=float(np.abs(x - ref_cu).max()))
 
 
-def _warm_up(dtype=np.float32) -> None:
-    """Every path a row times, once on each warm-up graph, unrecorded (no NetworkX)."""
+def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
+    """Every path a row of ``algorithms`` times, once on each warm-up graph (SimRank: one small graph),
+    unrecorded (no NetworkX)."""
     from .distributed.nccl import SoloDevice
     from .distributed.pagerank import pagerank_on_devices, pull_product
-    from .graph import pagerank
-    for source in WARM_UP:
+    from .graph import betweenness, hits, pagerank, simrank
+    if "simrank" in algorithms:
+        A = abs(loaders.load(SIMRANK_WARM_UP))
+        simrank(A, backend="tuned")
+        cusparse_simrank(A, 2)
+        cusparse_simrank_dense(A, 2)
+    for source in WARM_UP if {"hits", "betweenness"} & set(algorithms) else ():
+        A = abs(loaders.load(source))
+        if "hits" in algorithms:
+            hits(A, nstart=np.ones(A.shape[0]))
+            cusparse_hits(A, np.ones(A.shape[0]))
+        if "betweenness" in algorithms:
+            betweenness(A, k=4, seed=0, backend="device")
+            cusparse_betweenness(A, np.arange(4), 4)
+    for source in WARM_UP if {"pagerank", "rwr"} & set(algorithms) else ():
         A = abs(loaders.load(source))
         weighted = A.copy()
         weighted.data = np.random.default_rng(0).uniform(0.5, 2.0, A.nnz).astype(A.dtype)
@@ -218,7 +249,8 @@ def _warm_up(dtype=np.float32) -> None:
 
 
 def cusparse_simrank(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_matrix, float, float]:
-    """SimRank's two products an iteration through CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), float64."""
+    """SimRank's two products an iteration through CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), float64, S copied to
+    the host at the end: (S, setup s, iterations s)."""
     import cupyx.scipy.sparse as cpsp
     t0 = time.perf_counter()
     W = cpsp.csr_matrix(column_normalised(A))
@@ -231,9 +263,9 @@ def cusparse_simrank(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_matrix,
     for _ in range(iterations):
         S = c * ((Wt @ S) @ W)
         S = (S - cpsp.diags(S.diagonal()) + eye).tocsr()
-    _sync()
+    result = S.get()  # the result out, as ours
     t2 = time.perf_counter()
-    return S.get(), t1 - t0, t2 - t1
+    return result, t1 - t0, t2 - t1
 
 
 def cusparse_simrank_dense(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_matrix, float, float]:
@@ -251,9 +283,9 @@ def cusparse_simrank_dense(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_m
         S = Wt @ cupy.ascontiguousarray(T.T)
         S *= c
         cupy.fill_diagonal(S, 1.0)
-    _sync()
+    result = S.get()  # the result out, as ours (a dense array: made sparse below, untimed)
     t2 = time.perf_counter()
-    return sp.csr_matrix(S.get()), t1 - t0, t2 - t1
+    return sp.csr_matrix(result), t1 - t0, t2 - t1
 
 
 def bench_simrank(source: str) -> GraphRow:
@@ -278,9 +310,147 @@ def bench_simrank(source: str) -> GraphRow:
         algorithm="simrank", name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
         ours_s=ours, cusparse_s=cu_setup + cu_iter, speedup=(cu_setup + cu_iter) / ours,
         ours_iter_ms=1e3 * ours / info.iterations, cusparse_iter_ms=1e3 * cu_iter / info.iterations, spmv_ms=None,
-        tuned_iter_ms=None, tuned_setup_s=None, tuned_max_abs_diff=None, setup_s=0.0, cusparse_setup_s=cu_setup, ours_50_s=None, cusparse_50_s=None, speedup_50=None,
+        tuned_iter_ms=None, tuned_setup_s=None, tuned_max_abs_diff=None, setup_s=0.0, cusparse_setup_s=cu_setup,
+        ours_50_s=None, cusparse_50_s=None, speedup_50=None,
         ours_repeat_s=None, cusparse_repeat_s=None, max_abs_diff_vs_networkx=nx_diff,
         max_abs_diff_vs_cusparse=float(abs(S - ref_cu).max()), cusparse_how=how, ours_how=info.backend)
+
+
+def cusparse_hits(A, start: np.ndarray, max_iter: int = 100, tol: float = 1e-8):
+    """NetworkX's HITS (ARPACK's leading singular vectors of A, on the host) with every product by A and Aᵀ
+    on cuSPARSE through CuPy, float64: ((hubs, authorities), products, setup s, iterations s)."""
+    import cupy
+    import cupyx.scipy.sparse as cpsp
+    from scipy.sparse.linalg import LinearOperator, svds
+    t0 = time.perf_counter()
+    forward = cpsp.csr_matrix(sp.csr_matrix(A, dtype=np.float64))
+    backward = forward.T.tocsr()
+    _sync()
+    t1 = time.perf_counter()
+    calls = [0]
+
+    def through(M):
+        def run(v):
+            calls[0] += 1
+            return (M @ cupy.asarray(np.ravel(v), dtype=np.float64)).get()
+        return run
+    n = A.shape[0]
+    op = LinearOperator((n, n), matvec=through(forward), rmatvec=through(backward), dtype=np.float64)
+    _, _, vt = svds(op, k=1, v0=start, maxiter=max_iter, tol=tol)
+    a = vt.ravel().real
+    h = through(forward)(a)
+    t2 = time.perf_counter()
+    return (h / h.sum(), a / a.sum()), calls[0], t1 - t0, t2 - t1
+
+
+def bench_hits(source: str) -> GraphRow:
+    """One HITS row: both sides from ARPACK's start of all ones (its own start is random)."""
+    from .graph import hits
+    A = abs(loaders.load(source))
+    n = A.shape[0]
+    start = np.ones(n)
+    _empty_pool()
+    t0 = time.perf_counter()
+    (h, a), info = hits(A, nstart=start, return_info=True)
+    ours = time.perf_counter() - t0
+    _empty_pool()
+    (h_cu, a_cu), cu_products, cu_setup, cu_iter = cusparse_hits(A, start)
+    nx_diff = None
+    if A.nnz <= NETWORKX_NNZ:
+        import networkx as nx
+        G = nx.from_scipy_sparse_array(sp.csr_matrix(A, dtype=np.float64), create_using=nx.DiGraph)
+        hubs, authorities = nx.hits(G)
+        nx_diff = max(float(np.abs(h - np.array([hubs[i] for i in range(n)])).max()),
+                      float(np.abs(a - np.array([authorities[i] for i in range(n)])).max()))
+    setup = info.seconds["setup"]
+    return GraphRow(
+        algorithm="hits", name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
+        ours_s=ours, cusparse_s=cu_setup + cu_iter, speedup=(cu_setup + cu_iter) / ours,
+        ours_iter_ms=1e3 * info.seconds["iterations"] / info.iterations, cusparse_iter_ms=1e3 * cu_iter / cu_products,
+        spmv_ms=None, tuned_iter_ms=None, tuned_setup_s=None, tuned_max_abs_diff=None, setup_s=setup,
+        cusparse_setup_s=cu_setup, ours_50_s=None, cusparse_50_s=None, speedup_50=None, ours_repeat_s=None,
+        cusparse_repeat_s=None, max_abs_diff_vs_networkx=nx_diff,
+        max_abs_diff_vs_cusparse=max(float(np.abs(h - h_cu).max()), float(np.abs(a - a_cu).max())),
+        cusparse_how=f"ARPACK on the host, cuSPARSE products ({cu_products})", ours_how=info.backend)
+
+
+def cusparse_betweenness(A, sources: np.ndarray, batch: int) -> tuple[np.ndarray, float, float]:
+    """Brandes' betweenness from ``sources`` (NetworkX's scaling for sampled sources, endpoints left out),
+    ``batch`` sources per level-synchronous BFS on CuPy: each level one cuSPARSE SpMM of the graph by the
+    n x batch frontier, the levels' frontiers kept as Brandes' stack for the backward sweep: (centrality,
+    setup s, run s)."""
+    import cupy
+    import cupyx.scipy.sparse as cpsp
+
+    from .graph.betweenness import _rescale
+    t0 = time.perf_counter()
+    P = sp.csr_matrix(A, dtype=np.float64)
+    P.sum_duplicates()
+    P.data[:] = 1.0
+    forward = cpsp.csr_matrix(P)
+    backward = forward.T.tocsr()
+    _sync()
+    t1 = time.perf_counter()
+    n = A.shape[0]
+    bc = cupy.zeros(n)
+    for lo in range(0, sources.size, batch):
+        src = cupy.asarray(sources[lo:lo + batch])
+        cols = cupy.arange(src.size)
+        sigma = cupy.zeros((n, src.size))
+        sigma[src, cols] = 1.0
+        seen = sigma > 0
+        stack = [seen.copy()]
+        frontier = sigma.copy()
+        while True:
+            reached = backward @ frontier
+            reached *= ~seen
+            new = reached > 0
+            if not bool(new.any()):
+                break
+            seen |= new
+            sigma += reached
+            stack.append(new)
+            frontier = reached
+        delta = cupy.zeros((n, src.size))
+        safe = cupy.where(sigma > 0, sigma, 1.0)
+        for d in range(len(stack) - 1, 0, -1):
+            coef = cupy.where(stack[d], (1.0 + delta) / safe, 0.0)
+            delta += stack[d - 1] * sigma * (forward @ coef)
+        bc += (delta * (seen & ~stack[0])).sum(axis=1)
+    out = _rescale(bc.get(), n, True, False, sources)
+    t2 = time.perf_counter()
+    return out, t1 - t0, t2 - t1
+
+
+def bench_betweenness(source: str) -> GraphRow:
+    """One betweenness row: ``BETWEENNESS_SOURCES`` sources sampled as NetworkX samples them (seed 0)."""
+    from .graph import betweenness
+    from .graph.betweenness import BATCH_BYTES, _sources
+    A = abs(loaders.load(source))
+    n = A.shape[0]
+    k = min(BETWEENNESS_SOURCES, n)
+    _empty_pool()
+    t0 = time.perf_counter()
+    bc, info = betweenness(A, k=k, seed=0, backend="device", return_info=True)
+    ours = time.perf_counter() - t0
+    sources, _ = _sources(n, k, 0)
+    _empty_pool()
+    ref_cu, cu_setup, cu_run = cusparse_betweenness(A, sources, max(1, min(k, BATCH_BYTES // (56 * n))))
+    nx_diff = None
+    if A.nnz <= NETWORKX_BETWEENNESS_NNZ:
+        import networkx as nx
+        G = nx.from_scipy_sparse_array(sp.csr_matrix(A, dtype=np.float64), create_using=nx.DiGraph)
+        d = nx.betweenness_centrality(G, k=k, seed=0)
+        nx_diff = float(np.abs(bc - np.array([d[i] for i in range(n)])).max())
+    return GraphRow(
+        algorithm="betweenness", name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
+        ours_s=ours, cusparse_s=cu_setup + cu_run, speedup=(cu_setup + cu_run) / ours,
+        ours_iter_ms=1e3 * info.seconds["iterations"] / max(info.iterations, 1),
+        cusparse_iter_ms=1e3 * cu_run / max(info.iterations, 1), spmv_ms=None, tuned_iter_ms=None,
+        tuned_setup_s=None, tuned_max_abs_diff=None, setup_s=info.seconds["setup"], cusparse_setup_s=cu_setup,
+        ours_50_s=None, cusparse_50_s=None, speedup_50=None, ours_repeat_s=None, cusparse_repeat_s=None,
+        max_abs_diff_vs_networkx=nx_diff, max_abs_diff_vs_cusparse=float(np.abs(bc - ref_cu).max()),
+        cusparse_how=f"batched Brandes on CuPy (cuSPARSE SpMM), {k} sources", ours_how=info.backend)
 
 
 def default_suite(data_dir=None) -> list[str]:
@@ -312,29 +482,53 @@ def format_table(rows: list[GraphRow]) -> str:
     return "\n".join(lines)
 
 
-ALGORITHMS = ("pagerank", "rwr", "simrank")
-
-
 def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALGORITHMS) -> list[GraphRow]:
-    """Every row of the suite (PageRank and RWR per graph, then SimRank's; those of ``algorithms``), written
-    to ``out`` after each."""
+    """Every row of the suite (PageRank and RWR per graph, HITS and betweenness on its files and some of its
+    generated graphs, then SimRank's; those of ``algorithms``), written to ``out`` after each, with the rows of
+    other algorithms that ``out`` holds from a run on the same GPU."""
     unknown = sorted(set(algorithms) - set(ALGORITHMS))
     if unknown:
         raise ValueError(f"unknown algorithms {unknown}: choose from {list(ALGORITHMS)}")
     jobs = [(bench_pagerank, (s, a)) for s in suite for a in ("pagerank", "rwr") if a in algorithms]
+    for algorithm, fn, generated in (("hits", bench_hits, HITS_GENERATED),
+                                     ("betweenness", bench_betweenness, BETWEENNESS_GENERATED)):
+        if algorithm in algorithms:
+            jobs += [(fn, (s,)) for s in suite if s in generated or not s.startswith(("rmat:", "kron:"))]
     jobs += [(bench_simrank, (s,)) for s in SIMRANK_SUITE if "simrank" in algorithms]
-    rows: list[GraphRow] = []
     info = gpu.device_info()
+    kept, commands = kept_rows(out, info.name, algorithms)
+    commands = commands + [command] if command not in commands else commands
+    rows: list[GraphRow] = []
     # Both sides once on a tiny graph, unrecorded: the first graph would otherwise carry the process's one-time
     # costs (CuPy's kernels compiled or loaded from its disk cache, modules loaded), which a user pays once.
-    _warm_up()
+    _warm_up(algorithms)
     for fn, args in (progress(jobs) if progress else jobs):
         rows.append(fn(*args))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({
             "tool": f"sparse-tuner {__version__}", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "command": command, "gpu": {"name": info.name, "memory_bytes": info.memory_bytes},
+            "command": command, "commands": commands, "gpu": {"name": info.name, "memory_bytes": info.memory_bytes},
             "timing": (f"wall seconds between device synchronisations; float32 PageRank/RWR to a per-node change "
-                       f"below {TOL} (cuSPARSE: the same iterations); SimRank float64, NetworkX's tolerance"),
-            "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+                       f"below {TOL} (cuSPARSE: the same iterations); HITS float64, ARPACK's tolerance (cuSPARSE: "
+                       f"the same ARPACK); betweenness {BETWEENNESS_SOURCES} sampled sources; SimRank float64, "
+                       f"NetworkX's tolerance"),
+            "rows": kept + [asdict(r) for r in rows]}, indent=1) + "\n")
     return rows
+
+
+def kept_rows(out: Path, gpu_name: str, algorithms) -> tuple[list[dict], list[str]]:
+    """The rows of ``out`` (a bench-graph.json) of algorithms other than ``algorithms``, and the commands that
+    wrote it; none where it does not exist or comes from another GPU.
+
+    Example:
+        >>> kept_rows(Path("/nonexistent.json"), "NVIDIA H100 80GB HBM3", ("hits",))
+        ([], [])
+    """
+    if not out.exists():
+        return [], []
+    old = json.loads(out.read_text())
+    if old.get("gpu", {}).get("name") != gpu_name:
+        return [], []
+    kept = [r for r in old.get("rows", []) if r.get("algorithm") not in algorithms]
+    commands = old.get("commands", [old["command"]] if "command" in old else [])
+    return kept, (commands if kept else [])

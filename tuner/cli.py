@@ -327,7 +327,7 @@ def cmd_hits(args) -> int:
         return NO_GPU_EXIT
     A = _load_graph(args.graph, comm)
     (h, a), info = hits(A, max_iter=args.max_iter, tol=args.tol, backend=backend, return_info=True,
-                        device_memory_limit=args.device_memory_limit, comm=comm)
+                        device_memory_limit=args.device_memory_limit, comm=comm, tune=args.tune)
     if comm is None or comm.rank == 0:
         print(f"HITS of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
               f"{info.iterations} products, setup {info.seconds['setup']:.2f} s, iterations "
@@ -710,6 +710,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tol", type=float, default=1e-8, help="ARPACK's tolerance (default %(default)s)")
     p.add_argument("--backend", choices=["tuned", "scipy"], default=None,
                    help="tuned: the tuned SpMV on the GPU (default with a GPU); scipy: on the host")
+    from .compiler import COMPILE_TUNE_MODES
+    p.add_argument("--tune", choices=COMPILE_TUNE_MODES, default="none",
+                   help="how the products by A and A^T are compiled: none (default): the generic kernel, ready "
+                        "in milliseconds (ARPACK's tens of products never repay a tuning); model, measure, "
+                        "exhaustive, optuna: as compile")
     _memory_option(p)
     _ranks_options(p)
     _results_options(p, "top nodes", "hub and authority of every node: .npy, or .csv", cmd_hits)
@@ -782,19 +787,24 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("bench-graph", help="PageRank, RWR and SimRank end to end against cuSPARSE loops and NetworkX",
+    p = sub.add_parser("bench-graph", help="PageRank, RWR, HITS, betweenness and SimRank end to end against "
+                                           "cuSPARSE loops and NetworkX",
                        description="Run PageRank and random walk with restart (iterations on the GPU, the tuned "
-                                   "SpMV) and SimRank (the tuned SpGEMM) from a host SciPy matrix to a NumPy "
+                                   "SpMV), HITS (ARPACK, products on the GPU), betweenness (batched Brandes on the "
+                                   "GPU) and SimRank (the tuned SpGEMM) from a host SciPy matrix to a NumPy "
                                    "result, and the same algorithms on cuSPARSE through CuPy for the same "
                                    "iterations; compare both with NetworkX where it runs in reasonable time. "
-                                   "Writes bench-graph.json after each row.")
+                                   "Writes bench-graph.json after each row, keeping the rows of algorithms "
+                                   "left out of this run.")
     p.add_argument("suite", nargs="*", help=f"graphs for PageRank and RWR ({MATRIX_HELP}); default: the data "
-                                            "folder's graphs, rmat:20, rmat:23, rmat:25 and cnr-2000 Kronecker-scaled 4 times "
-                                            "(SimRank: rmat:10, rmat:12)")
+                                            "folder's graphs, rmat:20, rmat:23, rmat:25 and cnr-2000 "
+                                            "Kronecker-scaled 4 times (HITS: the files, rmat:20 and rmat:23; "
+                                            "betweenness: the files and rmat:20; SimRank: rmat:10, rmat:12)")
     p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
     p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-graph.json)")
-    p.add_argument("--algorithms", nargs="+", choices=["pagerank", "rwr", "simrank"],
-                   default=["pagerank", "rwr", "simrank"], help="the algorithms to run (default: all three)")
+    p.add_argument("--algorithms", nargs="+", choices=["pagerank", "rwr", "hits", "betweenness", "simrank"],
+                   default=["pagerank", "rwr", "hits", "betweenness", "simrank"],
+                   help="the algorithms to run (default: all five)")
     p.set_defaults(func=cmd_bench_graph)
 
     p = sub.add_parser("bench-stream", help="SpMV, PageRank and SpGEMM streamed through a device-memory budget",

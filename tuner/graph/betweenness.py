@@ -42,13 +42,14 @@ def _batch(xp, P, PT, sources, endpoints: bool) -> tuple[object, int]:
     depth = xp.full((n, b), -1, np.int32)
     depth[sources, cols] = 0
     frontier, level = sigma.copy(), 0
-    while True:
+    while True:  # element-wise passes only (masked assignments cost CuPy a scan of the mask each)
         nxt = PT @ frontier  # paths into each node from the frontier
-        nxt[depth >= 0] = 0.0  # only nodes not reached yet
-        if not nxt.any():
+        nxt *= depth < 0  # only nodes not reached yet
+        found = nxt > 0
+        if not found.any():
             break
         level += 1
-        depth[nxt > 0] = level
+        depth = xp.where(found, np.int32(level), depth)
         sigma += nxt
         frontier = nxt
     delta = xp.zeros((n, b))
@@ -102,15 +103,18 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     t0 = time.perf_counter()
-    P = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
-    P.sum_duplicates()
-    P.data[:] = 1.0
-    PT = P.T.tocsr()
+    if not W.has_canonical_format:  # duplicate edges count once
+        W = W.copy()
+        W.sum_duplicates()
     xp = np
-    if backend == "device":
+    if backend == "device":  # the pattern's index arrays uploaded once, its ones and transpose made there
         import cupy
         import cupyx.scipy.sparse as cpsp
-        xp, P, PT = cupy, cpsp.csr_matrix(P), cpsp.csr_matrix(PT)
+        xp = cupy
+        P = cpsp.csr_matrix((cupy.ones(W.nnz), cupy.asarray(W.indices), cupy.asarray(W.indptr)), shape=W.shape)
+    else:
+        P = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
+    PT = P.T.tocsr()
     sources, sampled = _sources(n, k, seed)
     if batch is None:
         batch = max(1, min(sources.size, BATCH_BYTES // (56 * n)))

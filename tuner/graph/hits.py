@@ -23,7 +23,8 @@ from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, 
 
 
 def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: bool = True,
-         backend: str = "tuned", dtype=np.float64, return_info: bool = False, device_memory_limit=None, comm=None):
+         backend: str = "tuned", dtype=np.float64, return_info: bool = False, device_memory_limit=None, comm=None,
+         tune: str = "none"):
     """(hubs, authorities) of the graph whose edge u -> v is ``A[u, v]``, as ``networkx.hits`` computes them.
 
     ``max_iter`` and ``tol`` are ARPACK's (as in NetworkX); ``nstart``: its starting vector (array or
@@ -32,7 +33,9 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     by A and by Aᵀ. ``device_memory_limit`` (backend 'tuned'): as :func:`~tuner.graph.pagerank.pagerank`'s,
     each of the two products streamed from host memory where it does not fit. ``comm``: the ranks to split
     the products among (every rank calls this with the same A; each gets the whole result; ARPACK starts from
-    ``nstart`` or all ones so that every rank iterates alike). Raises
+    ``nstart`` or all ones so that every rank iterates alike). ``tune`` (backend 'tuned', one GPU): how the
+    products by A and Aᵀ are compiled (:func:`tuner.compile`'s modes); the default, 'none', runs the generic
+    kernel, ready in milliseconds: ARPACK's tens of products never repay a tuning. Raises
     :class:`~tuner.graph.pagerank.ConvergenceError` where ARPACK does not converge.
 
     Example:
@@ -43,6 +46,8 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     """
     if max_iter < 1 or tol < 0:
         raise ValueError(f"max_iter must be positive and tol non-negative, got {max_iter} and {tol}")
+    from ..compiler import check_tune
+    tune = check_tune(tune)
     W = adjacency(A)
     n = W.shape[0]
     if W.nnz == 0 or n < 2:
@@ -53,9 +58,9 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     if comm is not None:
         forward, backward = (_split_product(M, comm, backend, dtype) for M in (W, transpose(W)))
     else:
-        forward = _multiply(W, backend, dtype, device_memory_limit)
+        forward = _multiply(W, backend, dtype, device_memory_limit, tune)
         backward = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype,
-                             device_memory_limit)
+                             device_memory_limit, tune)
     start = None if nstart is None else _node_vector(nstart, n, "nstart")
     if start is None and comm is not None:
         start = np.ones(n)  # ARPACK's own random start may differ between ranks
