@@ -159,7 +159,8 @@ def test_a_product_over_the_device_budget_streams_slotted_pages_and_matches_scip
     ref = (A.astype(np.float64) @ B.astype(np.float64)).tocsr()
     assert C.shape == ref.shape and C.nnz == ref.nnz
     assert abs(C - ref).max() <= 1e-5 * max(abs(ref).max(), 1.0)
-    assert 0 < f.peak_bytes <= 200_000
+    assert 0 < f.peak_bytes <= 200_000 and f.blocks >= 1  # the partials summed on the device in row blocks
+    assert f.blocks > 1 or name == "long_rows"  # its partials fit one block
     with pytest.raises(ValueError, match="out='device'"):
         f(out="device")
 
@@ -180,34 +181,51 @@ def test_a_products_bound_packs_light_slots_into_pages_of_like_work(max_products
     assert abs(C - a @ b).max() < 1e-12 * abs(a @ b).max()
 
 
-def test_running_sum_of_partials_equals_their_sum_and_holds_a_few_sums():
-    from tuner.spgemm.slotted import RunningSum
-    parts = [sp.random(40, 30, density=0.1, format="csr", random_state=k) for k in range(23)]
-    total = RunningSum((40, 30), np.float64)
-    for k, c in enumerate(parts, 1):
-        total.add(c)
-        assert len(total.sums) == bin(k).count("1")  # one sum per set bit of the count: at most log2 + 1
-    got = total.result()
-    assert got.has_sorted_indices and abs(got - sum(parts)).max() < 1e-12
+def _partials(shape, count, seed, dtype=np.float64):
+    """``count`` random partial products of ``shape`` as a page leaves them: sorted distinct keys, values."""
+    parts = [sp.random(*shape, density=0.15, format="coo", random_state=seed + k, dtype=dtype) for k in range(count)]
+    keys = [np.sort((p.row.astype(np.uint64) * np.uint64(shape[1]) + p.col.astype(np.uint64))) for p in parts]
+    values = []
+    for p, k in zip(parts, keys):
+        order = np.argsort(p.row.astype(np.uint64) * np.uint64(shape[1]) + p.col.astype(np.uint64), kind="stable")
+        values.append(p.data[order])
+    return parts, keys, values
 
 
-def test_partials_of_a_product_without_rows_sum_to_an_empty_matrix():
-    from tuner.spgemm.slotted import BackgroundSum
-    s = BackgroundSum((0, 5), np.float32)
-    s.add(sp.csr_matrix((0, 5), dtype=np.float32))
-    got = s.result()
-    assert got.shape == (0, 5) and got.nnz == 0
+@pytest.mark.parametrize("capacity", [1, 7, 50, 10**6])
+def test_row_blocks_cover_the_rows_in_order_and_hold_at_most_the_capacity_unless_one_row(capacity):
+    from tuner.spgemm.assemble import row_blocks
+    _, keys, _ = _partials((60, 30), 9, 3)
+    blocks = row_blocks(keys, 60, 30, capacity, grid=8)
+    assert blocks[0][0] == 0 and blocks[-1][1] == 60 and all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+    rows = np.concatenate([k // np.uint64(30) for k in keys]).astype(np.int64)
+    for r0, r1, count in blocks:
+        assert count == np.count_nonzero((rows >= r0) & (rows < r1))
+        assert count <= capacity or r1 - r0 == 1
+    if capacity == 10**6:
+        assert len(blocks) == 1
 
 
-def test_partials_summed_on_a_background_thread_equal_one_running_sum_bit_for_bit():
-    from tuner.spgemm.slotted import BackgroundSum, RunningSum
-    parts = [sp.random(60, 30, density=0.15, format="csr", random_state=k, dtype=np.float32) for k in range(13)]
-    one, behind = RunningSum((60, 30), np.float32), BackgroundSum((60, 30), np.float32)
-    for c in parts:
-        one.add(c)
-        behind.add(c)
-    got, want = behind.result(), one.result()
-    assert got.has_sorted_indices and got.dtype == want.dtype
+@pytest.mark.parametrize("capacity", [1, 40, 10**6])
+def test_partials_assembled_in_row_blocks_equal_their_sum(capacity):
+    from tuner.spgemm.assemble import assemble, host_merge
+    parts, keys, values = _partials((70, 40), 13, 11)
+    calls = []
+
+    def merge(k, v, *block):  # the host's sort and sum, as the device's merge_block leaves it
+        calls.append(sum(x.size for x in k))
+        return host_merge(40)(k, v, *block)
+    got = assemble(keys, values, (70, 40), np.float64, capacity, merge)
+    want = sum(p.tocsr() for p in parts)
+    assert got.has_sorted_indices and got.dtype == np.float64 and got.indices.dtype == np.int32
     assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
-    assert np.array_equal(got.data, want.data)  # the same additions in the same order
-    assert abs(want - sum(p.astype(np.float64) for p in parts)).max() < 1e-5
+    assert np.abs(got.data - want.data).max() < 1e-12
+    assert all(c <= capacity for c in calls) and (len(calls) == 1) == (capacity == 10**6)
+
+
+def test_partials_of_a_product_without_rows_or_entries_assemble_to_an_empty_matrix():
+    from tuner.spgemm.assemble import assemble
+    empty = [np.zeros(0, np.uint64)]
+    for shape in ((0, 5), (4, 5)):
+        got = assemble(empty, [np.zeros(0, np.float32)], shape, np.float32, 10, lambda *a: pytest.fail("merged"))
+        assert got.shape == shape and got.nnz == 0 and got.dtype == np.float32 and got.indptr.size == shape[0] + 1

@@ -410,22 +410,24 @@ def device_vector(n: int, dtype, data=None):
 _stages: list = []  # download()'s two page-locked staging buffers, made at the first large download
 
 
-def download(array) -> np.ndarray:
+def download(array, out: np.ndarray | None = None) -> np.ndarray:
     """A host copy of a device array (a PyCUDA GPUArray) through two page-locked staging buffers
     (:func:`tuner.staging.drain`): a copy into pageable memory runs at a tenth of PCIe's rate. Small arrays
-    are copied directly.
+    are copied directly. ``out``: a contiguous host array of the same size and dtype to copy into.
 
     Example (on a GPU machine):
         >>> download(device_vector(3, np.float32, upload(np.arange(3, dtype=np.float32)))).tolist()  # doctest: +SKIP
         [0.0, 1.0, 2.0]
     """
+    if out is not None and (out.shape != array.shape or out.dtype != array.dtype or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a contiguous {array.dtype} array of shape {array.shape}")
     if int(array.nbytes) <= STAGE_BYTES:
-        return array.get()
+        return array.get() if out is None else array.get(ary=out)
     _context()
     if not _stages:
         _stages.extend(drv.pagelocked_empty(STAGE_BYTES, np.uint8, mem_flags=drv.host_alloc_flags.PORTABLE)
                        for _ in range(2))
-    out = np.empty(array.shape, array.dtype)
+    out = np.empty(array.shape, array.dtype) if out is None else out
     src = int(array.gpudata)
     stream = drv.Stream()  # a blocking stream: it starts after the default stream's work that made the array
     arrived = [drv.Event(), drv.Event()]

@@ -379,7 +379,7 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
         splan = dataclasses.replace(splan, stats=stats,
                                     reason=f"{plan.family}'s working set of {int(need):,} bytes exceeds the "
                                            f"{where} of {budget:,} bytes: {splan.reason}")
-        product = SlottedProduct(a, b, pages, cache, nnz_c=stats.nnz_c)
+        product = SlottedProduct(a, b, pages, cache, nnz_c=stats.nnz_c, budget_bytes=splan.budget_bytes)
         product.plan = splan
         return product
     if tune == "model":

@@ -234,8 +234,8 @@ class OuterProduct(Product):
         self._library = gpu.Library(codegen.compile_library(merge_source(self.dtype), info.arch, cache=cache))
         v = "f" if self.dtype == np.float32 else "d"
         self._expand = gpu.Kernel(binary.cubin, name, "PPPPPPPPPPPq" + v)
-        self._indptr = {32: self._expand.sibling(f"{name}_indptr32", "PqqqP"),
-                        64: self._expand.sibling(f"{name}_indptr64", "PqqqP")}
+        self._indptr = {32: self._expand.sibling(f"{name}_indptr32", "PqqqqP"),
+                        64: self._expand.sibling(f"{name}_indptr64", "PqqqqP")}
         self._columns = {32: self._expand.sibling(f"{name}_columns32", "PqqP"),
                          64: self._expand.sibling(f"{name}_columns64", "PqqP")}
         self._bind(a, b, prepared)
@@ -281,25 +281,13 @@ class OuterProduct(Product):
             self._temp = max(sort_bytes.value, reduce_bytes.value)
         return self._temp
 
-    def _multiply(self) -> DeviceCSR:
-        p, t, n_rows, n_cols = self.params, self.table, *self.shape
-        vs = self.dtype.itemsize
-        if t.products == 0:
-            return empty_product(self.shape, self.dtype)
-        n = ctypes.c_longlong(t.products)
-        bits = key_bits(self.shape)
+    def _sorted_sums(self, n: ctypes.c_longlong, keys_in, vals_in):
+        """Sort ``n`` (key, value) pairs in ``keys_in``/``vals_in`` by key and sum each key's values, back into
+        the same buffers: (nnz, the unique keys' count)."""
+        vs, bits = self.dtype.itemsize, key_bits(self.shape)
         temp_bytes = self._temp_bytes(n, bits)
-        need = device_bytes(t, self.ops, self.dtype, temp_bytes)
-        self._ensure_free(need, f"A B expands to {t.products:,} products")
-        keys_in, keys_out = gpu.alloc_pooled(8 * t.products), gpu.alloc_pooled(8 * t.products)
-        vals_in, vals_out = gpu.alloc_pooled(vs * t.products), gpu.alloc_pooled(vs * t.products)
+        keys_out, vals_out = gpu.alloc_pooled(8 * n.value), gpu.alloc_pooled(vs * n.value)
         temp, runs = gpu.alloc_pooled(temp_bytes), gpu.alloc_pooled(8)
-        self._phase("allocate")
-        d = self._dev
-        self._expand.launch(t.blocks, p.block_size, d["pair"], d["a_start"], d["a_stop"], d["offset"], d["a_rows"],
-                            d["a_vals"] or 0, d["b_rowptr"], d["b_cols"], d["b_vals"] or 0, keys_in, vals_in,
-                            np.int64(n_cols), self.dtype.type(self.pattern_value))
-        self._phase("expand")
         ptr = lambda buf: ctypes.c_void_p(int(buf))  # noqa: E731
         self._library.call(f"{self._merge_name}_sort", ptr(temp), ctypes.byref(ctypes.c_size_t(temp_bytes)),
                            ptr(keys_in), ptr(keys_out), ptr(vals_in), ptr(vals_out), n, ctypes.c_int(bits))
@@ -309,19 +297,98 @@ class OuterProduct(Product):
                            ptr(keys_out), ptr(keys_in), ptr(vals_out), ptr(vals_in), ptr(runs), n)
         nnz_host = np.zeros(1, np.int64)
         gpu.copy_to_host(nnz_host, int(runs))
-        nnz = int(nnz_host[0])
         self._phase("reduce")
+        return int(nnz_host[0])
+
+    def _expanded(self):
+        """The expansion of every product, sorted and summed by key on the device: (keys, values, nnz) in
+        buffers of every product's size; None where there are no products."""
+        p, t, n_cols = self.params, self.table, self.shape[1]
+        vs = self.dtype.itemsize
+        if t.products == 0:
+            return None
+        n = ctypes.c_longlong(t.products)
+        need = device_bytes(t, self.ops, self.dtype, self._temp_bytes(n, key_bits(self.shape)))
+        self._ensure_free(need, f"A B expands to {t.products:,} products")
+        keys_in, vals_in = gpu.alloc_pooled(8 * t.products), gpu.alloc_pooled(vs * t.products)
+        self._phase("allocate")
+        d = self._dev
+        self._expand.launch(t.blocks, p.block_size, d["pair"], d["a_start"], d["a_stop"], d["offset"], d["a_rows"],
+                            d["a_vals"] or 0, d["b_rowptr"], d["b_cols"], d["b_vals"] or 0, keys_in, vals_in,
+                            np.int64(n_cols), self.dtype.type(self.pattern_value))
+        self._phase("expand")
+        return keys_in, vals_in, self._sorted_sums(n, keys_in, vals_in)
+
+    def pairs(self, into=None) -> tuple[np.ndarray, np.ndarray]:
+        """C's distinct keys (row * n_cols + column), ascending, and their values, in host memory: a slotted
+        page's partial product as :mod:`tuner.spgemm.assemble` sums them. ``into``: (keys, values) host
+        arrays of exactly C's entries (page-locked ones take the copies at PCIe's rate) to copy them into.
+
+        Example (on a GPU machine):
+            >>> keys, values = OuterProduct(a, b, OuterProductParams(), cache).pairs()   # doctest: +SKIP
+        """
+        out = self._expanded()
+        nnz = 0 if out is None else out[2]
+        if into is not None:
+            if into[0].size != nnz:
+                raise ValueError(f"into holds {into[0].size:,} entries, C has {nnz:,}")
+            if nnz:
+                gpu.copy_to_host(into[0], int(out[0]))
+                gpu.copy_to_host(into[1], int(out[1]))
+            return into
+        if out is None:
+            return np.zeros(0, np.uint64), np.zeros(0, self.dtype)
+        keys, vals, nnz = out
+        return (gpu.download(gpu.device_vector(nnz, np.uint64, keys)),
+                gpu.download(gpu.device_vector(nnz, self.dtype, vals)))
+
+    def merge_block(self, keys: list[np.ndarray], values: list[np.ndarray], r0: int, r1: int, cols_out: np.ndarray,
+                    vals_out: np.ndarray) -> tuple[np.ndarray, int]:
+        """The sum of the pairs of C's rows [r0, r1) that ``keys`` and ``values`` hold (a slice of each page's
+        :meth:`pairs`), on the device by the same sort, reduction and CSR kernels, as
+        :func:`~tuner.spgemm.assemble.assemble` merges a block: its columns and values copied into the front
+        of ``cols_out`` and ``vals_out`` (whose dtypes they take); (row starts relative to the block, entries)."""
+        n_cols, rows = self.shape[1], r1 - r0
+        total = sum(int(k.size) for k in keys)
+        if total == 0:
+            return np.zeros(rows, np.int64), 0
+        vs = self.dtype.itemsize
+        self._temp = None  # CUB's temporary storage depends on the count of pairs: asked again, and after
+        keys_in, vals_in = gpu.alloc_pooled(8 * total), gpu.alloc_pooled(vs * total)
+        at = 0
+        for k, v in zip(keys, values):
+            gpu.copy_to_device(int(keys_in) + 8 * at, k)
+            gpu.copy_to_device(int(vals_in) + vs * at, v)
+            at += int(k.size)
+        nnz = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in)
+        self._temp = None
+        index = cols_out.dtype
+        bits_out = 8 * index.itemsize
+        indptr, cols = gpu.device_vector(rows + 1, index), gpu.device_vector(nnz, index)
+        self._indptr[bits_out].launch(-(-(rows + 1) // 256), 256, keys_in, np.int64(nnz), np.int64(r0),
+                                      np.int64(rows), np.int64(n_cols), indptr.gpudata)
+        self._columns[bits_out].launch(-(-nnz // 256), 256, keys_in, np.int64(nnz), np.int64(n_cols), cols.gpudata)
+        gpu.download(cols, out=cols_out[:nnz])
+        gpu.download(gpu.device_vector(nnz, self.dtype, vals_in), out=vals_out[:nnz])
+        return gpu.download(indptr)[:rows], nnz
+
+    def _multiply(self) -> DeviceCSR:
+        n_rows, n_cols = self.shape
+        vs = self.dtype.itemsize
+        out = self._expanded()
+        if out is None:
+            return empty_product(self.shape, self.dtype)
+        keys_in, vals_in, nnz = out
         # CSR in arrays of its own size (the expansion's buffers hold every product), int32 where it fits,
         # allocated after the sort's second buffers went back to the pool, whose blocks they can reuse.
-        del keys_out, vals_out, temp
         index = np.dtype(np.int32 if max(n_cols, nnz) <= INT32_MAX else np.int64)
         bits_out = 8 * index.itemsize
         if gpu.free_memory() < (n_rows + 1 + nnz) * index.itemsize + nnz * vs:
             gpu.free_memory(release_pool=True)  # the pool's blocks back to the driver: the output fits where they were
         indptr, cols, vals = (gpu.device_vector(n_rows + 1, index), gpu.device_vector(nnz, index),
                               gpu.device_vector(nnz, self.dtype))
-        self._indptr[bits_out].launch(-(-(n_rows + 1) // 256), 256, keys_in, np.int64(nnz), np.int64(n_rows),
-                                      np.int64(n_cols), indptr.gpudata)
+        self._indptr[bits_out].launch(-(-(n_rows + 1) // 256), 256, keys_in, np.int64(nnz), np.int64(0),
+                                      np.int64(n_rows), np.int64(n_cols), indptr.gpudata)
         self._columns[bits_out].launch(-(-nnz // 256), 256, keys_in, np.int64(nnz), np.int64(n_cols), cols.gpudata)
         gpu.copy_device(int(vals.gpudata), int(vals_in), nnz * vs)
         self._phase("csr")

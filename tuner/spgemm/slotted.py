@@ -5,10 +5,10 @@ The inner dimension is cut into slotted pages (:mod:`tuner.formats.slotted_pages
 contiguous range of A's CSC entries and of B's CSR entries, whose outer products are a partial C. Page by
 page, the page's operands go to the GPU, the outer_product family expands, sorts and sums them there
 (:class:`~tuner.spgemm.outer_product.OuterProduct` on the page), and the partial C comes back to host
-memory; C is the sum of the partials, added up on the host as they come (CSR plus CSR, sums of like size
-together, so that every entry is merged about log2(pages) times), on a thread of their own while the next
-page runs on the GPU (:class:`BackgroundSum`). The page's operands are cut
-when the product is compiled, so a call copies, multiplies and downloads.
+memory as sorted (row, column) keys and their sums. C is the sum of the partials: cut into blocks of rows
+whose partial entries fit the budget, each block's slices of every partial go back to the GPU to be sorted
+and summed there by the same merge (:mod:`tuner.spgemm.assemble`). The page's operands are cut when the
+product is compiled, so a call copies, multiplies and downloads, then assembles.
 
 The page size is the model's: among powers of two whose heaviest page fits the budget (:func:`page_need`),
 light slots sharing a page up to half the budget's worth of products, the one with the lowest predicted
@@ -16,14 +16,12 @@ time, each page predicted by the outer_product model (its fixed cost and rates, 
 plus its copies at the H100's page-locked rates (:data:`H2D_GBS`, :data:`D2H_GBS`; a call's uploads come
 from the pages' arrays, page-locked in place at the first call, its partials back to pageable memory).
 Larger pages pay the per-page fixed cost fewer times and send back fewer partial entries (a page sums its
-own duplicates); the budget bounds them. The prediction leaves out the host's sums of the partials, which
-take most of a call (bench-stream-spgemm.json).
+own duplicates); the budget bounds them. The prediction leaves out the assembly of C from the partials.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +33,7 @@ from ..formats.slotted_pages import SlottedPages, page_operands, slotted_pages
 from ..matrix import CanonicalMatrix, canonicalize
 from ..memory import available_bytes, check_fits
 from ..model import spgemm as model
+from .assemble import assemble, host_merge
 from .base import DeviceMemoryError, Product
 from .outer_product import OuterProduct, OuterProductParams, Prepared, operands, prepare
 
@@ -116,18 +115,16 @@ def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.R
 
 
 def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
-    """Host bytes a call holds at once while it sums the partials: the running sums (all partial entries at
-    most, each page's at most min(its products, nnz(C)), and at most log2(pages) + 2 sums of at most nnz(C)
-    each), the output of the merge under way, and the newest partial twice (it and its blocks' row slices,
-    summed while the next page runs), 32-bit columns and a value an entry.
+    """Host bytes a call holds at once: every page's partial product (at most min(its products, nnz(C))
+    entries of an 8-byte key and a value), and C (a 32-bit column and a value an entry) with one block's
+    download (nnz(C) entries at most).
 
     Example (two pages of 4 products, 6 entries in C, float64):
-        >>> host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)  # (8 + 6 + 2 x 4) x 12
-        264
+        >>> host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)  # 8 x 16 + 2 x 6 x 12
+        272
     """
-    each = np.minimum(pages.products, nnz_c)
-    held = min(float(each.sum()), (np.log2(max(pages.pages, 1)) + 2) * nnz_c)
-    return int((held + nnz_c + 2 * float(each.max(initial=0))) * (4 + value_bytes))
+    partials = float(np.minimum(pages.products, nnz_c).sum())
+    return int(partials * (8 + value_bytes) + 2 * nnz_c * (4 + value_bytes))
 
 
 def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats: model.ProductStats,
@@ -174,77 +171,15 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
     return plan, pages
 
 
-class RunningSum:
-    """The sum of CSR matrices added one by one, as a binary counter adds: sums of like size are added
-    together (CSR plus CSR, a linear merge of sorted rows), so that each entry is merged about log2(count)
-    times and at most log2(count) + 1 sums are held.
-
-    Example:
-        >>> s = RunningSum((2, 2), np.float64)
-        >>> for k in range(5): s.add(sp.csr_matrix(np.array([[k, 0], [0, 1.0]])))
-        >>> s.result().toarray().tolist(), len(s.sums)
-        ([[10.0, 0.0], [0.0, 5.0]], 2)
-    """
-
-    def __init__(self, shape: tuple[int, int], dtype):
-        self.shape, self.dtype = shape, np.dtype(dtype)
-        self.sums: list[tuple[int, sp.csr_matrix]] = []  # (level, sum of 2^level matrices), levels descending
-
-    def add(self, c: sp.csr_matrix) -> None:
-        level = 0
-        while self.sums and self.sums[-1][0] == level:
-            c = self.sums.pop()[1] + c
-            level += 1
-        self.sums.append((level, c))
-
-    def result(self) -> sp.csr_matrix:
-        c = sp.csr_matrix(self.shape, dtype=self.dtype)
-        for _, part in reversed(self.sums):
-            c = part + c if c.nnz else part
-        return sp.csr_matrix(c, dtype=self.dtype)
-
-
-class BackgroundSum:
-    """:class:`RunningSum` whose additions run on a thread of their own while the caller goes on (the next
-    page's copies and kernels): the partials are added in the order they came, each after the one before
-    it, so the result is one RunningSum's, bit for bit, and at most one partial waits. One thread: SciPy's
-    CSR sum runs in C++, but cutting C into row blocks for several threads costs a Python slice per block
-    and page, and those threads then queue for the interpreter's lock.
-
-    Example:
-        >>> s = BackgroundSum((2, 2), np.float64)
-        >>> for k in range(5): s.add(sp.csr_matrix(np.array([[k, 0], [0, 1.0]])))
-        >>> s.result().toarray().tolist()
-        [[10.0, 0.0], [0.0, 5.0]]
-    """
-
-    def __init__(self, shape: tuple[int, int], dtype):
-        self.sum = RunningSum(shape, dtype)
-        self._pool = ThreadPoolExecutor(max_workers=1)
-        self._pending = None
-
-    def add(self, c: sp.csr_matrix) -> None:
-        if self._pending is not None:
-            self._pending.result()
-        self._pending = self._pool.submit(self.sum.add, c)
-
-    def result(self) -> sp.csr_matrix:
-        """The sum, once every addition is done (the thread is then let go)."""
-        try:
-            if self._pending is not None:
-                self._pending.result()
-            return self.sum.result()
-        finally:
-            self._pool.shutdown()
-
-
 class SlottedProduct(Product):
     """C = A B streamed page by page through a device-memory budget (see the module docstring); a call
     returns C as a SciPy CSR matrix (it is not kept on the GPU: ``out='device'`` is refused). ``seconds``
-    after a timed call: 'pages' (copies, kernels and the running sums of the partials: sums of like size
-    added as they come, CSR to CSR, each a linear merge of sorted rows) and 'assemble' (the last sums);
-    ``peak_bytes``: the most device memory one page held; ``up_bytes``, ``down_bytes``: what the last call
-    copied to the GPU (the pages' operands) and back (their partial products).
+    after a timed call: 'pages' (each page's copies and kernels and its partial product back) and 'assemble'
+    (the partials summed on the device in blocks of rows, C assembled); ``peak_bytes``: the most device
+    memory a page or a block held; ``up_bytes``, ``down_bytes``: what the last call copied to the GPU (the
+    pages' operands, then the partials) and back (the partials, then C); ``blocks``: the row blocks the last
+    call summed on the device. ``budget_bytes``: what a block of the assembly may hold (default: what the
+    heaviest page needs).
 
     Example (on a GPU machine):
         >>> f = tuner.compile(A, A, device_memory_limit="64M")   # doctest: +SKIP
@@ -255,18 +190,25 @@ class SlottedProduct(Product):
     family = "slotted_page"
 
     def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, pages: SlottedPages, cache: Cache,
-                 params: OuterProductParams = OuterProductParams(), nnz_c: float | None = None):
+                 params: OuterProductParams = OuterProductParams(), nnz_c: float | None = None,
+                 budget_bytes: int | None = None):
         super().__init__(a, b, params)
         bound = float(pages.products.sum()) if nnz_c is None else float(nnz_c)
         self.nnz_c = bound  # C's entries as the compile estimated them (at most the products)
         check_fits(host_bytes(pages, bound, self.dtype.itemsize),
                    f"C = A B ({self.shape[0]:,} x {self.shape[1]:,}) assembled from {pages.pages:,} slotted pages",
-                   "the running sums of the partials and a merge's output, from the estimated nnz(C)")
+                   "the partial products and C, from the estimated nnz(C)")
         self.pages, self.cache = pages, cache
+        if budget_bytes is None:
+            budget_bytes = int(page_need(pages.products, pages.entries, pages.slot_end - pages.slot_begin,
+                                         a.n_rows, self.dtype.itemsize, a.index_dtype.itemsize).max(initial=0))
+        self.budget_bytes = int(budget_bytes)
+        self.blocks = 0
         self.up_bytes = self.down_bytes = 0
         self.ops = operands(a, b)
         self._operands = self._pages()
         self._pins = None  # every page's uploads page-locked in place, at the first call
+        self._partials = None  # every page's partial product, page-locked, from the second call on
 
     def _pin(self, index_dtype) -> None:
         """Page-lock every page's uploads in place, once (copies from locked memory run at PCIe's rate,
@@ -283,6 +225,20 @@ class SlottedProduct(Product):
             self._pins = [gpu.Pinned(x) for x in arrays]
         except gpu.GpuError:  # a memlock limit, say: the copies run from pageable memory
             self._pins = []
+
+    def _partial_buffers(self, sizes: list[int]) -> None:
+        """Page-locked host arrays for every page's partial product (keys and values; their sizes are the
+        structures', known after the first call), once: the pages' partials come down into them and go back
+        up, block by block, at PCIe's rate instead of a tenth of it. None where they would take over a quarter
+        of the free host memory or the system refuses to lock them."""
+        self._partials = []
+        if sum(sizes) * (8 + self.dtype.itemsize) > available_bytes() // PIN_SHARE:
+            return
+        try:
+            self._partials = [(gpu.Pinned(np.empty(n, np.uint64)), gpu.Pinned(np.empty(n, self.dtype)))
+                              for n in sizes]
+        except gpu.GpuError:  # a memlock limit, say: the partials stay in pageable memory
+            self._partials = []
 
     def explain(self) -> str:
         """Why slotted pages, how many, and each page size's predicted seconds."""
@@ -326,26 +282,40 @@ class SlottedProduct(Product):
         self.seconds = {}
         t = time.perf_counter()
         self.up_bytes = self.down_bytes = 0
-        total = BackgroundSum(self.shape, self.dtype)
+        keys, values = [], []
         page = None
-        for a, b, prepared in self._operands:  # one set of kernels, loaded once, for every page
+        for i, (a, b, prepared) in enumerate(self._operands):  # one set of kernels, loaded once, for every page
             if page is None:
                 page = OuterProduct(a, b, self.params, self.cache, prepared)
                 self._pin(page.index_dtype)
             else:
                 page.rebind(a, b, prepared)
-            c = page(out="scipy")
+            k, v = page.pairs((self._partials[i][0].array, self._partials[i][1].array) if self._partials else None)
+            keys.append(k)
+            values.append(v)
             self.up_bytes += sum(x.nbytes for m in (a, b)
                                  for x in (m.indptr, m.indices) + (() if m.value_free else (m.data,)))
-            self.down_bytes += c.indptr.nbytes + c.indices.nbytes + c.data.nbytes
+            self.down_bytes += k.nbytes + v.nbytes
             self.peak_bytes = max(self.peak_bytes, page.peak_bytes)
-            total.add(c)  # summed on its thread while the next page runs
-        del page
+        if self._partials is None:
+            self._partial_buffers([k.size for k in keys])
         t2 = time.perf_counter()
-        c = total.result()
+        entry = SORT_COPIES * (8 + self.dtype.itemsize)  # a block's pairs, sorted and reduced: as a page's
+        capacity = max(self.budget_bytes // entry, 1)
+        device_merge = page.merge_block if page is not None else host_merge(self.shape[1])  # no pages: no entries
+        self.blocks = 0
+
+        def merge(*block):
+            self.blocks += 1
+            return device_merge(*block)
+        c = assemble(keys, values, self.shape, self.dtype, capacity, merge)
+        partials = sum(k.size for k in keys)
+        self.up_bytes += partials * (8 + self.dtype.itemsize)
+        self.down_bytes += c.nnz * (8 + self.dtype.itemsize)
+        self.peak_bytes = max(self.peak_bytes, min(partials, capacity) * entry)
+        del page
         if self.value_free:
             c.data *= self.dtype.type(self.pattern_value)
-        c.sort_indices()
         if self.timed:
             self.seconds["pages"] = t2 - t
             self.seconds["assemble"] = time.perf_counter() - t2

@@ -1,0 +1,158 @@
+"""C from the partial products of slotted pages, summed on the device in blocks of rows.
+
+Each page of an outer-product SpGEMM leaves its partial C as sorted, distinct (row, column) keys
+(row * n_cols + column) and their sums; pages overlap in C, so C is their sum. Summing them as CSR matrices
+in host memory merges every entry about log2(pages) times on one core, which takes most of a call. Here C's
+rows are cut into blocks whose partial entries, over all pages, fit the device-memory budget
+(:func:`row_blocks`); each block's slices of the pages' keys and values (:func:`slices`) go to the GPU, where
+CUB's radix sort and reduction by key sum them (the outer product's own merge: ``merge_block``), and the
+block's CSR comes back. A row whose partial entries alone exceed the budget is summed in host memory
+(:func:`sum_pairs`). Everything here but ``merge_block`` is host code on NumPy arrays.
+"""
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+GRID = 4096  # candidate boundaries of a first cut of C's rows; cells over the capacity are cut again
+
+
+def _counts(page_keys: list[np.ndarray], bounds: np.ndarray, n_cols: int) -> np.ndarray:
+    """Partial entries, over all pages, of each row range between consecutive ``bounds``."""
+    keys = bounds.astype(np.uint64) * np.uint64(n_cols)
+    total = np.zeros(bounds.size - 1, np.int64)
+    for k in page_keys:
+        total += np.diff(np.searchsorted(k, keys))
+    return total
+
+
+def row_blocks(page_keys: list[np.ndarray], n_rows: int, n_cols: int, capacity: int,
+               grid: int = GRID) -> list[tuple[int, int, int]]:
+    """(first row, end row, partial entries) of consecutive row blocks covering C's rows, each holding at most
+    ``capacity`` partial entries over all pages (``page_keys``: each page's sorted keys), or one row alone
+    where that row holds more.
+
+    Example (two pages' keys of a 4 x 10 C: rows 0, 0, 1, 3 and 0, 2, 3, 3):
+        >>> pages = [np.array([1, 5, 12, 31], np.uint64), np.array([2, 25, 30, 33], np.uint64)]
+        >>> row_blocks(pages, 4, 10, capacity=3)
+        [(0, 1, 3), (1, 3, 2), (3, 4, 3)]
+    """
+    if capacity < 1:
+        raise ValueError(f"capacity must be at least one entry, got {capacity}")
+    cells = [(0, n_rows)]
+    done: list[tuple[int, int, int]] = []
+    while cells:  # cut every cell over the capacity finer, down to single rows
+        r0, r1 = cells.pop()
+        bounds = np.unique(np.linspace(r0, r1, min(r1 - r0, grid) + 1).astype(np.int64))
+        counts = _counts(page_keys, bounds, n_cols)
+        for lo, hi, count in zip(bounds[:-1], bounds[1:], counts):
+            if count > capacity and hi - lo > 1:
+                cells.append((int(lo), int(hi)))
+            else:
+                done.append((int(lo), int(hi), int(count)))
+    done.sort()
+    blocks: list[tuple[int, int, int]] = []
+    for lo, hi, count in done:  # consecutive cells joined while they fit together
+        if blocks and blocks[-1][2] + count <= capacity:
+            blocks[-1] = (blocks[-1][0], hi, blocks[-1][2] + count)
+        else:
+            blocks.append((lo, hi, count))
+    return blocks
+
+
+def slices(page_keys: list[np.ndarray], page_values: list[np.ndarray], r0: int, r1: int,
+           n_cols: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each page's keys and values of rows [r0, r1) (views, no copies).
+
+    Example:
+        >>> k, v = slices([np.array([1, 5, 12, 31], np.uint64)], [np.arange(4.0)], 1, 3, 10)
+        >>> k[0].tolist(), v[0].tolist()
+        ([12], [2.0])
+    """
+    lo_key, hi_key = np.uint64(r0) * np.uint64(n_cols), np.uint64(r1) * np.uint64(n_cols)
+    out_k, out_v = [], []
+    for k, v in zip(page_keys, page_values):
+        lo, hi = np.searchsorted(k, [lo_key, hi_key])
+        out_k.append(k[lo:hi])
+        out_v.append(v[lo:hi])
+    return out_k, out_v
+
+
+def sum_pairs(keys: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct keys of all ``keys`` arrays, ascending, and the sums of their values, in host memory.
+
+    Example:
+        >>> k, v = sum_pairs([np.array([3, 7], np.uint64), np.array([3, 4], np.uint64)], [np.ones(2), np.ones(2)])
+        >>> k.tolist(), v.tolist()
+        ([3, 4, 7], [2.0, 1.0, 1.0])
+    """
+    k = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+    v = np.concatenate(values) if values else np.zeros(0)
+    order = np.argsort(k, kind="stable")
+    k, v = k[order], v[order]
+    if k.size == 0:
+        return k, v
+    starts = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))
+    return k[starts], np.add.reduceat(v, starts)
+
+
+def csr_of_pairs(keys: np.ndarray, values: np.ndarray, r0: int, r1: int, n_cols: int) -> tuple[np.ndarray, ...]:
+    """(row starts of rows [r0, r1) relative to the block's first entry, columns, values) of a block's
+    distinct sorted keys (the host's counterpart of the device's CSR kernels).
+
+    Example:
+        >>> [a.tolist() for a in csr_of_pairs(np.array([12, 15, 27], np.uint64), np.arange(3.0), 1, 3, 10)]
+        [[0, 2], [2, 5, 7], [0.0, 1.0, 2.0]]
+    """
+    rows = np.arange(r0, r1, dtype=np.uint64) * np.uint64(n_cols)
+    return np.searchsorted(keys, rows), (keys % np.uint64(n_cols)).astype(np.int64), values
+
+
+def assemble(page_keys: list[np.ndarray], page_values: list[np.ndarray], shape: tuple[int, int], dtype,
+             capacity: int, merge_block) -> sp.csr_matrix:
+    """C = the sum of the pages' partial products (each page: sorted distinct keys and their values) as a
+    SciPy CSR matrix. ``merge_block(keys, values, r0, r1, cols, vals)`` sums one block's slices (lists of
+    arrays, at most ``capacity`` entries in all), writes the result's columns and values to the front of
+    ``cols`` and ``vals`` (C's arrays from the block's first entry on: no copy of C at the end) and returns
+    its row starts relative to the block (:func:`host_merge` on the host); rows over the capacity alone, and
+    rows without entries, are summed here.
+
+    Example (the host's merge):
+        >>> pages = [np.array([1, 5, 12], np.uint64), np.array([5, 31], np.uint64)]
+        >>> assemble(pages, [np.ones(3), np.ones(2)], (4, 10), np.float64, 2, host_merge(10)).toarray()[0].tolist()
+        [0.0, 1.0, 0.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0]
+    """
+    n_rows, n_cols = shape
+    partials = sum(int(k.size) for k in page_keys)
+    index = np.int32 if max(partials, n_cols) <= np.iinfo(np.int32).max else np.int64
+    # At most every partial entry: the pages the sums leave untouched are never mapped in.
+    cols, vals = np.empty(partials, index), np.empty(partials, dtype)
+    host = host_merge(n_cols)
+    indptr = np.empty(n_rows + 1, index)
+    nnz = 0
+    for r0, r1, count in row_blocks(page_keys, n_rows, n_cols, capacity):
+        keys, values = slices(page_keys, page_values, r0, r1, n_cols)
+        merge = host if count > capacity or count == 0 else merge_block  # one row over what the device holds
+        starts, added = merge(keys, values, r0, r1, cols[nnz:], vals[nnz:])
+        indptr[r0:r1] = np.asarray(starts) + nnz
+        nnz += added
+    indptr[-1] = nnz
+    c = sp.csr_matrix((vals[:nnz], cols[:nnz], indptr), shape=shape)
+    c.has_sorted_indices = True
+    return c
+
+
+def host_merge(n_cols: int):
+    """``merge_block`` of :func:`assemble` in host memory (:func:`sum_pairs`, :func:`csr_of_pairs`).
+
+    Example:
+        >>> cols, vals = np.empty(3, np.int32), np.empty(3)
+        >>> starts, nnz = host_merge(10)([np.array([12, 15], np.uint64)], [np.ones(2)], 1, 3, cols, vals)
+        >>> starts.tolist(), nnz, cols[:nnz].tolist()
+        ([0, 2], 2, [2, 5])
+    """
+    def merge(keys, values, r0, r1, cols, vals):
+        starts, c, v = csr_of_pairs(*sum_pairs(keys, values), r0, r1, n_cols)
+        cols[:c.size], vals[:v.size] = c, v
+        return starts, int(c.size)
+    return merge
