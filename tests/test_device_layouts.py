@@ -213,7 +213,7 @@ def test_pinned_transfers_round_trip_arrays_larger_than_their_staging_buffers():
     assert back.dtype == a.dtype and np.array_equal(back, a)
 
 
-@pytest.mark.parametrize("pieces", [0.3, 1, 2, 4.7])
+@pytest.mark.parametrize("pieces", [0.01, 0.1, 0.3, 1, 2, 4.7])
 def test_a_staged_drain_fills_the_result_whatever_the_pieces_and_order_of_arrival(pieces):
     from tuner import staging
     src = np.random.default_rng(8).integers(0, 256, int(pieces * staging.STAGE_BYTES), dtype=np.uint8)
