@@ -13,8 +13,8 @@ columns (cuSPARSE's SpMM):
 
     T = Wᵀ S_k,    S_k+1 = c Wᵀ Tᵀ    (S_k is symmetric: Tᵀ = S_k W),
 
-then the unit diagonal and NetworkX's stopping rule, all on the device; only the gap of each iteration (a
-scalar) comes back, and S once at the end.
+then the unit diagonal and NetworkX's stopping rule, all on the device; only each iteration's gap (n column
+maxima) comes back, and S once at the end.
 
 Example (1,000 nodes, 10,000 edges, a device 300 times the host's bandwidth; products compiled, then not):
     >>> dense_pays(10_000, 1_000, 10_000, 300.0), dense_pays(10_000, 1_000, 100_000, 300.0)
@@ -40,7 +40,7 @@ HOST_GBS = 10.0
 # (digest, plan, layout, module load; measured on tiny products): what a sparse iteration pays per product
 # before a process has timed one of its own (:class:`tuner.graph.simrank.ReusedProducts` times each).
 COMPILE_FLOOR_S = 0.02
-DENSE_ARRAYS = 3  # S, T = Wᵀ S (then S_k+1 in its place) and Tᵀ, each n x n
+DENSE_ARRAYS = 3  # S_k, T = Wᵀ S_k and S_k+1, each n x n
 
 
 def dense_pays(w_nnz: int, n: int, sparse_products: int, bandwidth_ratio: float, compile_s: float = 0.0) -> bool:

@@ -297,8 +297,6 @@ class SlottedProduct(Product):
                                  for x in (m.indptr, m.indices) + (() if m.value_free else (m.data,)))
             self.down_bytes += k.nbytes + v.nbytes
             self.peak_bytes = max(self.peak_bytes, page.peak_bytes)
-        if self._partials is None:
-            self._partial_buffers([k.size for k in keys])
         t2 = time.perf_counter()
         entry = SORT_COPIES * (8 + self.dtype.itemsize)  # a block's pairs, sorted and reduced: as a page's
         capacity = max(self.budget_bytes // entry, 1)
@@ -314,6 +312,10 @@ class SlottedProduct(Product):
         self.down_bytes += c.nnz * (8 + self.dtype.itemsize)
         self.peak_bytes = max(self.peak_bytes, min(partials, capacity) * entry)
         del page
+        if self._partials is None:  # once the first call's partials are let go: never both at once
+            sizes = [k.size for k in keys]
+            del keys, values
+            self._partial_buffers(sizes)
         if self.value_free:
             c.data *= self.dtype.type(self.pattern_value)
         if self.timed:
