@@ -1,5 +1,6 @@
 """SpGEMM, C = A B: the workload table and its expansion checked against SciPy in NumPy (CPU), every
 template specialisation compiled by nvcc, and the GPU's products against SciPy in float64."""
+import csv
 import json
 
 import numpy as np
@@ -578,8 +579,8 @@ def test_report_sets_each_family_prediction_beside_its_measurement(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "pick the fastest on 1 of 2 products" in done.stdout and "worst 2.00x" in done.stdout
     rows = (tmp_path / "report-spgemm.csv").read_text().splitlines()
-    assert rows[1:] == ["g AA,outer_product,1.0,2.0,0.5,True,False", "g AA,row_hash,4.0,1.0,4.0,False,True",
-                        "h AAT,row_hash,3.0,3.0,1.0,True,True"]
+    assert rows[1:] == ["g AA,outer_product,,1.0,2.0,0.5,True,False", "g AA,row_hash,,4.0,1.0,4.0,False,True",
+                        "h AAT,row_hash,,3.0,3.0,1.0,True,True"]
 
 
 def test_a_measured_choice_is_keyed_by_both_structures_and_the_gpu_and_round_trips():
@@ -735,3 +736,28 @@ def test_the_model_plans_each_family_with_the_parameters_its_profile_is_measured
     a = canonicalize(sp.random(300, 300, density=0.03, format="csr", random_state=3, dtype=np.float32))
     plan = spgemm.model_plan(a, a, None, 116736)
     assert plan.params == spgemm.planned_params(plan.family, plan.stats)
+
+
+def test_report_of_a_stream_bench_compares_each_products_page_sizes_and_scores_the_models_pick(tmp_path):
+    from tuner import report_spgemm
+    bench = {"gpu": {"name": "H"}, "rows": [
+        {"name": "g AA", "page_sizes": {"256": {"predicted_s": 0.010, "measured_s": 0.020, "chosen": True},
+                                        "128": {"predicted_s": 0.011, "measured_s": 0.019},
+                                        "64": {"predicted_s": 0.012, "measured_s": 0.030},
+                                        "phases_s": {"pages": 0.01}}},
+        {"name": "h AAT", "page_sizes": {"512": {"predicted_s": 0.004, "measured_s": 0.004},
+                                         "256": {"predicted_s": 0.005, "measured_s": 0.008}}}]}
+    path = tmp_path / "bench-stream-spgemm.json"
+    path.write_text(json.dumps(bench))
+    csv_path, summary = report_spgemm.run(path)
+    assert csv_path.name == "report-stream-spgemm.csv" and (tmp_path / "report-stream-spgemm.json").is_file()
+    assert not (tmp_path / "report-spgemm.csv").exists()
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [(r["product"], r["page_entries"], r["chosen"], r["fastest"]) for r in rows] == [
+        ("g AA", "256", "True", "False"), ("g AA", "128", "False", "True"), ("g AA", "64", "False", "False"),
+        ("h AAT", "512", "True", "True"), ("h AAT", "256", "False", "False")]
+    # g's pick is 20/19 of its fastest (within 10 %), h's the fastest; errors 0.5, 8/19, 0.6, 0, 0.375
+    assert summary["picks"] == 2 and summary["fastest"] == 1 and summary["within_10pct"] == 2
+    assert abs(summary["regret_worst"] - 20 / 19) < 1e-12 and abs(summary["mdape"]["slotted_page"] - 8 / 19) < 1e-12
+    with pytest.raises(ValueError, match="--repredict takes a bench-spgemm.json"):
+        report_spgemm.run(path, again=True)

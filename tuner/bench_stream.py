@@ -238,7 +238,7 @@ def spgemm_row(source: str, op: str, h2d: float, repeats: int = 3) -> StreamRow:
             f.a, f.b, slotted_pages(f.ops.a_colptr, f.ops.b_rowptr, entries, f.pages.max_products), f.cache,
             nnz_c=f.nnz_c, budget_bytes=f.budget_bytes)
         sizes[str(entries)] = {"predicted_s": f.plan.predicted_s[entries], "pages": g.pages.pages,
-                               "measured_s": ours if g is f else _median_wall_s(g, 1)}
+                               "measured_s": ours if g is f else _median_wall_s(g, 1), "chosen": g is f}
     sizes["phases_s"] = phases
     return StreamRow(op="spgemm", name=f"{loaders.display_name(source)} {op}", nnz=int(A.nnz), budget_bytes=budget,
                      data_bytes=working, streamed_bytes=int(streamed), parts=f.plan.pages, passes=repeats,

@@ -899,7 +899,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the SpGEMM model instead: each family's prediction against its measured time in a "
                         "bench-spgemm.json (written by `bench`); writes report-spgemm.csv and .json beside it or in "
                         "--out (no GPU). With --repredict, the current model predicts again (the graphs loaded "
-                        "from --data-dir, --profile or the profile.json beside the file)")
+                        "from --data-dir, --profile or the profile.json beside the file). Given a "
+                        "bench-stream-spgemm.json (`bench-stream --op spgemm`), each slotted-page product's page "
+                        "sizes instead: report-stream-spgemm.csv and .json")
     p.add_argument("--repredict", action="store_true",
                    help="with --from-csv: predict every candidate again with the current model and --profile "
                         "(default: profile.json beside the CSV) and time each matrix's planning again, here; no "

@@ -1,7 +1,8 @@
 """``python -m tuner report --spgemm``: the SpGEMM model's predictions against the measured times of every
 family, from a bench-spgemm.json (which records both per product): report-spgemm.csv beside it and a summary
 (median absolute percentage error per family, how often the model's pick was the fastest or within 10 %, and
-the regret of its picks)."""
+the regret of its picks). From a bench-stream-spgemm.json the candidates are the slotted-page products'
+page sizes instead (:func:`page_rows`), the report report-stream-spgemm.csv."""
 from __future__ import annotations
 
 import csv
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-FIELDS = ("product", "family", "predicted_ms", "measured_ms", "ratio", "chosen", "fastest")
+FIELDS = ("product", "family", "page_entries", "predicted_ms", "measured_ms", "ratio", "chosen", "fastest")
 
 
 def candidate_rows(bench: dict) -> list[dict]:
@@ -33,9 +34,38 @@ def candidate_rows(bench: dict) -> list[dict]:
         chosen = r["plan"].split(" ")[0]
         for family, ms in measured.items():
             predicted = r["predicted_ms"].get(family)
-            out.append({"product": f"{r['name']} {r['op']}", "family": family, "predicted_ms": predicted,
+            out.append({"product": f"{r['name']} {r['op']}", "family": family, "page_entries": None,
+                        "predicted_ms": predicted,
                         "measured_ms": ms, "ratio": None if predicted is None else predicted / ms,
                         "chosen": family == chosen, "fastest": family == fastest})
+    return out
+
+
+def page_rows(bench: dict) -> list[dict]:
+    """One row per (slotted-page product, page size) measured in a bench-stream-spgemm.json: the model's
+    prediction at that page size, the measurement, their ratio, whether it is the model's page size (marked
+    ``chosen``; in files without the mark, the largest measured: the bench measures the model's, a half and a
+    quarter of it) and whether it was the fastest.
+
+    Example:
+        >>> b = {"rows": [{"name": "g AA", "page_sizes": {"64": {"predicted_s": 0.002, "measured_s": 0.004},
+        ...                                              "32": {"predicted_s": 0.003, "measured_s": 0.003}}}]}
+        >>> [(r["page_entries"], r["ratio"], r["chosen"], r["fastest"]) for r in page_rows(b)]
+        [(64, 0.5, True, False), (32, 1.0, False, True)]
+    """
+    out = []
+    for r in bench["rows"]:
+        sizes = {int(k): v for k, v in r.get("page_sizes", {}).items() if k.isdigit() and v.get("measured_s")}
+        if not sizes:
+            continue
+        marked = [e for e, v in sizes.items() if v.get("chosen")]
+        chosen = marked[0] if marked else max(sizes)
+        fastest = min(sizes, key=lambda e: sizes[e]["measured_s"])
+        for entries, v in sizes.items():
+            predicted, measured = 1e3 * v["predicted_s"], 1e3 * v["measured_s"]
+            out.append({"product": r["name"], "family": "slotted_page", "page_entries": entries,
+                        "predicted_ms": predicted, "measured_ms": measured, "ratio": predicted / measured,
+                        "chosen": entries == chosen, "fastest": entries == fastest})
     return out
 
 
@@ -112,20 +142,26 @@ def run(bench_path: Path, out_dir: Path | None = None, data_dir=None, profile=No
         again: bool = False) -> tuple[Path, dict]:
     """Write report-spgemm.csv (and report-spgemm.json with the summary) beside ``bench_path`` or in
     ``out_dir``; with ``again``, the predictions are made again by the current model (:func:`repredict`);
-    returns the CSV's path and the summary."""
+    returns the CSV's path and the summary. A bench-stream-spgemm.json (rows with ``page_sizes``) gives
+    report-stream-spgemm.csv and .json, its candidates the page sizes (no repredicting)."""
     bench = json.loads(Path(bench_path).read_text())
+    streamed = any("page_sizes" in r for r in bench.get("rows", []))
+    if again and streamed:
+        raise ValueError(f"{bench_path}: predictions of page sizes are not made again (--repredict takes a "
+                         "bench-spgemm.json)")
     if again:
         bench = repredict(bench, data_dir, profile)
-    rows = candidate_rows(bench)
+    rows = page_rows(bench) if streamed else candidate_rows(bench)
     out_dir = Path(out_dir) if out_dir else Path(bench_path).parent
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "report-spgemm.csv"
+    stem = "report-stream-spgemm" if streamed else "report-spgemm"
+    path = out_dir / f"{stem}.csv"
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         w.writerows(rows)
     summary = summarise(rows)
-    (out_dir / "report-spgemm.json").write_text(json.dumps(
+    (out_dir / f"{stem}.json").write_text(json.dumps(
         {"bench": str(bench_path), "gpu": bench.get("gpu"), "predictions": bench.get("repredicted_with", "the bench's"),
          "summary": summary, "rows": rows}, indent=1))
     return path, summary
