@@ -759,5 +759,25 @@ def test_report_of_a_stream_bench_compares_each_products_page_sizes_and_scores_t
     # g's pick is 20/19 of its fastest (within 10 %), h's the fastest; errors 0.5, 8/19, 0.6, 0, 0.375
     assert summary["picks"] == 2 and summary["fastest"] == 1 and summary["within_10pct"] == 2
     assert abs(summary["regret_worst"] - 20 / 19) < 1e-12 and abs(summary["mdape"]["slotted_page"] - 8 / 19) < 1e-12
-    with pytest.raises(ValueError, match="--repredict takes a bench-spgemm.json"):
-        report_spgemm.run(path, again=True)
+
+
+def test_a_stream_benchs_page_sizes_are_predicted_again_by_the_current_model(tmp_path):
+    from tuner import report_spgemm
+    from tuner.matrix import canonicalize
+    from tuner.model import spgemm as model
+    from tuner.spgemm import RowHashParams, plan_stats
+    from tuner.spgemm.row_hash import profile_shared_limit
+    from tuner.spgemm.slotted import plan_pages
+    A = power_law(400, seed=47)
+    path = tmp_path / "g.npz"
+    sp.save_npz(path, A)
+    a = canonicalize(A)
+    stats = plan_stats(a, a, RowHashParams(), profile_shared_limit(None))
+    plan, _ = plan_pages(a, a, 200_000, stats, model.rates_from(None))
+    sizes = sorted(plan.predicted_s)[-2:]
+    bench = {"rows": [{"name": "g AA", "source": str(path), "budget_bytes": 200_000,
+                       "page_sizes": {**{str(e): {"predicted_s": 1.0, "measured_s": 0.01} for e in sizes},
+                                      "phases_s": {"pages": 0.01}}}]}
+    again = report_spgemm.repredict_pages(bench, tmp_path, None)["rows"][0]["page_sizes"]
+    assert [again[str(e)]["predicted_s"] for e in sizes] == [plan.predicted_s[e] for e in sizes]
+    assert again["phases_s"] == {"pages": 0.01} and all(again[str(e)]["measured_s"] == 0.01 for e in sizes)

@@ -901,7 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "--out (no GPU). With --repredict, the current model predicts again (the graphs loaded "
                         "from --data-dir, --profile or the profile.json beside the file). Given a "
                         "bench-stream-spgemm.json (`bench-stream --op spgemm`), each slotted-page product's page "
-                        "sizes instead: report-stream-spgemm.csv and .json")
+                        "sizes instead: report-stream-spgemm.csv and .json (--repredict: under each row's budget)")
     p.add_argument("--repredict", action="store_true",
                    help="with --from-csv: predict every candidate again with the current model and --profile "
                         "(default: profile.json beside the CSV) and time each matrix's planning again, here; no "

@@ -138,19 +138,47 @@ def repredict(bench: dict, data_dir, profile) -> dict:
     return {**bench, "rows": rows, "repredicted_with": rates.source}
 
 
+def repredict_pages(bench: dict, data_dir, profile) -> dict:
+    """A bench-stream-spgemm.json with every measured page size's ``predicted_s`` made again by the current
+    model and ``profile`` under the row's budget (on the CPU, operands loaded again; rows named 'GRAPH AA' or
+    'GRAPH AAT').
+
+    Example (no rows: nothing to load):
+        >>> repredict_pages({"rows": []}, "/data", None)["rows"]
+        []
+    """
+    from . import loaders
+    from .matrix import canonicalize
+    from .model import spgemm as model
+    from .spgemm import RowHashParams, plan_stats
+    from .spgemm.row_hash import profile_shared_limit
+    from .spgemm.slotted import plan_pages
+    rates = model.rates_from(profile)
+    limit = profile_shared_limit(profile)
+    rows = []
+    for r in bench["rows"]:
+        name, op = r["name"].rsplit(" ", 1)
+        A = loaders.load(r.get("source") or source_of(name, data_dir)).tocsr()
+        a = canonicalize(A)
+        b = a if op == "AA" else canonicalize(A.T.tocsr())
+        plan, _ = plan_pages(a, b, r["budget_bytes"], plan_stats(a, b, RowHashParams(), limit), rates)
+        sizes = {k: ({**v, "predicted_s": plan.predicted_s[int(k)]} if k.isdigit() and int(k) in plan.predicted_s
+                     else v) for k, v in r["page_sizes"].items()}
+        rows.append({**r, "page_sizes": sizes})
+    return {**bench, "rows": rows, "repredicted_with": rates.source}
+
+
 def run(bench_path: Path, out_dir: Path | None = None, data_dir=None, profile=None,
         again: bool = False) -> tuple[Path, dict]:
     """Write report-spgemm.csv (and report-spgemm.json with the summary) beside ``bench_path`` or in
     ``out_dir``; with ``again``, the predictions are made again by the current model (:func:`repredict`);
     returns the CSV's path and the summary. A bench-stream-spgemm.json (rows with ``page_sizes``) gives
-    report-stream-spgemm.csv and .json, its candidates the page sizes (no repredicting)."""
+    report-stream-spgemm.csv and .json, its candidates the page sizes (:func:`repredict_pages` with
+    ``again``)."""
     bench = json.loads(Path(bench_path).read_text())
     streamed = any("page_sizes" in r for r in bench.get("rows", []))
-    if again and streamed:
-        raise ValueError(f"{bench_path}: predictions of page sizes are not made again (--repredict takes a "
-                         "bench-spgemm.json)")
     if again:
-        bench = repredict(bench, data_dir, profile)
+        bench = (repredict_pages if streamed else repredict)(bench, data_dir, profile)
     rows = page_rows(bench) if streamed else candidate_rows(bench)
     out_dir = Path(out_dir) if out_dir else Path(bench_path).parent
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ time, each page predicted by the outer_product model (its fixed cost and rates, 
 plus its copies at the H100's page-locked rates (:data:`H2D_GBS`, :data:`D2H_GBS`; a call's uploads come
 from the pages' arrays, page-locked in place at the first call, its partials back to pageable memory).
 Larger pages pay the per-page fixed cost fewer times and send back fewer partial entries (a page sums its
-own duplicates); the budget bounds them. The prediction leaves out the assembly of C from the partials.
+own duplicates); the budget bounds them. The prediction includes the assembly of C from the partials.
 """
 from __future__ import annotations
 
@@ -85,18 +85,22 @@ def page_need(products: np.ndarray, entries: np.ndarray, slots: np.ndarray, n_ro
 
 
 def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.Rates, h2d_gbs: float = H2D_GBS,
-                  d2h_gbs: float = D2H_GBS) -> float:
+                  d2h_gbs: float = D2H_GBS, budget_bytes: int | None = None) -> float:
     """Predicted seconds of one call over ``pages``: each page's outer product by the model (its fixed cost
-    included) with at most min(its products, nnz(C)) entries, its operands up and that partial C down.
+    included) with at most min(its products, nnz(C)) entries, its operands up and those partial entries
+    (8-byte key and value) down; then the assembly of C (:mod:`tuner.spgemm.assemble`): the partial entries
+    up again, sorted and summed at the outer product's rate per product, in blocks of what ``budget_bytes``
+    holds (each a fixed cost; None: one block), and C's nnz(C) entries (column and value) down.
 
     Example:
         >>> p = slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4)
         >>> s = model.ProductStats(4, 4, 8, 8.0, 0, 0, 4, 4, 4, 0)
         >>> r = model.Rates({"outer:fixed": 0.5}, 0.005, "test")
-        >>> round(predict_pages(p, s, r, 1.0, 1.0), 9)   # two pages: 0.5 ms, 32 bytes up, 52 bytes down each
-        0.001000168
+        >>> round(predict_pages(p, s, r, 1.0, 1.0), 9)   # 3 calls of 0.5 ms; pages 64 B up, 96 down; C 96 up, 64 down
+        0.00150032
     """
     entry = stats.col_bytes + stats.value_bytes
+    pair = 8 + stats.value_bytes  # a partial entry: its (row, column) key and value
     # outer_product's prediction is linear in a page's products, entries of C and slots: its coefficients
     # from unit pages, then every page at once.
     def at(products=0, nnz=0.0, pairs=0):
@@ -107,11 +111,14 @@ def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.R
     per_product, per_entry, per_slot = at(products=1) - fixed, at(nnz=1.0) - fixed, at(pairs=1) - fixed
     products = pages.products.astype(np.float64)
     nnz = np.minimum(products, stats.nnz_c)
+    partials = float(nnz.sum())
     slots = (pages.slot_end - pages.slot_begin).astype(np.float64)
     kernels_ms = pages.pages * fixed + per_product * products.sum() + per_entry * nnz.sum() + per_slot * slots.sum()
-    copies_s = (pages.entries.sum() * entry / h2d_gbs + (nnz.sum() * entry + pages.pages * 4.0 * (stats.n_rows + 1))
-                / d2h_gbs) / 1e9
-    return float(1e-3 * kernels_ms + copies_s)
+    copies_s = (pages.entries.sum() * entry / h2d_gbs + partials * pair / d2h_gbs) / 1e9
+    blocks = 1 if budget_bytes is None else max(1, int(np.ceil(partials * SORT_COPIES * pair / budget_bytes)))
+    assembly_ms = blocks * fixed + per_product * partials + per_entry * min(partials, stats.nnz_c)
+    assembly_s = (partials * pair / h2d_gbs + min(partials, stats.nnz_c) * entry / d2h_gbs) / 1e9
+    return float(1e-3 * (kernels_ms + assembly_ms) + copies_s + assembly_s)
 
 
 def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
@@ -157,7 +164,7 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
         heaviest = int(need.max(initial=0))
         smallest = heaviest if smallest is None else min(smallest, heaviest)
         if heaviest <= budget_bytes:
-            fits[size] = (pages, heaviest, predict_pages(pages, stats, rates))
+            fits[size] = (pages, heaviest, predict_pages(pages, stats, rates, budget_bytes=budget_bytes))
         if size >= total:
             break
         size *= 2
