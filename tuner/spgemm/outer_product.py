@@ -255,7 +255,7 @@ class OuterProduct(Product):
 
     def _bind(self, a: CanonicalMatrix, b: CanonicalMatrix, prepared: Prepared | None = None) -> None:
         """The operands' CSC and CSR arrays, the workload table, and their uploads."""
-        self._temp: int | None = None
+        self._temp: dict = {}  # CUB's temporary bytes by (pairs, key bits)
         prepared = prepared or prepare(a, b, self.params)
         self.ops, self.table = prepared.ops, prepared.table
         self._dev = {k: None if x is None else gpu.upload_pooled(x)
@@ -269,17 +269,18 @@ class OuterProduct(Product):
         self._upload_values(a.data[self.ops.a_order], b.data)
 
     def _temp_bytes(self, n: ctypes.c_longlong, bits: int) -> int:
-        """CUB's temporary storage for the sort and the reduction of this product's expansion (asked once: the
-        count of products is fixed by the structures)."""
-        if self._temp is None:
+        """CUB's temporary storage for the sort and the reduction of ``n`` pairs (asked once per count: the
+        expansion's is fixed by the structures, an assembly block's by its slices)."""
+        key = (n.value, bits)
+        if key not in self._temp:
             sort_bytes, reduce_bytes = ctypes.c_size_t(0), ctypes.c_size_t(0)
             null = ctypes.c_void_p(0)
             self._library.call(f"{self._merge_name}_sort", null, ctypes.byref(sort_bytes), null, null, null, null, n,
                                ctypes.c_int(bits))
             self._library.call(f"{self._merge_name}_reduce", null, ctypes.byref(reduce_bytes), null, null, null,
                                null, null, n)
-            self._temp = max(sort_bytes.value, reduce_bytes.value)
-        return self._temp
+            self._temp[key] = max(sort_bytes.value, reduce_bytes.value)
+        return self._temp[key]
 
     def _sorted_sums(self, n: ctypes.c_longlong, keys_in, vals_in):
         """Sort ``n`` (key, value) pairs in ``keys_in``/``vals_in`` by key and sum each key's values, back into
@@ -353,7 +354,6 @@ class OuterProduct(Product):
         if total == 0:
             return np.zeros(rows, np.int64), 0
         vs = self.dtype.itemsize
-        self._temp = None  # CUB's temporary storage depends on the count of pairs: asked again, and after
         keys_in, vals_in = gpu.alloc_pooled(8 * total), gpu.alloc_pooled(vs * total)
         at = 0
         for k, v in zip(keys, values):
@@ -361,7 +361,6 @@ class OuterProduct(Product):
             gpu.copy_to_device(int(vals_in) + vs * at, v)
             at += int(k.size)
         nnz = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in)
-        self._temp = None
         index = cols_out.dtype
         bits_out = 8 * index.itemsize
         indptr, cols = gpu.device_vector(rows + 1, index), gpu.device_vector(nnz, index)
