@@ -56,16 +56,24 @@ class ReusedProducts:
         from ..operations import compile as compile_product
         self._compile, self._keep = compile_product, keep
         self._made: dict = {}
+        self._last = None  # (X, Y, their structures' key) of the pair last asked about
+
+    def _key(self, X, Y) -> tuple:
+        """The key of X's and Y's structures, hashed once for the pair last asked about (simrank asks
+        :meth:`compile_cost` and then multiplies the same matrices)."""
+        if self._last is None or self._last[0] is not X or self._last[1] is not Y:
+            self._last = (X, Y, (_structure(X), _structure(Y)))
+        return self._last[2]
 
     def compile_cost(self, X, Y) -> float:
         """Seconds X @ Y would spend compiling first: none where these structures are compiled, else the
         latest compile this process timed (:data:`~tuner.graph.dense_simrank.COMPILE_FLOOR_S` before any)."""
-        if (_structure(X), _structure(Y)) in self._made:
+        if self._key(X, Y) in self._made:
             return 0.0
         return COMPILE_FLOOR_S if ReusedProducts.compile_s is None else ReusedProducts.compile_s
 
     def __call__(self, X, Y) -> sp.csr_matrix:
-        key = (_structure(X), _structure(Y))
+        key = self._key(X, Y)
         product = self._made.pop(key, None)
         if product is None:
             t0 = time.perf_counter()
