@@ -230,3 +230,49 @@ def test_a_staged_drain_fills_the_result_whatever_the_pieces_and_order_of_arriva
         np.copyto(stages[k][:size], src[start:start + size])
     staging.drain(dst, stages, fetch, wait)
     assert np.array_equal(dst, src) and not queued
+
+
+@pytest.mark.parametrize("pieces", [0.01, 1, 2, 4.7])
+def test_a_staged_feed_sends_every_piece_and_never_refills_a_stage_still_on_its_way(pieces):
+    from tuner import staging
+    src = np.random.default_rng(9).integers(0, 256, int(pieces * staging.STAGE_BYTES), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    stages = [np.zeros(staging.STAGE_BYTES, np.uint8) for _ in range(2)]
+    queued = {}
+
+    def put(k, start, size):  # the copy reads the stage only when waited for, as an asynchronous one may
+        assert k not in queued, "a stage filled again before its copy had left it"
+        queued[k] = (start, size, stages[k][:size].copy())
+
+    def wait(k):
+        start, size, sent = queued.pop(k)
+        assert np.array_equal(stages[k][:size], sent), "a stage changed while its copy was on its way"
+        np.copyto(dst[start:start + size], stages[k][:size])
+    staging.feed(src, stages, put, wait)
+    assert np.array_equal(dst, src) and not queued
+
+
+def test_a_deferred_release_frees_cupys_blocks_only_when_the_device_runs_short_and_once_at_the_end(monkeypatch):
+    import contextlib
+    import sys
+    import types
+    freed, info = [], {"free": 60, "total": 80}
+    pool = types.SimpleNamespace(free_all_blocks=lambda: freed.append(True))
+    fake = types.SimpleNamespace(get_default_memory_pool=lambda: pool,
+                                 cuda=types.SimpleNamespace(Device=lambda _: contextlib.nullcontext(),
+                                                            runtime=types.SimpleNamespace(
+                                                                memGetInfo=lambda: (info["free"], info["total"]))))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    device_reorder.release()
+    assert len(freed) == 1  # outside: at once
+    with device_reorder.releases_deferred():
+        device_reorder.release()
+        assert len(freed) == 1  # 60 of 80 free: kept
+        info["free"] = 9  # under an eighth free: freed after all
+        device_reorder.release()
+        assert len(freed) == 2
+        with device_reorder.releases_deferred():  # nested: the outer block's end releases
+            info["free"] = 60
+            device_reorder.release()
+        assert len(freed) == 2
+    assert len(freed) == 3

@@ -333,7 +333,8 @@ def _ours_race(cp, A, x: np.ndarray, cache_dir, tune: str) -> tuple[float, list[
     """Host matrix to the first y on the host (ms) through a cache that has the compiled kernels but no plan
     or layout of this matrix (a new matrix on a machine that has compiled before); then, where the compile
     tunes in the background, the running total (ms) after each further product on device vectors (each
-    waited for, as an iterative caller reading a norm does) until the tuned kernel has made ``RACE_AFTER``;
+    waited for on the caller's stream, as an iterative caller reading a norm does) until the tuned kernel
+    has made ``RACE_AFTER``;
     and when the tuned kernel took over (ms from the host matrix) after how many stand-in products (both
     None where the compile returned the tuned kernel)."""
     with cold_plans(cache_dir) as cold:
@@ -348,7 +349,9 @@ def _ours_race(cp, A, x: np.ndarray, cache_dir, tune: str) -> tuple[float, list[
             while after < RACE_AFTER and time.perf_counter() - t0 < RACE_LIMIT_S:
                 tuned = _tuned_now(spmv)
                 spmv(xd, out=yd)
-                cp.cuda.Device().synchronize()
+                # The caller's stream, as reading a norm waits for it (not the device: the tuning's own
+                # stream is no part of the caller's product).
+                cp.cuda.get_current_stream().synchronize()
                 totals.append(1e3 * (time.perf_counter() - t0))
                 after += tuned
         spmv.wait()
@@ -378,7 +381,7 @@ def _cusparse_race(cp, m: CanonicalMatrix, x: np.ndarray, products: int) -> tupl
         xd, yd = cp.asarray(x), cp.empty(m.n_rows, x.dtype)
         for _ in range(products):
             cusparse.spmv(a, xd, y=yd)
-            cp.cuda.Device().synchronize()
+            cp.cuda.get_current_stream().synchronize()
             totals.append(1e3 * (time.perf_counter() - t0))
     return first, totals
 

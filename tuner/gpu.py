@@ -15,7 +15,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from .staging import STAGE_BYTES, drain
+from . import staging
+from .staging import STAGE_BYTES, drain, feed
 
 try:  # PyCUDA is the optional 'gpu' extra: without it (or without a driver) nothing here runs.
     import pycuda.driver as drv
@@ -267,13 +268,28 @@ def upload_pooled(array: np.ndarray):
     return buf
 
 
+# Host copies at least this large go through the staging buffers: with two full pieces or more the host's
+# copies into one buffer overlap the other's crossing; below that the direct copy is as fast.
+STAGED_MIN_BYTES = 2 * STAGE_BYTES
+
+
 def copy_to_device(ptr: int, array: np.ndarray) -> None:
-    if array.nbytes:
-        drv.memcpy_htod(ptr, np.ascontiguousarray(array))
+    """Copy a host array to device memory at ``ptr``, through the page-locked staging buffers from
+    :data:`STAGED_MIN_BYTES` on (:func:`tuner.staging.feed`): a vector of tens of millions of entries then
+    crosses at PCIe's rate, not at a tenth of it. Returns once ``array`` may change."""
+    array = np.ascontiguousarray(array)
+    if array.nbytes >= STAGED_MIN_BYTES:
+        _staged_htod(ptr, array.reshape(-1).view(np.uint8))
+    elif array.nbytes:
+        drv.memcpy_htod(ptr, array)
 
 
 def copy_to_host(array: np.ndarray, ptr: int) -> None:
-    if array.nbytes:
+    """Copy device memory at ``ptr`` into the contiguous host array ``array`` (through the staging buffers
+    from :data:`STAGED_MIN_BYTES` on), after the work queued on the default stream."""
+    if array.nbytes >= STAGED_MIN_BYTES:
+        _staged_dtoh(array.reshape(-1).view(np.uint8), ptr)
+    elif array.nbytes:
         drv.memcpy_dtoh(array, ptr)
 
 
@@ -407,7 +423,42 @@ def device_vector(n: int, dtype, data=None):
     return gpuarray.GPUArray((int(n),), np.dtype(dtype), gpudata=data)
 
 
-_stages: list = []  # download()'s two page-locked staging buffers, made at the first large download
+_stages: list = []  # the two page-locked staging buffers of large copies, made at the first one
+_stages_lock = threading.Lock()  # one large copy at a time uses them (a tuning thread may copy beside a caller)
+
+
+def _staging_buffers() -> list:
+    size = staging.STAGE_BYTES  # the pieces feed() and drain() cut: read where they read it
+    if not _stages or _stages[0].size < size:
+        _stages[:] = [drv.pagelocked_empty(size, np.uint8, mem_flags=drv.host_alloc_flags.PORTABLE)
+                      for _ in range(2)]
+    return _stages
+
+
+def _staged_htod(ptr: int, src: np.ndarray) -> None:
+    _context()
+    with _stages_lock:
+        stages = _staging_buffers()
+        stream = drv.Stream()  # a blocking stream: ordered with the default stream's work before and after
+        left = [drv.Event(), drv.Event()]
+
+        def put(k: int, start: int, size: int) -> None:
+            drv.memcpy_htod_async(ptr + start, stages[k][:size], stream)
+            left[k].record(stream)
+        feed(src, stages, put, lambda k: left[k].synchronize())
+
+
+def _staged_dtoh(dst: np.ndarray, ptr: int) -> None:
+    _context()
+    with _stages_lock:
+        stages = _staging_buffers()
+        stream = drv.Stream()  # a blocking stream: it starts after the default stream's work that made the array
+        arrived = [drv.Event(), drv.Event()]
+
+        def fetch(k: int, start: int, size: int) -> None:
+            drv.memcpy_dtoh_async(stages[k][:size], ptr + start, stream)
+            arrived[k].record(stream)
+        drain(dst, stages, fetch, lambda k: arrived[k].synchronize())
 
 
 def download(array, out: np.ndarray | None = None) -> np.ndarray:
@@ -423,19 +474,8 @@ def download(array, out: np.ndarray | None = None) -> np.ndarray:
         raise ValueError(f"out must be a contiguous {array.dtype} array of shape {array.shape}")
     if int(array.nbytes) <= STAGE_BYTES:
         return array.get() if out is None else array.get(ary=out)
-    _context()
-    if not _stages:
-        _stages.extend(drv.pagelocked_empty(STAGE_BYTES, np.uint8, mem_flags=drv.host_alloc_flags.PORTABLE)
-                       for _ in range(2))
     out = np.empty(array.shape, array.dtype) if out is None else out
-    src = int(array.gpudata)
-    stream = drv.Stream()  # a blocking stream: it starts after the default stream's work that made the array
-    arrived = [drv.Event(), drv.Event()]
-
-    def fetch(k: int, start: int, size: int) -> None:
-        drv.memcpy_dtoh_async(_stages[k][:size], src + start, stream)
-        arrived[k].record(stream)
-    drain(out.reshape(-1).view(np.uint8), _stages, fetch, lambda k: arrived[k].synchronize())
+    _staged_dtoh(out.reshape(-1).view(np.uint8), int(array.gpudata))
     return out
 
 

@@ -188,6 +188,20 @@ def extrema(a: np.ndarray) -> tuple:
     return min(p[0] for p in parts).item(), max(p[1] for p in parts).item()
 
 
+def value_extrema(a: np.ndarray) -> tuple[float, float, bool]:
+    """(smallest, largest, all finite) of a non-empty floating array in one pass over it: a NaN makes its
+    piece's least and greatest NaN and an infinity is one of them, so the pieces' extrema tell both (a
+    100M-entry matrix's values are read once, not once per question).
+
+    Example:
+        >>> value_extrema(np.array([3.0, -1.0])), value_extrema(np.array([1.0, np.nan]))[2]
+        ((-1.0, 3.0, True), False)
+    """
+    parts = _in_pieces(lambda p: (p.min(), p.max()), a)
+    finite = all(np.isfinite(lo) and np.isfinite(hi) for lo, hi in parts)
+    return min(p[0] for p in parts).item(), max(p[1] for p in parts).item(), bool(finite)
+
+
 def all_finite(a: np.ndarray) -> bool:
     """True when no entry is NaN or infinite.
 
@@ -313,14 +327,17 @@ def canonicalize(A, dtype=None, index_dtype=None) -> CanonicalMatrix:
     data = np.asarray(csr.data)
     vdtype = _value_dtype(csr.dtype, data, dtype)
     floating = np.issubdtype(data.dtype, np.floating)
-    if data.size and floating and not all_finite(data):
+    span = value_extrema(data) if data.size and floating else None  # one pass: finiteness and the pattern test
+    if span is not None and not span[2]:
         bad = "NaN" if np.isnan(data).any() else "infinite"
         raise MatrixError(f"matrix values contain {bad} entries")
     narrowed = data.dtype != vdtype
     with np.errstate(over="ignore"):  # overflow is reported just below, with the culprit's size
         data = data.astype(vdtype, copy=False)
-    if data.size and narrowed and not all_finite(data):
-        raise MatrixError(f"matrix values overflow {vdtype} (largest magnitude {np.abs(csr.data).max():g})")
+    if data.size and (narrowed or span is None):
+        span = value_extrema(data)  # of the values as stored (a narrowing may merge or overflow them)
+        if not span[2]:
+            raise MatrixError(f"matrix values overflow {vdtype} (largest magnitude {np.abs(csr.data).max():g})")
     nnz = int(csr.indptr[-1]) if csr.indptr.size else 0
     fits32 = max(n_rows, n_cols, nnz) <= INT32_MAX
     idx_dtype = np.dtype(np.int32 if fits32 else np.int64)
@@ -332,11 +349,7 @@ def canonicalize(A, dtype=None, index_dtype=None) -> CanonicalMatrix:
             raise MatrixError(f"int32 indices overflow: shape {A.shape} with {nnz} non-zeros needs int64")
     indptr = csr.indptr.astype(idx_dtype, copy=False)
     indices = csr.indices.astype(idx_dtype, copy=False)
-    pattern = None
-    if data.size:
-        lo, hi = extrema(data)
-        if lo == hi:
-            pattern = float(lo)
+    pattern = float(span[0]) if span is not None and span[0] == span[1] else None
     return CanonicalMatrix(indptr=indptr, indices=indices, data=data, shape=(n_rows, n_cols),
                            pattern_value=pattern)
 

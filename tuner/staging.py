@@ -1,7 +1,8 @@
 """Copies between the GPU and host memory through two page-locked staging buffers: a copy into or out of
-pageable memory runs at about a tenth of PCIe's rate, so the device copies into a locked buffer while
-several host threads empty the other one into the result. The copy engine's calls differ by backend
-(PyCUDA in :mod:`tuner.gpu`, CuPy in :mod:`tuner.formats.device_reorder`); the alternation is here."""
+pageable memory runs at about a tenth of PCIe's rate, so the device copies out of (or into) one locked
+buffer while several host threads fill (or empty) the other. The copy engine's calls differ by backend
+(PyCUDA in :mod:`tuner.gpu`, CuPy in :mod:`tuner.formats.device_reorder`); the alternation is here:
+:func:`feed` towards the device, :func:`drain` from it."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -43,3 +44,36 @@ def drain(dst: np.ndarray, stages: list, fetch: Callable[[int, int, int], None],
             size = min(STAGE_BYTES, n - start)
             list(pool.map(lambda p: np.copyto(dst[start + p:start + min(p + part, size)],
                                               stages[k][p:min(p + part, size)]), range(0, size, part)))
+
+
+def feed(src: np.ndarray, stages: list, put: Callable[[int, int, int], None], wait: Callable[[int], None]) -> None:
+    """Send ``src`` (bytes) piece by piece through the two ``stages`` (byte arrays of :data:`STAGE_BYTES`):
+    :data:`STAGE_THREADS` threads fill stage ``k`` with the piece at ``start``, then ``put(k, start, size)``
+    queues the device's copy of it out of the stage, and the next piece is filled into the other stage while
+    that copy runs. ``wait(k)`` returns once stage ``k``'s last copy has left it (called before the stage
+    is filled again, and for both stages at the end, so that ``src`` may change once this returns).
+
+    Example (NumPy standing in for the device):
+        >>> src, dst = np.arange(100, dtype=np.uint8), np.zeros(100, np.uint8)
+        >>> stages = [np.zeros(STAGE_BYTES, np.uint8) for _ in range(2)]
+        >>> feed(src, stages, lambda k, start, size: np.copyto(dst[start:start + size], stages[k][:size]),
+        ...      lambda k: None)
+        >>> bool((dst == src).all())
+        True
+    """
+    n = src.size
+    part = -(-STAGE_BYTES // STAGE_THREADS)
+    queued = [False, False]
+    with ThreadPoolExecutor(STAGE_THREADS) as pool:
+        for i, start in enumerate(range(0, n, STAGE_BYTES)):
+            k = i % 2
+            if queued[k]:
+                wait(k)  # the stage's previous piece has left it
+            size = min(STAGE_BYTES, n - start)
+            list(pool.map(lambda p: np.copyto(stages[k][p:min(p + part, size)],
+                                              src[start + p:start + min(p + part, size)]), range(0, size, part)))
+            put(k, start, size)
+            queued[k] = True
+    for k in (0, 1):
+        if queued[k]:
+            wait(k)

@@ -140,9 +140,10 @@ class TieredSpMV:
         _switch_faster()
         try:
             # The tuning's device work (sorts, layouts: tens of milliseconds each) goes on a stream of its
-            # own, so that the caller's products run beside it rather than queue behind it; all of it is
+            # own, so that the caller's products run beside it rather than queue behind it, and it keeps
+            # CuPy's freed blocks rather than free them (a cudaFree waits for every stream); all of it is
             # finished before the tuned kernel, which reads what it built, takes over.
-            with _side_stream():
+            with _side_stream(), device_reorder.releases_deferred():
                 tuned = tune()
             device_reorder.synchronize()
         except BaseException as exc:  # noqa: BLE001 - handed to wait(); calls go on on the stand-in

@@ -14,13 +14,12 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..staging import STAGE_BYTES, STAGE_THREADS, drain
+from ..staging import STAGE_BYTES, drain, feed
 from .xp import host, module
 
 MIN_NNZ = 1 << 20  # below this the host permutes in tens of milliseconds: not worth two copies
@@ -148,10 +147,43 @@ def forget(m) -> None:
 
 def release() -> None:
     """Return the device memory CuPy keeps for reuse: the tuned kernels allocate outside its pool (nothing
-    to do where CuPy was never used)."""
+    to do where CuPy was never used). Inside :func:`releases_deferred`, only when the device runs short.
+    """
     cupy = sys.modules.get("cupy")
-    if cupy is not None:
-        cupy.get_default_memory_pool().free_all_blocks()
+    if cupy is None:
+        return
+    if getattr(_deferred, "on", False):
+        with on_device():
+            free, total = cupy.cuda.runtime.memGetInfo()
+        if free >= total * DEFERRED_FREE_SHARE:
+            return
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+# A release frees with cudaFree, which waits for the whole device: every product another thread has queued
+# by then waits behind the tuning's sorts. A background tuning therefore keeps CuPy's blocks (its next
+# steps reuse them) while the device has at least this share of its memory free, and releases once at its end.
+DEFERRED_FREE_SHARE = 0.125
+_deferred = threading.local()
+
+
+@contextmanager
+def releases_deferred():
+    """:func:`release` in this thread frees CuPy's cached blocks inside the block only when less than
+    :data:`DEFERRED_FREE_SHARE` of the device's memory is free; once at the end in any case.
+
+    Example (on a GPU machine):
+        >>> with releases_deferred():  # doctest: +SKIP
+        ...     tuned = tune()          # its relabelling and layouts keep their work blocks cached
+    """
+    before = getattr(_deferred, "on", False)
+    _deferred.on = True
+    try:
+        yield
+    finally:
+        _deferred.on = before
+        if not before:
+            release()
 
 
 def synchronize() -> None:
@@ -177,26 +209,18 @@ def upload(array: np.ndarray):
     if n <= STAGE_BYTES:
         out.set(a)
         return out
-    src = a.reshape(-1).view(np.uint8)
     buffers = [cupy.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
     stages = [np.frombuffer(b, np.uint8, STAGE_BYTES) for b in buffers]
     stream = cupy.cuda.Stream(non_blocking=True)
     # CuPy may hand ``out`` memory freed by kernels still queued on the current stream: the copies wait for them.
     stream.wait_event(cupy.cuda.get_current_stream().record())
-    done = [None, None]
-    part = -(-STAGE_BYTES // STAGE_THREADS)
-    with ThreadPoolExecutor(STAGE_THREADS) as pool:
-        for i, start in enumerate(range(0, n, STAGE_BYTES)):
-            k = i % 2
-            if done[k] is not None:
-                done[k].synchronize()  # the buffer's previous copy has left it
-            size = min(STAGE_BYTES, n - start)
-            list(pool.map(lambda p: np.copyto(stages[k][p:min(p + part, size)],
-                                              src[start + p:start + min(p + part, size)]), range(0, size, part)))
-            cupy.cuda.runtime.memcpyAsync(out.data.ptr + start, stages[k].ctypes.data, size,
-                                          cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
-            done[k] = stream.record()
-    stream.synchronize()
+    left = [None, None]
+
+    def put(k, start, size):
+        cupy.cuda.runtime.memcpyAsync(out.data.ptr + start, stages[k].ctypes.data, size,
+                                      cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        left[k] = stream.record()
+    feed(a.reshape(-1).view(np.uint8), stages, put, lambda k: left[k].synchronize())
     return out
 
 
