@@ -872,3 +872,20 @@ def test_warp_histograms_counted_on_the_gpu_equal_the_host_counts(profile, monke
     monkeypatch.setattr(warps, "SAMPLE_ROWS", 64)
     sampled = canonicalize(A)
     assert on_gpu == predict_many(sampled, families.specializations(sampled, profile=profile), profile)
+
+
+@pytest.mark.parametrize("slices,top", [(1, 5), (3, 40), (400, 3000), (2000, 10**6)])
+def test_slice_groups_pair_every_slice_with_its_distinct_counts_in_order_whatever_their_range(slices, top):
+    from tuner.model.locality import slice_groups
+    rng = np.random.default_rng(slices)
+    # power-law counts (mostly small, a few up to ``top``) with empty sectors between
+    sectors = np.where(rng.random(60_000) < 0.3, 0, np.minimum(rng.zipf(1.6, 60_000), top))
+    cuts = np.unique(np.r_[0, rng.integers(0, sectors.size, slices - 1), sectors.size])
+    g = slice_groups(sectors, cuts)
+    which = np.repeat(np.arange(cuts.size - 1), np.diff(cuts))
+    live = sectors > 0
+    pairs, mult = np.unique(np.stack([which[live], sectors[live]]), axis=1, return_counts=True)
+    assert g.group.tolist() == pairs[0].tolist() and g.value.tolist() == pairs[1].tolist()
+    assert g.mult.tolist() == mult.astype(float).tolist()
+    assert g.used.tolist() == np.bincount(which[live], minlength=cuts.size - 1).tolist()
+    assert g.total.tolist() == np.bincount(which, weights=sectors, minlength=cuts.size - 1).tolist()

@@ -119,10 +119,36 @@ def slice_groups(sectors: np.ndarray, cuts: np.ndarray) -> SliceGroups:
     live = counts > 0
     which = np.repeat(np.arange(n), np.diff(cuts))[live]  # the slice of each sector in use
     held = counts[live]
-    scale = int(held.max()) + 1 if held.size else 1
-    key, mult = distinct_counts(which * scale + held)
+    group, value, mult = _pair_counts(which, held, n)
     return SliceGroups(np.bincount(which, minlength=n), np.bincount(which, weights=held, minlength=n).astype(np.float64),
-                       key // scale, key % scale, mult.astype(np.float64))
+                       group, value, mult.astype(np.float64))
+
+
+def _pair_counts(which: np.ndarray, held: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (slice, count) pairs of ``which`` (ascending) and ``held``, ordered by slice then count,
+    and how often each occurs. A power-law graph's sectors hold mostly small counts: those are counted in a
+    table of (slice, count) bins, and only the few larger ones sorted, rather than sorting every pair."""
+    if not which.size:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    scale = int(held.max()) + 1
+    small = int(min(SMALL_COUNTS, 4 * which.size // max(n, 1)))  # the table: no larger than the pairs
+    if small < 2 or n * scale <= 4 * which.size:  # every pair in a table (distinct_counts' own), or none
+        key, mult = distinct_counts(which * scale + held)
+        return key // scale, key % scale, mult
+    under = held < small
+    table = np.bincount(which[under] * small + held[under], minlength=n * small)
+    at = np.flatnonzero(table)
+    over = ~under
+    key, big_mult = distinct_counts(which[over] * scale + held[over])
+    group = np.concatenate([at // small, key // scale])
+    # Within a slice every small count comes before every large one: a stable sort by slice keeps that.
+    order = np.argsort(group, kind="stable")
+    return (group[order], np.concatenate([at % small, key % scale])[order],
+            np.concatenate([table[at], big_mult])[order])
+
+
+SMALL_COUNTS = 256  # counts below this are tabled by _pair_counts; the rest sorted
 
 
 def che_hit_rates(groups: SliceGroups, capacity: np.ndarray, stream: np.ndarray | None = None) -> np.ndarray:
@@ -202,11 +228,22 @@ def sector_hits(counts: np.ndarray, levels, groups: SliceGroups | None = None) -
         >>> h1.round(3).tolist(), h2.tolist()
         ([0.5, 0.5, 0.5, 0.5, 0.0], [1.0, 1.0, 1.0, 1.0, 0.0])
     """
-    counts = np.asarray(counts, dtype=np.float64)
-    total = counts.sum()
+    counts = np.asarray(counts)
     if groups is None:
         groups = slice_groups(counts.astype(np.int64), np.array([0, counts.size]))
     spread = groups.spread()[0] if any(c.footprints for c in levels) else 0.0
+    top = int(counts.max(initial=0)) if counts.dtype.kind in "iu" else -1
+    if 0 <= top <= 4 * counts.size:
+        # A sector's hit depends on its count alone: computed once per count, then looked up per sector.
+        values = np.arange(top + 1, dtype=np.float64)
+        total = float(counts.sum())
+        return tuple(table[counts] for table in _hits_by_count(values, total, levels, groups, spread))
+    counts = counts.astype(np.float64)
+    return _hits_by_count(counts, counts.sum(), levels, groups, spread)
+
+
+def _hits_by_count(counts: np.ndarray, total: float, levels, groups: SliceGroups, spread: float) -> tuple:
+    """:func:`sector_hits` of sectors requested ``counts`` times each out of ``total``."""
     p = counts / total if total > 0 else counts
     out, inner = [], np.zeros(counts.size)
     for level in levels:
