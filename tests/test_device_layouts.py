@@ -276,3 +276,31 @@ def test_a_deferred_release_frees_cupys_blocks_only_when_the_device_runs_short_a
             device_reorder.release()
         assert len(freed) == 2
     assert len(freed) == 3
+
+
+def test_a_device_allocation_short_of_memory_takes_back_cupys_unused_blocks_and_tries_once_more(monkeypatch):
+    import sys
+    import types
+    from tuner import gpu
+
+    class OutOfMemory(Exception):
+        pass
+    tries, freed = [], []
+
+    def mem_alloc(n):
+        tries.append(n)
+        if not freed:
+            raise OutOfMemory(f"out of memory for {n} bytes")
+        return f"block of {n}"
+    pool = types.SimpleNamespace(free_bytes=lambda: 0 if freed else 1 << 30,
+                                 free_all_blocks=lambda: freed.append(True))
+    monkeypatch.setattr(gpu, "drv", types.SimpleNamespace(mem_alloc=mem_alloc, MemoryError=OutOfMemory))
+    monkeypatch.setattr(gpu, "_context", lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(get_default_memory_pool=lambda: pool))
+    assert gpu.alloc(4096) == "block of 4096" and tries == [4096, 4096] and freed == [True]
+    with pytest.raises(OutOfMemory):  # nothing CuPy could give back: the error stands, no second try
+        mem_alloc_fails = types.SimpleNamespace(mem_alloc=lambda n: (_ for _ in ()).throw(OutOfMemory("short")),
+                                                MemoryError=OutOfMemory)
+        monkeypatch.setattr(gpu, "drv", mem_alloc_fails)
+        gpu.alloc(4096)
+    assert freed == [True]

@@ -247,9 +247,18 @@ class Kernel:
 
 
 def alloc(nbytes: int):
-    """Device memory of at least one byte (a zero-size allocation is an error in CUDA)."""
+    """Device memory of at least one byte (a zero-size allocation is an error in CUDA). Where the device is
+    short, the blocks CuPy's pool keeps unused (a background tuning keeps them: see
+    :func:`tuner.formats.device_reorder.releases_deferred`) are given back and the allocation tried again."""
     _context()
-    return drv.mem_alloc(max(int(nbytes), 1))
+    try:
+        return drv.mem_alloc(max(int(nbytes), 1))
+    except drv.MemoryError:
+        cupy = sys.modules.get("cupy")
+        if cupy is None or not cupy.get_default_memory_pool().free_bytes():
+            raise
+        cupy.get_default_memory_pool().free_all_blocks()
+        return drv.mem_alloc(max(int(nbytes), 1))
 
 
 def upload(array: np.ndarray):
