@@ -296,6 +296,8 @@ def copy_to_device(ptr: int, array: np.ndarray) -> None:
 def copy_to_host(array: np.ndarray, ptr: int) -> None:
     """Copy device memory at ``ptr`` into the contiguous host array ``array`` (through the staging buffers
     from :data:`STAGED_MIN_BYTES` on), after the work queued on the default stream."""
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        raise ValueError("copy_to_host needs a contiguous, writeable host array")
     if array.nbytes >= STAGED_MIN_BYTES:
         _staged_dtoh(array.reshape(-1).view(np.uint8), ptr)
     elif array.nbytes:
