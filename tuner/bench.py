@@ -46,7 +46,9 @@ class BenchRow:
     until the tuned kernel is made; ``cache_hit_ms``: a second compile of the same matrix (plan, kernels and
     layout from the cache), until its tuned kernel is ready. ``tuned_after_ms``: in the race, host matrix to
     the tuned kernel taking over the calls (None where the compile returned it), and ``stand_in_products``:
-    the products the stand-in answered before (the first one included). ``layout_s``: the chosen layout built
+    the products the stand-in answered before (the first one included); ``stand_in_race``: those of the race's
+    products the stand-in answered, their times (:func:`stand_in_summary`: what the tuning beside them cost
+    the caller, against the stand-in's own pace). ``layout_s``: the chosen layout built
     again as a compile builds it, relabelling included (``layout_where``: 'device' on the GPU, 'built' on
     the host). ``compile_host_peak_bytes``: the most resident host memory the first (cold) compile held at
     once beyond what the process held before it, the caller's matrix included there (``input_csr_bytes``:
@@ -83,6 +85,7 @@ class BenchRow:
     break_even_products: int | None = None
     tuned_after_ms: float | None = None
     stand_in_products: int | None = None
+    stand_in_race: dict | None = None
     input_csr_bytes: int | None = None
     compile_host_peak_bytes: int | None = None
     seconds: dict = field(default_factory=dict)
@@ -257,7 +260,7 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
         ours_ms = kernel_ms
         clock.stage("timing")
     best_cusparse = min(t for t in (csr_ms, coo_ms) if t is not None) if csr_ms or coo_ms else None
-    first_ms, ours_totals, tuned_after_ms, stand_in_products = _ours_race(cp, A, x, cache_dir, tune)
+    first_ms, ours_totals, tuned_after_ms, stand_in_products, stand_in_ms = _ours_race(cp, A, x, cache_dir, tune)
     clock.stage("race_ours")
     cu_first_ms, cu_totals = (_cusparse_race(cp, m, x, len(ours_totals)) if best_cusparse is not None
                               else (None, []))
@@ -277,6 +280,7 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
                     input_csr_bytes=int(sum(a.nbytes for a in (A.indptr, A.indices, A.data))),
                     compile_host_peak_bytes=int(compile_peak),
                     tuned_after_ms=tuned_after_ms, stand_in_products=stand_in_products,
+                    stand_in_race=stand_in_summary(stand_in_ms),
                     break_even_products=raced_break_even(first_ms, ours_totals, ours_ms, cu_first_ms, cu_totals,
                                                          best_cusparse), seconds=clock.rounded())
 
@@ -329,20 +333,40 @@ RACE_AFTER = 100  # products of the tuned kernel a race runs on for
 RACE_LIMIT_S = 30.0  # and no longer than this in all
 
 
-def _ours_race(cp, A, x: np.ndarray, cache_dir, tune: str) -> tuple[float, list[float], float | None, int | None]:
+def stand_in_summary(times_ms) -> dict | None:
+    """The stand-in's products in a race (ms each): how many, their 10th, 50th and 90th percentiles and
+    longest, and ``excess_ms``, their time beyond the 10th percentile summed: what the tuning beside them
+    (its sorts, frees and host passes) cost the caller, against the stand-in's own pace. None without any.
+
+    Example (one product held up 8 ms):
+        >>> stand_in_summary([1.0, 1.0, 1.1, 9.0, 1.0])
+        {'products': 5, 'p10_ms': 1.0, 'p50_ms': 1.0, 'p90_ms': 5.84, 'max_ms': 9.0, 'excess_ms': 8.1}
+    """
+    t = np.asarray(times_ms, dtype=np.float64)
+    if t.size == 0:
+        return None
+    p10, p50, p90 = (float(v) for v in np.percentile(t, [10, 50, 90]))
+    return {"products": int(t.size), "p10_ms": round(p10, 3), "p50_ms": round(p50, 3), "p90_ms": round(p90, 3),
+            "max_ms": round(float(t.max()), 3), "excess_ms": round(float((t - p10).clip(min=0).sum()), 3)}
+
+
+def _ours_race(cp, A, x: np.ndarray, cache_dir, tune: str
+               ) -> tuple[float, list[float], float | None, int | None, list[float]]:
     """Host matrix to the first y on the host (ms) through a cache that has the compiled kernels but no plan
     or layout of this matrix (a new matrix on a machine that has compiled before); then, where the compile
     tunes in the background, the running total (ms) after each further product on device vectors (each
     waited for on the caller's stream, as an iterative caller reading a norm does) until the tuned kernel
     has made ``RACE_AFTER``;
     and when the tuned kernel took over (ms from the host matrix) after how many stand-in products (both
-    None where the compile returned the tuned kernel)."""
+    None where the compile returned the tuned kernel); and the times (ms) of the race's products the
+    stand-in answered."""
     with cold_plans(cache_dir) as cold:
         t0 = time.perf_counter()
         spmv = compile_spmv(A, cache_dir=cold, tune=tune)
         spmv(x)
         first = 1e3 * (time.perf_counter() - t0)
         totals: list[float] = []
+        stand_in: list[float] = []
         if cp is not None and not _tuned_now(spmv):
             xd, yd = cp.asarray(x), cp.empty(A.shape[0], x.dtype)
             after = 0
@@ -353,11 +377,14 @@ def _ours_race(cp, A, x: np.ndarray, cache_dir, tune: str) -> tuple[float, list[
                 # stream is no part of the caller's product).
                 cp.cuda.get_current_stream().synchronize()
                 totals.append(1e3 * (time.perf_counter() - t0))
+                if not tuned:
+                    stand_in.append(totals[-1] - (totals[-2] if len(totals) > 1 else first))
                 after += tuned
         spmv.wait()
         switch_s = getattr(spmv, "switch_s", None)
         layouts.wait()
-    return first, totals, None if switch_s is None else 1e3 * switch_s, getattr(spmv, "stand_in_products", None)
+    return (first, totals, None if switch_s is None else 1e3 * switch_s, getattr(spmv, "stand_in_products", None),
+            stand_in)
 
 
 def _tuned_now(spmv) -> bool:
