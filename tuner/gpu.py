@@ -262,18 +262,16 @@ def alloc(nbytes: int):
 
 
 def upload(array: np.ndarray):
-    """Copy a host array to new device memory."""
+    """Copy a host array to new device memory (:func:`copy_to_device`: large ones through the staging buffers)."""
     buf = alloc(array.nbytes)
-    if array.nbytes:
-        drv.memcpy_htod(buf, np.ascontiguousarray(array))
+    copy_to_device(int(buf), array)
     return buf
 
 
 def upload_pooled(array: np.ndarray):
     """Copy a host array to device memory from the pool of :func:`alloc_pooled` (no cudaMalloc on repeats)."""
     buf = alloc_pooled(array.nbytes)
-    if array.nbytes:
-        drv.memcpy_htod(buf, np.ascontiguousarray(array))
+    copy_to_device(int(buf), array)
     return buf
 
 
