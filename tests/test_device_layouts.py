@@ -304,3 +304,21 @@ def test_a_device_allocation_short_of_memory_takes_back_cupys_unused_blocks_and_
         monkeypatch.setattr(gpu, "drv", mem_alloc_fails)
         gpu.alloc(4096)
     assert freed == [True]
+
+
+def test_host_arrays_already_page_locked_are_copied_directly_not_through_the_staging_buffers(monkeypatch):
+    import types
+    from tuner import gpu
+    big = np.zeros(gpu.STAGED_MIN_BYTES // 8 + 10)
+    other = np.zeros_like(big)
+    monkeypatch.setitem(gpu._locked, big.ctypes.data, big.ctypes.data + big.nbytes)  # as a Pinned records it
+    assert gpu.page_locked(big) and gpu.page_locked(big[5:]) and not gpu.page_locked(other)
+    way = []
+    monkeypatch.setattr(gpu, "drv", types.SimpleNamespace(memcpy_htod=lambda ptr, a: way.append("direct up"),
+                                                          memcpy_dtoh=lambda a, ptr: way.append("direct down")))
+    monkeypatch.setattr(gpu, "_staged_htod", lambda ptr, a: way.append("staged up"))
+    monkeypatch.setattr(gpu, "_staged_dtoh", lambda a, ptr: way.append("staged down"))
+    for a in (big, other):
+        gpu.copy_to_device(0, a)
+        gpu.copy_to_host(a, 0)
+    assert way == ["direct up", "direct down", "staged up", "staged down"]

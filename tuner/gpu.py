@@ -283,9 +283,10 @@ STAGED_MIN_BYTES = 2 * STAGE_BYTES
 def copy_to_device(ptr: int, array: np.ndarray) -> None:
     """Copy a host array to device memory at ``ptr``, through the page-locked staging buffers from
     :data:`STAGED_MIN_BYTES` on (:func:`tuner.staging.feed`): a vector of tens of millions of entries then
-    crosses at PCIe's rate, not at a tenth of it. Returns once ``array`` may change."""
+    crosses at PCIe's rate, not at a tenth of it. An array already page-locked (:func:`page_locked`) is
+    copied directly. Returns once ``array`` may change."""
     array = np.ascontiguousarray(array)
-    if array.nbytes >= STAGED_MIN_BYTES:
+    if array.nbytes >= STAGED_MIN_BYTES and not page_locked(array):
         _staged_htod(ptr, array.reshape(-1).view(np.uint8))
     elif array.nbytes:
         drv.memcpy_htod(ptr, array)
@@ -293,10 +294,11 @@ def copy_to_device(ptr: int, array: np.ndarray) -> None:
 
 def copy_to_host(array: np.ndarray, ptr: int) -> None:
     """Copy device memory at ``ptr`` into the contiguous host array ``array`` (through the staging buffers
-    from :data:`STAGED_MIN_BYTES` on), after the work queued on the default stream."""
+    from :data:`STAGED_MIN_BYTES` on, unless it is :func:`page_locked`), after the work queued on the default
+    stream."""
     if not (array.flags.c_contiguous and array.flags.writeable):
         raise ValueError("copy_to_host needs a contiguous, writeable host array")
-    if array.nbytes >= STAGED_MIN_BYTES:
+    if array.nbytes >= STAGED_MIN_BYTES and not page_locked(array):
         _staged_dtoh(array.reshape(-1).view(np.uint8), ptr)
     elif array.nbytes:
         drv.memcpy_dtoh(array, ptr)
@@ -354,14 +356,32 @@ class Pinned:
         if err:
             raise GpuError(f"cuMemHostRegister of {self.array.nbytes:,} bytes failed with CUDA error {err}")
         self._ptr, self.locked = ptr, True
+        _locked[ptr] = ptr + self.array.nbytes
 
     def __del__(self):
         if self._ptr is not None:
+            _locked.pop(self._ptr, None)
             try:
                 _libcuda().cuMemHostUnregister(ctypes.c_void_p(self._ptr))
             except Exception:  # noqa: BLE001 - interpreter shutdown: the driver frees it with the process
                 pass
             self._ptr = None
+
+
+_locked: dict[int, int] = {}  # start -> end of every host range a Pinned holds page-locked
+
+
+def page_locked(array: np.ndarray) -> bool:
+    """Whether ``array`` lies inside a range a :class:`Pinned` holds page-locked: copies from and into it
+    run at PCIe's rate directly, with no staging buffer between.
+
+    Example:
+        >>> page_locked(np.zeros(4))
+        False
+    """
+    start = array.ctypes.data
+    end = start + array.nbytes
+    return any(lo <= start and end <= hi for lo, hi in list(_locked.items()))
 
 
 def pinned_copy_gbs(nbytes: int = 1 << 30, repeats: int = 10) -> float:
