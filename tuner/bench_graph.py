@@ -158,12 +158,21 @@ def cusparse_pagerank(A, iterations: int, p: np.ndarray, dtype=np.float32) -> tu
     return cupy.asnumpy(x).astype(np.float64), t1 - t0, t2 - t1
 
 
-def _networkx_pagerank(A, p: np.ndarray | None) -> np.ndarray:
+def _networkx_graph(A):
+    """(NetworkX, A as its DiGraph with float64 weights): the reference every row compares with."""
     import networkx as nx
-    G = nx.from_scipy_sparse_array(sp.csr_matrix(A, dtype=np.float64), create_using=nx.DiGraph)
+    return nx, nx.from_scipy_sparse_array(sp.csr_matrix(A, dtype=np.float64), create_using=nx.DiGraph)
+
+
+def _by_node(d: dict, n: int) -> np.ndarray:
+    """A NetworkX result keyed by node 0 .. n - 1 as an array."""
+    return np.array([d[i] for i in range(n)])
+
+
+def _networkx_pagerank(A, p: np.ndarray | None) -> np.ndarray:
+    nx, G = _networkx_graph(A)
     pers = None if p is None else {i: float(v) for i, v in enumerate(p) if v}
-    d = nx.pagerank(G, alpha=ALPHA, personalization=pers, tol=1e-13, max_iter=10_000)
-    return np.array([d[i] for i in range(A.shape[0])])
+    return _by_node(nx.pagerank(G, alpha=ALPHA, personalization=pers, tol=1e-13, max_iter=10_000), A.shape[0])
 
 
 def bench_pagerank(source: str, algorithm: str, dtype=np.float32) -> GraphRow:
@@ -301,10 +310,9 @@ def bench_simrank(source: str) -> GraphRow:
     ref_cu, cu_setup, cu_iter = loops[how]
     nx_diff = None
     if A.shape[0] <= NETWORKX_SIMRANK_NODES:
-        import networkx as nx
-        G = nx.from_scipy_sparse_array(sp.csr_matrix(A, dtype=np.float64), create_using=nx.DiGraph)
+        nx, G = _networkx_graph(A)
         d = nx.simrank_similarity(G)
-        ref_nx = np.array([[d[i][j] for j in range(A.shape[0])] for i in range(A.shape[0])])
+        ref_nx = np.array([_by_node(d[i], A.shape[0]) for i in range(A.shape[0])])
         nx_diff = float(np.abs(S.toarray() - ref_nx).max())
     return GraphRow(
         algorithm="simrank", name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
@@ -357,11 +365,9 @@ def bench_hits(source: str) -> GraphRow:
     (h_cu, a_cu), cu_products, cu_setup, cu_iter = cusparse_hits(A, start)
     nx_diff = None
     if A.nnz <= NETWORKX_NNZ:
-        import networkx as nx
-        G = nx.from_scipy_sparse_array(sp.csr_matrix(A, dtype=np.float64), create_using=nx.DiGraph)
+        nx, G = _networkx_graph(A)
         hubs, authorities = nx.hits(G)
-        nx_diff = max(float(np.abs(h - np.array([hubs[i] for i in range(n)])).max()),
-                      float(np.abs(a - np.array([authorities[i] for i in range(n)])).max()))
+        nx_diff = max(float(np.abs(h - _by_node(hubs, n)).max()), float(np.abs(a - _by_node(authorities, n)).max()))
     setup = info.seconds["setup"]
     return GraphRow(
         algorithm="hits", name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
@@ -438,10 +444,8 @@ def bench_betweenness(source: str) -> GraphRow:
     ref_cu, cu_setup, cu_run = cusparse_betweenness(A, sources, max(1, min(k, BATCH_BYTES // (56 * n))))
     nx_diff = None
     if A.nnz <= NETWORKX_BETWEENNESS_NNZ:
-        import networkx as nx
-        G = nx.from_scipy_sparse_array(sp.csr_matrix(A, dtype=np.float64), create_using=nx.DiGraph)
-        d = nx.betweenness_centrality(G, k=k, seed=0)
-        nx_diff = float(np.abs(bc - np.array([d[i] for i in range(n)])).max())
+        nx, G = _networkx_graph(A)
+        nx_diff = float(np.abs(bc - _by_node(nx.betweenness_centrality(G, k=k, seed=0), n)).max())
     return GraphRow(
         algorithm="betweenness", name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
         ours_s=ours, cusparse_s=cu_setup + cu_run, speedup=(cu_setup + cu_run) / ours,
