@@ -115,10 +115,8 @@ def source_of(name: str, data_dir) -> str:
 def repredict(bench: dict, data_dir, profile) -> dict:
     """The bench with every product's ``predicted_ms`` made again by the current model and ``profile`` (on
     the CPU, operands loaded again), and its ``plan`` the family the model now picks among those measured."""
-    from . import loaders
-    from .matrix import canonicalize
     from .model import spgemm as model
-    from .spgemm import FAMILIES, RowHashParams, plan_stats
+    from .spgemm import FAMILIES
     from .spgemm.row_hash import profile_shared_limit
     rates = model.rates_from(profile)
     limit = profile_shared_limit(profile)
@@ -128,14 +126,23 @@ def repredict(bench: dict, data_dir, profile) -> dict:
         if not measured:
             rows.append(r)
             continue
-        A = loaders.load(r.get("source") or source_of(r["name"], data_dir))
-        a = canonicalize(A)
-        b = a if r["op"] == "AA" else canonicalize(A.T.tocsr())
-        stats = plan_stats(a, b, RowHashParams(), limit)
+        _, _, stats = _operands(r.get("source") or source_of(r["name"], data_dir), r["op"], limit)
         predicted = {f: model.predict(f, stats, rates) for f in FAMILIES}
         pick = min(measured, key=predicted.get)
         rows.append({**r, "predicted_ms": predicted, "plan": f"{pick} (repredicted)"})
     return {**bench, "rows": rows, "repredicted_with": rates.source}
+
+
+def _operands(source: str, op: str, limit) -> tuple:
+    """A product's operands loaded again (A and A for 'AA', A and Aᵀ for 'AAT') and the model's statistics of
+    them (``limit``: the profile's shared memory per block)."""
+    from . import loaders
+    from .matrix import canonicalize
+    from .spgemm import RowHashParams, plan_stats
+    A = loaders.load(source)
+    a = canonicalize(A)
+    b = a if op == "AA" else canonicalize(A.T.tocsr())
+    return a, b, plan_stats(a, b, RowHashParams(), limit)
 
 
 def repredict_pages(bench: dict, data_dir, profile) -> dict:
@@ -147,10 +154,7 @@ def repredict_pages(bench: dict, data_dir, profile) -> dict:
         >>> repredict_pages({"rows": []}, "/data", None)["rows"]
         []
     """
-    from . import loaders
-    from .matrix import canonicalize
     from .model import spgemm as model
-    from .spgemm import RowHashParams, plan_stats
     from .spgemm.row_hash import profile_shared_limit
     from .spgemm.slotted import plan_pages
     rates = model.rates_from(profile)
@@ -158,10 +162,8 @@ def repredict_pages(bench: dict, data_dir, profile) -> dict:
     rows = []
     for r in bench["rows"]:
         name, op = r["name"].rsplit(" ", 1)
-        A = loaders.load(r.get("source") or source_of(name, data_dir)).tocsr()
-        a = canonicalize(A)
-        b = a if op == "AA" else canonicalize(A.T.tocsr())
-        plan, _ = plan_pages(a, b, r["budget_bytes"], plan_stats(a, b, RowHashParams(), limit), rates)
+        a, b, stats = _operands(r.get("source") or source_of(name, data_dir), op, limit)
+        plan, _ = plan_pages(a, b, r["budget_bytes"], stats, rates)
         sizes = {k: ({**v, "predicted_s": plan.predicted_s[int(k)]} if k.isdigit() and int(k) in plan.predicted_s
                      else v) for k, v in r["page_sizes"].items()}
         rows.append({**r, "page_sizes": sizes})
