@@ -491,9 +491,10 @@ def _staged_dtoh(dst: np.ndarray, ptr: int) -> None:
 
 
 def download(array, out: np.ndarray | None = None) -> np.ndarray:
-    """A host copy of a device array (a PyCUDA GPUArray) through two page-locked staging buffers
-    (:func:`tuner.staging.drain`): a copy into pageable memory runs at a tenth of PCIe's rate. Small arrays
-    are copied directly. ``out``: a contiguous host array of the same size and dtype to copy into.
+    """A host copy of a device array (a PyCUDA GPUArray), by :func:`copy_to_host`: through two page-locked
+    staging buffers (:func:`tuner.staging.drain`) from :data:`STAGED_MIN_BYTES` on, since a copy into pageable
+    memory runs at a tenth of PCIe's rate. ``out``: a contiguous host array of the same size and dtype to copy
+    into.
 
     Example (on a GPU machine):
         >>> download(device_vector(3, np.float32, upload(np.arange(3, dtype=np.float32)))).tolist()  # doctest: +SKIP
@@ -501,10 +502,10 @@ def download(array, out: np.ndarray | None = None) -> np.ndarray:
     """
     if out is not None and (out.shape != array.shape or out.dtype != array.dtype or not out.flags.c_contiguous):
         raise ValueError(f"out must be a contiguous {array.dtype} array of shape {array.shape}")
-    if int(array.nbytes) <= STAGE_BYTES:
-        return array.get() if out is None else array.get(ary=out)
     out = np.empty(array.shape, array.dtype) if out is None else out
-    _staged_dtoh(out.reshape(-1).view(np.uint8), int(array.gpudata))
+    if out.nbytes:
+        _context()
+        copy_to_host(out, int(array.gpudata))
     return out
 
 
