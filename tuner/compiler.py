@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import codegen, families, gpu, layouts, paths, planner, streaming, tiered
+from .workers import pool as thread_pool
 from .cache import Cache
 from .families.base import Specialization, drop_device_copies, memo_state, ordered_matrix, restore
 from .families.tiles import TILE_ORDER
@@ -386,7 +386,7 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     binary_key = build([best])[0].key
     # The plan's summary statistics (host passes over the rows and columns) are counted while the layout is
     # built, mostly on the GPU.
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with thread_pool(1) as pool:
         features = pool.submit(structure_features, m)
         launch, how = layouts.launch_for(m, best, cache, digest)
         plan = planner.Plan(family=best.family, params=families.params_dict(best.params),
@@ -406,7 +406,7 @@ def _digest_beside_relabelling(m: CanonicalMatrix) -> tuple[str, float]:
     where it was not made here)."""
     if not device_reorder.usable(m.n_rows, m.n_cols, m.nnz, relabel_bytes(m)):
         return structure_digest(m), 0.0
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with thread_pool(1) as pool:
         digest = pool.submit(structure_digest, m)
         t0 = time.perf_counter()
         ordered_matrix(m, TILE_ORDER)

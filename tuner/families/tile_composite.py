@@ -9,12 +9,12 @@ alone (the largest multiple of the tile's longest row that still fills the GPU o
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from ..workers import pool as thread_pool
 from ..formats.device_reorder import WORK_BYTES_PER_ENTRY
 from ..formats.tile_composite import (Shapes, TileComposite, build_tile_composite, build_tile_composite_grouped,
                                       evaluate_tile_composite, pack_runs, tile_ranks)
@@ -135,7 +135,7 @@ def space(m: CanonicalMatrix, profile=None) -> list[TileCompositeParams]:
     if profile is not None and len(ws) > 1 and m.nnz >= PARALLEL_ENTRIES:
         # The widths' partitions share nothing but the plan matrix: its gather shares and packings are
         # whole-array passes (hundreds of milliseconds apiece on 500M entries) that run side by side.
-        with ThreadPoolExecutor(max_workers=len(ws)) as pool:
+        with thread_pool(len(ws)) as pool:
             return list(pool.map(params, ws, counted))
     return [params(w, r) for w, r in zip(ws, counted)]
 

@@ -13,11 +13,11 @@ division, a radix sort on the tile ids and a few passes over the entries.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..workers import pool as thread_pool
 from .xp import host, like, module, stable_argsort
 
 
@@ -273,7 +273,7 @@ def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list,
         return dense, long
     groups = [chunks[i::workers] for i in range(workers) if chunks[i::workers]]
     if len(groups) > 1:
-        with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        with thread_pool(len(groups)) as pool:
             parts = list(pool.map(count, groups))
     else:
         parts = [count(g) for g in groups] or [count([])]

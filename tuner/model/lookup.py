@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..workers import pool as thread_pool
 from .. import families
 from ..families.base import Specialization, ordered_structure, shared_layout
 from ..formats.reorder import NONE
@@ -271,7 +271,7 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
     # The histogram threads shared between the views: as many in all as one view had alone.
     workers = max(1, min(8, os.cpu_count() or 1) // max(len(views), 1))
 
-    with ThreadPoolExecutor(max_workers=max(len(views), 1)) as pool:
+    with thread_pool(max(len(views), 1)) as pool:
         pending = [(view, pool.submit(predict_many, m, view, profile, workers)) for view in views.values()]
         tiled_specs = families.specializations(m, tiled, profile=profile)
         predicted = dict(zip(map(id, tiled_specs), predict_many(m, tiled_specs, profile)))

@@ -13,12 +13,12 @@ only groups of several rows per warp need a pass over the rows.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..workers import pool as thread_pool
 from ..families.aligned_coo import AlignedCooParams
 from ..families.base import known_layout, shared_layout
 from ..families.binned import BinnedParams
@@ -574,7 +574,7 @@ def prebuild(m: CanonicalMatrix, segments: list[SegmentSpec], workers: int | Non
     for stage in ([g for g in rows if (g[0].lo, g[0].hi) not in outer or not _few_lanes(g[0])],
                   [g for g in rows if (g[0].lo, g[0].hi) in outer and _few_lanes(g[0])]):
         if threaded and len(stage) > 1:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
+            with thread_pool(workers) as pool:
                 list(pool.map(build, stage))
         else:
             for group in stage:
