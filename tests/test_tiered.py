@@ -75,7 +75,7 @@ def test_calls_run_on_the_stand_in_until_the_tuned_kernel_is_ready_and_then_on_i
     first, tuned = FakeKernel(A, "stand-in"), FakeKernel(A, "tuned")
     go = threading.Event()
 
-    def tune():
+    def tune(hand_over):
         go.wait(10)
         return tuned
     k = tiered.TieredSpMV(first, tune)
@@ -91,12 +91,45 @@ def test_calls_run_on_the_stand_in_until_the_tuned_kernel_is_ready_and_then_on_i
     assert (first.calls, tuned.calls, k.stand_in_products) == (2, 1, 2)
 
 
+def test_an_interim_kernel_handed_over_answers_between_the_stand_in_and_the_tuned_kernel():
+    A = power_law(400, seed=13)
+    first, middle, tuned = FakeKernel(A, "stand-in"), FakeKernel(A, "interim"), FakeKernel(A, "tuned")
+    handed, go = threading.Event(), threading.Event()
+    late = []
+
+    def tune(hand_over):
+        hand_over(middle)
+        handed.set()
+        go.wait(10)
+        late.append(hand_over)
+        return tuned
+    k = tiered.TieredSpMV(first, tune)
+    x = np.random.default_rng(2).standard_normal(A.shape[1])
+    assert np.allclose(k(x), A @ x) and handed.wait(10)
+    assert np.allclose(k(x), A @ x) and np.allclose(k(x), A @ x)
+    assert (first.calls, middle.calls, tuned.calls) == (1, 2, 0)
+    assert k.interim_s > 0 and not k.tuned and k.stand_in_products == 3
+    go.set()
+    assert k.wait() is tuned and k.switch_s >= k.interim_s
+    late[0](middle)  # a hand-over after the tuned kernel took over changes nothing
+    assert np.allclose(k(x), A @ x) and (first.calls, middle.calls, tuned.calls) == (1, 2, 1)
+
+
+def test_the_interim_kernel_is_tile_coo_in_degree_order_at_the_middle_l1_width():
+    from tuner.families.tiles import widths
+    m = canonicalize(sp.random(50, 400_000, density=1e-3, format="csr", dtype=np.float32, random_state=14))
+    spec = tiered.interim_spec(m)
+    assert spec.family == "tile_coo" and spec.params.order == "degree"
+    ws = widths(m)
+    assert len(ws) == 3 and spec.params.tile_width == ws[1]
+
+
 def test_the_tuning_starts_once_the_first_product_has_returned(monkeypatch):
     monkeypatch.setattr(tiered, "FIRST_CALL_WAIT_S", 30.0)
     A = power_law(300, seed=10)
     started = threading.Event()
 
-    def tune():
+    def tune(hand_over):
         started.set()
         return FakeKernel(A, "tuned")
     k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), tune)
@@ -109,14 +142,14 @@ def test_the_tuning_starts_once_the_first_product_has_returned(monkeypatch):
 def test_a_caller_waiting_for_the_tuned_kernel_starts_the_tuning_at_once(monkeypatch):
     monkeypatch.setattr(tiered, "FIRST_CALL_WAIT_S", 30.0)
     A = power_law(300, seed=12)
-    k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), lambda: FakeKernel(A, "tuned"))
+    k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), lambda hand_over: FakeKernel(A, "tuned"))
     assert k.wait(10).plan == "plan of tuned"
 
 
 def test_without_a_first_product_the_tuning_starts_after_a_short_wait(monkeypatch):
     monkeypatch.setattr(tiered, "FIRST_CALL_WAIT_S", 0.05)
     A = power_law(300, seed=11)
-    k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), lambda: FakeKernel(A, "tuned"))
+    k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), lambda hand_over: FakeKernel(A, "tuned"))
     assert k.wait(10).plan == "plan of tuned" and k.stand_in_products == 0
 
 
@@ -124,7 +157,7 @@ def test_a_failed_tuning_leaves_the_stand_in_answering_and_wait_raises_it(caplog
     A = power_law(300, seed=9)
     first = FakeKernel(A, "stand-in")
 
-    def tune():
+    def tune(hand_over):
         raise RuntimeError("nvcc exploded")
     k = tiered.TieredSpMV(first, tune)
     with pytest.raises(RuntimeError, match="nvcc exploded"):
@@ -138,7 +171,7 @@ def test_a_failed_tuning_leaves_the_stand_in_answering_and_wait_raises_it(caplog
 
 def test_wait_with_a_timeout_says_the_tuning_is_not_done():
     release = threading.Event()
-    k = tiered.TieredSpMV(FakeKernel(sp.eye(3, format="csr"), "s"), lambda: release.wait(10))
+    k = tiered.TieredSpMV(FakeKernel(sp.eye(3, format="csr"), "s"), lambda hand_over: release.wait(10))
     with pytest.raises(TimeoutError, match="did not finish"):
         k.wait(timeout=0.01)
     release.set()
@@ -150,7 +183,7 @@ def test_the_gil_is_handed_over_faster_only_while_a_tuning_runs():
     seen = []
     release = threading.Event()
 
-    def tune():
+    def tune(hand_over):
         seen.append(sys.getswitchinterval())
         release.wait(10)
         return FakeKernel(sp.eye(2, format="csr"), "t")
@@ -251,8 +284,28 @@ def test_a_large_matrix_tunes_in_the_background_by_default_and_a_small_one_does_
     x = random_vector(big.shape[1], np.float32, seed=5)
     ref = big.astype(np.float64) @ x.astype(np.float64)
     assert _rel_error(k(x), ref) < 1e-5 and _rel_error(k.wait()(x), ref) < 1e-5
+    # Relabelled on the device and planned anew: the interim kernel answered while the planner ran.
+    assert k.interim_s is not None and 0 < k.interim_s <= k.switch_s
     assert not isinstance(tuner.compile(power_law(2000, seed=14), cache_dir=tmp_path), tiered.TieredSpMV)
     assert not isinstance(tuner.compile(big, cache_dir=tmp_path, background=False), tiered.TieredSpMV)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", [False, True])
+def test_the_interim_kernel_over_the_device_relabelled_matrix_matches_scipy(tmp_path, pattern):
+    from tuner import gpu
+    from tuner.cache import Cache
+    from tuner.families.base import ordered_matrix
+    from tuner.generators import rmat
+    from tuner.kernel import random_vector
+    A = rmat(16, edge_factor=20)
+    m = canonicalize(abs(A) > 0 if pattern else A)
+    ordered_matrix(m, "degree")  # the tuning's first step, on the device for a matrix this large
+    k = tiered.interim(m, gpu.device_info().arch, Cache(tmp_path))
+    assert k is not None and k.plan.tune == "interim" and k.spec == tiered.interim_spec(m)
+    x = random_vector(m.n_cols, m.value_dtype, seed=6)
+    ref = m.to_scipy().astype(np.float64) @ x.astype(np.float64)
+    assert _rel_error(k(x), ref) < 1e-5
 
 
 def _fake_device(monkeypatch, free_bytes):

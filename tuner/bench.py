@@ -45,9 +45,10 @@ class BenchRow:
     tuned ones and the running totals are compared: :func:`raced_break_even`). ``tune_s``: the first compile
     until the tuned kernel is made; ``cache_hit_ms``: a second compile of the same matrix (plan, kernels and
     layout from the cache), until its tuned kernel is ready. ``tuned_after_ms``: in the race, host matrix to
-    the tuned kernel taking over the calls (None where the compile returned it), and ``stand_in_products``:
-    the products the stand-in answered before (the first one included); ``stand_in_race``: those of the race's
-    products the stand-in answered, their times (:func:`stand_in_summary`: what the tuning beside them cost
+    the tuned kernel taking over the calls (None where the compile returned it), ``interim_after_ms`` to the
+    interim kernel taking over from the stand-in (None where none did), and ``stand_in_products``: the
+    products the stand-in and the interim answered before (the first one included); ``stand_in_race``: those
+    of the race's products they answered, their times (:func:`stand_in_summary`: what the tuning beside them cost
     the caller, against the stand-in's own pace). ``layout_s``: the chosen layout built
     again as a compile builds it, relabelling included (``layout_where``: 'device' on the GPU, 'built' on
     the host). ``compile_host_peak_bytes``: the most resident host memory the first (cold) compile held at
@@ -84,6 +85,7 @@ class BenchRow:
     cache_hit_ms: float | None = None
     break_even_products: int | None = None
     tuned_after_ms: float | None = None
+    interim_after_ms: float | None = None
     stand_in_products: int | None = None
     stand_in_race: dict | None = None
     input_csr_bytes: int | None = None
@@ -260,7 +262,8 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
         ours_ms = kernel_ms
         clock.stage("timing")
     best_cusparse = min(t for t in (csr_ms, coo_ms) if t is not None) if csr_ms or coo_ms else None
-    first_ms, ours_totals, tuned_after_ms, stand_in_products, stand_in_ms = _ours_race(cp, A, x, cache_dir, tune)
+    first_ms, ours_totals, tuned_after_ms, interim_after_ms, stand_in_products, stand_in_ms = _ours_race(
+        cp, A, x, cache_dir, tune)
     clock.stage("race_ours")
     cu_first_ms, cu_totals = (_cusparse_race(cp, m, x, len(ours_totals)) if best_cusparse is not None
                               else (None, []))
@@ -279,7 +282,8 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
                     cusparse_time_to_first_ms=cu_first_ms, cache_hit_ms=1e3 * cache_hit_s,
                     input_csr_bytes=int(sum(a.nbytes for a in (A.indptr, A.indices, A.data))),
                     compile_host_peak_bytes=int(compile_peak),
-                    tuned_after_ms=tuned_after_ms, stand_in_products=stand_in_products,
+                    tuned_after_ms=tuned_after_ms, interim_after_ms=interim_after_ms,
+                    stand_in_products=stand_in_products,
                     stand_in_race=stand_in_summary(stand_in_ms),
                     break_even_products=raced_break_even(first_ms, ours_totals, ours_ms, cu_first_ms, cu_totals,
                                                          best_cusparse), seconds=clock.rounded())
@@ -351,15 +355,15 @@ def stand_in_summary(times_ms) -> dict | None:
 
 
 def _ours_race(cp, A, x: np.ndarray, cache_dir, tune: str
-               ) -> tuple[float, list[float], float | None, int | None, list[float]]:
+               ) -> tuple[float, list[float], float | None, float | None, int | None, list[float]]:
     """Host matrix to the first y on the host (ms) through a cache that has the compiled kernels but no plan
     or layout of this matrix (a new matrix on a machine that has compiled before); then, where the compile
     tunes in the background, the running total (ms) after each further product on device vectors (each
     waited for on the caller's stream, as an iterative caller reading a norm does) until the tuned kernel
     has made ``RACE_AFTER``;
-    and when the tuned kernel took over (ms from the host matrix) after how many stand-in products (both
-    None where the compile returned the tuned kernel); and the times (ms) of the race's products the
-    stand-in answered."""
+    and when the tuned kernel and the interim one took over (ms from the host matrix) after how many
+    products before the tuned kernel (None where the compile returned the tuned kernel or no interim
+    took over); and the times (ms) of the race's products answered before the tuned kernel."""
     with cold_plans(cache_dir) as cold:
         t0 = time.perf_counter()
         spmv = compile_spmv(A, cache_dir=cold, tune=tune)
@@ -381,10 +385,10 @@ def _ours_race(cp, A, x: np.ndarray, cache_dir, tune: str
                     stand_in.append(totals[-1] - (totals[-2] if len(totals) > 1 else first))
                 after += tuned
         spmv.wait()
-        switch_s = getattr(spmv, "switch_s", None)
+        switch_s, interim_s = getattr(spmv, "switch_s", None), getattr(spmv, "interim_s", None)
         layouts.wait()
-    return (first, totals, None if switch_s is None else 1e3 * switch_s, getattr(spmv, "stand_in_products", None),
-            stand_in)
+    return (first, totals, None if switch_s is None else 1e3 * switch_s, None if interim_s is None else 1e3 * interim_s,
+            getattr(spmv, "stand_in_products", None), stand_in)
 
 
 def _tuned_now(spmv) -> bool:

@@ -337,12 +337,16 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
     if background is not False and tune == "model":
         first = tiered.stand_in(m, info.arch, cache, force=bool(background))
         if first is not None:
-            return tiered.TieredSpMV(first, lambda: _tuned(m, info, cache, tune, top_k, trials, profile))
+            return tiered.TieredSpMV(first, lambda hand_over: _tuned(m, info, cache, tune, top_k, trials, profile,
+                                                                     hand_over))
     return _tuned(m, info, cache, tune, top_k, trials, profile)
 
 
-def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials: int, profile) -> SpMV:
-    """The tuned kernel of :func:`compile`: the plan from the cache or made now, its binary and layout."""
+def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials: int, profile,
+           hand_over=None) -> SpMV:
+    """The tuned kernel of :func:`compile`: the plan from the cache or made now, its binary and layout.
+    ``hand_over``: where a background tuning plans anew on a matrix relabelled on the device, it is given
+    the interim kernel (:func:`tiered.interim`) to answer the calls while the planner runs."""
     digest, relabel_s = _digest_beside_relabelling(m)
     prof = _profile(info, profile)
     if prof is None and tune != "exhaustive":
@@ -357,6 +361,9 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
         if binary is None:  # binary evicted or corrupt: rebuild it, keep the plan
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
         return _spmv(m, spec, binary.cubin, plan, cache, digest)
+    interim = tiered.interim(m, info.arch, cache, prof) if hand_over is not None and relabel_s > 0 else None
+    if interim is not None:
+        hand_over(interim)
     specs, predicted, seconds = plan_candidates(m, prof)
     seconds["relabel"] += relabel_s  # made beside the digest, before the planner asked for it
     if prof and tune != "exhaustive":
@@ -388,7 +395,9 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     # built, mostly on the GPU.
     with thread_pool(1) as pool:
         features = pool.submit(structure_features, m)
-        launch, how = layouts.launch_for(m, best, cache, digest)
+        # A plan that chose the interim kernel's specialisation runs on the layout already built for it.
+        launch, how = ((interim.layout, "device") if interim is not None and interim.spec == best
+                       else layouts.launch_for(m, best, cache, digest))
         plan = planner.Plan(family=best.family, params=families.params_dict(best.params),
                             predicted_ms=chosen.predicted_ms, measured_ms=chosen.measured_ms, fingerprint=digest,
                             value_dtype=m.value_dtype.name, index_dtype=m.index_dtype.name,

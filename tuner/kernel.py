@@ -142,6 +142,12 @@ class SpMV(VectorCalls):
                             *self._scalars, self._pattern)
 
     @property
+    def layout(self) -> Launch:
+        """What this kernel runs on: its layout's arrays, grid and gathers (a kernel of the same specialisation
+        can take it as its ``launch``)."""
+        return self._launch
+
+    @property
     def col_order(self) -> np.ndarray | None:
         """Column order of the plan: x_plan = x[col_order] (None: the plan keeps the caller's order)."""
         return self._launch.x_gather

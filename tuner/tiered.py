@@ -10,6 +10,13 @@ whatever the row lengths (as cuSPARSE's CSR kernel balances it) and its layout i
 pointers on the device, a few milliseconds. It costs ``flat_bytes`` of device memory until the tuned kernel
 replaces it, and is used only where that leaves the tuned build's work arrays room.
 
+Once the tuning has relabelled the matrix on the device (columns by decreasing length, the order every
+tiled plan needs first), an interim kernel takes the calls while the planner runs: :mod:`tile_coo
+<tuner.families.tile_coo>` over the relabelled matrix, whose only parameter is the tile width (the middle of
+the L1 widths the planner would try). It needs no model, its layout is built on the device in tens of
+milliseconds, and on power-law graphs it runs within about a tenth of the tuned kernel, where the
+stand-in runs at cuSPARSE's speed: the products made during the planning pay back what the tuning costs.
+
 The tuning starts when the first call has returned, when the caller waits for the tuned kernel, or
 :data:`FIRST_CALL_WAIT_S` after the compile, whichever comes first, so that it does not slow the first
 product. Calls never wait for the tuning; everything else does (``plan``, ``spec``, ``launch``, ``time`` ...:
@@ -29,6 +36,8 @@ from typing import Callable
 from . import codegen, families, gpu
 from .families.aligned_coo import BLOCK_SIZE, AlignedCooParams, layout_launch
 from .families.base import Specialization
+from .families.tile_coo import TileCooParams
+from .families.tiles import TILE_ORDER, widths
 from .formats import device_reorder
 from .formats.aligned_coo import build_flat, flat_bytes
 from .matrix import CanonicalMatrix
@@ -38,6 +47,7 @@ log = logging.getLogger("tuner.tiered")
 
 STAND_IN_FAMILY = "aligned_coo"
 STAND_IN_PARAMS = AlignedCooParams("flat", BLOCK_SIZE, "none")
+INTERIM_FAMILY = "tile_coo"
 # While the tuning thread runs, the interpreter hands the GIL over this often (Python's default is 5 ms):
 # the planner holds it between its NumPy passes, and each of the caller's products waits for it a few
 # times, so at the default a 1 ms product could take several; at 50 us the waits stay a fraction of one.
@@ -102,6 +112,46 @@ def stand_in(m: CanonicalMatrix, arch: str, cache, force: bool = False):
     return SpMV(m, spec, binary.cubin, plan, launch=layout_launch(layout, BLOCK_SIZE), layout_source="device")
 
 
+def interim_spec(m: CanonicalMatrix, profile=None) -> Specialization:
+    """The interim kernel's specialisation for ``m``: tile_coo in degree order, the middle of the tile widths
+    the planner tries (:func:`~tuner.families.tiles.widths`: a quarter, half and all of the L1's columns of x).
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> interim_spec(canonicalize(sp.eye(4, format="csr", dtype="float32"))).label()
+        'tile_coo(tile_width=0,block_size=256,order=degree)'
+    """
+    ws = widths(m, profile)
+    params = TileCooParams(ws[len(ws) // 2], BLOCK_SIZE, TILE_ORDER)
+    return Specialization(INTERIM_FAMILY, params, m.value_dtype, m.index_dtype, m.value_free)
+
+
+def interim(m: CanonicalMatrix, arch: str, cache, profile=None):
+    """The interim :class:`~tuner.kernel.SpMV` of ``m`` (:func:`interim_spec`), its layout built on the device
+    from the relabelled matrix there; None where the device lacks the room for its layout and the tuned one's
+    beside it, or its build runs out of memory (the stand-in then answers until the tuned kernel is ready)."""
+    from . import planner
+    from .kernel import SpMV
+    spec = interim_spec(m, profile)
+    family = families.get(spec.family)
+    if not device_reorder.usable(m.n_rows, m.n_cols, m.nnz, 2 * family.device_bytes(m)):
+        return None
+    binary = codegen.compile_source(families.render(spec, m), arch, cache=cache)
+    try:
+        launch = family.device_launch(m, spec.params)
+        device_reorder.synchronize()  # complete before the caller's stream reads it
+    except MemoryError as e:  # CuPy's OutOfMemoryError is one
+        log.info("no interim kernel: its layout ran out of device memory (%s)", e)
+        return None
+    finally:
+        device_reorder.release()
+    plan = planner.Plan(family=spec.family, params=families.params_dict(spec.params), predicted_ms=None,
+                        measured_ms=None, fingerprint="", value_dtype=m.value_dtype.name,
+                        index_dtype=m.index_dtype.name, value_free=m.value_free, arch=arch,
+                        binary_key=binary.key, tune="interim")
+    return SpMV(m, spec, binary.cubin, plan, launch=launch, layout_source="device")
+
+
 class TieredSpMV:
     """y = A @ x at once on a stand-in kernel, then on the tuned one as soon as a thread has made it.
 
@@ -109,9 +159,13 @@ class TieredSpMV:
     wait. Any other attribute is the tuned kernel's and waits for it: ``spmv.plan``, ``spmv.spec``,
     ``spmv.explain()``, ``spmv.launch``, ``spmv.time()``.
 
+    ``tune`` makes the tuned kernel; it is given :meth:`hand_over`, through which it may put an interim
+    kernel in the stand-in's place while it goes on.
+
     Attributes:
         shape, dtype: of the matrix.
-        stand_in_products: calls answered by the stand-in.
+        stand_in_products: calls answered before the tuned kernel took over (by the stand-in or the interim).
+        interim_s: seconds from this object's making to the interim kernel taking over (None if none did).
         switch_s: seconds from this object's making to the tuned kernel taking over (None before).
 
     Example (on a GPU machine):
@@ -121,7 +175,7 @@ class TieredSpMV:
         'tile_composite'
     """
 
-    def __init__(self, first, tune: Callable[[], object]):
+    def __init__(self, first, tune: Callable[[Callable], object]):
         self._current = first
         self._tuned = None
         self._error: BaseException | None = None
@@ -129,6 +183,8 @@ class TieredSpMV:
         self.shape, self.dtype = first.shape, first.dtype
         self.stand_in_products = 0
         self.switch_s: float | None = None
+        self.interim_s: float | None = None
+        self._hand_lock = threading.Lock()
         self._first_answered = threading.Event()
         self._t0 = time.perf_counter()
         # Not a daemon: the process waits for a tuning under way (its plan and binary go to the cache).
@@ -144,19 +200,28 @@ class TieredSpMV:
             # CuPy's freed blocks rather than free them (a cudaFree waits for every stream); all of it is
             # finished before the tuned kernel, which reads what it built, takes over.
             with _side_stream(), device_reorder.releases_deferred():
-                tuned = tune()
+                tuned = tune(self.hand_over)
             device_reorder.synchronize()
         except BaseException as exc:  # noqa: BLE001 - handed to wait(); calls go on on the stand-in
             self._error = exc
             log.warning("tuning failed (%s: %s): products go on on the stand-in kernel", type(exc).__name__, exc)
         else:
-            self._tuned, self._current = tuned, tuned
+            with self._hand_lock:
+                self._tuned, self._current = tuned, tuned
             self.switch_s = time.perf_counter() - self._t0
             device_reorder.release()  # the stand-in's layout, unless a call still runs on it
         finally:
             gpu.leave_thread()
             _switch_back()
             self._done.set()
+
+    def hand_over(self, kernel) -> None:
+        """Let ``kernel`` (its results ready to read on the caller's stream) answer the calls until the tuned
+        kernel does; nothing once that has taken over."""
+        with self._hand_lock:
+            if self._tuned is None:
+                self._current = kernel
+                self.interim_s = time.perf_counter() - self._t0
 
     def __call__(self, x, out=None):
         current = self._current
