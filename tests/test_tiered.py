@@ -352,3 +352,16 @@ def test_compile_hands_a_stand_in_over_to_the_tuned_kernel_where_it_has_one(monk
     assert k.wait().name == "t"
     assert compiler.compile(A, background=True).wait().name == "t" and asked == [False, True]
     assert not isinstance(compiler.compile(A, background=False), tiered.TieredSpMV) and len(asked) == 2
+
+
+def test_an_interim_kernel_that_fails_to_build_leaves_the_tuning_going(monkeypatch, caplog):
+    from tuner import gpu
+
+    def broken(*a, **k):
+        raise RuntimeError("nvcc exploded")
+    monkeypatch.setattr(tiered, "interim", broken)
+    info = gpu.DeviceInfo(name="NVIDIA H100 80GB HBM3", capability=(9, 0), sm_count=132, l2_bytes=50 << 20,
+                          memory_bytes=80 << 30, driver_version=13000)
+    m = canonicalize(power_law(300, seed=43))
+    assert compiler._interim(m, info, None, None) is None
+    assert "no interim kernel (RuntimeError: nvcc exploded)" in caplog.text

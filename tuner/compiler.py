@@ -361,7 +361,7 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
         if binary is None:  # binary evicted or corrupt: rebuild it, keep the plan
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
         return _spmv(m, spec, binary.cubin, plan, cache, digest)
-    interim = tiered.interim(m, info.arch, cache, prof) if hand_over is not None and relabel_s > 0 else None
+    interim = _interim(m, info, cache, prof) if hand_over is not None and relabel_s > 0 else None
     if interim is not None:
         hand_over(interim)
     specs, predicted, seconds = plan_candidates(m, prof)
@@ -405,6 +405,17 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
                             ranking=ranking, features=features.result(), seconds=seconds)
     planner.store_plan(cache, key, plan)
     return _spmv(m, best, binaries[id(best)].cubin, plan, cache, digest, (launch, how))
+
+
+def _interim(m: CanonicalMatrix, info, cache: Cache, profile):
+    """:func:`tiered.interim`, or None with a warning where making it failed: it only speeds up the products
+    made during the planning, so its failure must not fail the tuning."""
+    try:
+        return tiered.interim(m, info.arch, cache, profile)
+    except Exception as e:  # noqa: BLE001 - the stand-in answers on; the tuning goes on
+        log.warning("no interim kernel (%s: %s): the stand-in answers until the tuned kernel is ready",
+                    type(e).__name__, e)
+        return None
 
 
 def _digest_beside_relabelling(m: CanonicalMatrix) -> tuple[str, float]:
