@@ -29,9 +29,10 @@ from .kernel import SIGNATURE_CODES, VectorCalls
 from .matrix import CanonicalMatrix
 
 # Device buffers (and streams): a part's copy queues behind the kernel of the part that used its slot
-# before. With two, that wait leaves the copy engine idle between parts; with three, the copies run back
-# to back while the kernels of the two parts before run.
-SLOTS = 3
+# before, so the slots in flight must cover a kernel and the latency from its end to the dependent copy's
+# start. With two, the copy engine idles between parts; parts of a few megabytes (168 us of PCIe each)
+# still leave it idle with three, and four keep it busy while costing larger parts nothing.
+SLOTS = 4
 BLOCK = 256
 # The matrix fits in memory when its CSR, a tuned layout of about the same size, the relabelling's work on
 # it and the vectors do: three times the CSR, as an upload, a layout and its build's temporaries.
