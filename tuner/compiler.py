@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import codegen, families, gpu, layouts, paths, planner, streaming, tiered
-from .workers import pool as thread_pool
 from .cache import Cache
 from .families.base import Specialization, drop_device_copies, memo_state, ordered_matrix, restore
 from .families.tiles import TILE_ORDER
@@ -18,6 +17,7 @@ from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
 from .model import Profile, load_profile, predicted_candidates
 from .search import optuna_search
 from .matrix import CanonicalMatrix, canonicalize, fingerprint, structure_digest, structure_features
+from .workers import pool as thread_pool
 
 log = logging.getLogger("tuner.compiler")
 

@@ -14,12 +14,12 @@ from typing import Callable
 
 import numpy as np
 
-from ..workers import pool as thread_pool
 from ..formats.device_reorder import WORK_BYTES_PER_ENTRY
 from ..formats.tile_composite import (Shapes, TileComposite, build_tile_composite, build_tile_composite_grouped,
                                       evaluate_tile_composite, pack_runs, tile_ranks)
 from ..formats.tiles import GROUP_ENTRIES, PARALLEL_ENTRIES, RankedRuns, tile_bounds
 from ..matrix import CanonicalMatrix
+from ..workers import pool as thread_pool
 from .base import (UNROLL, Family, Launch, check_launch, ceil_div, ordered_device_launch, ordered_launch, ordered_matrix,
                    shared_layout)
 from .tiles import TILE_ORDER, count_tile_runs, ranked_tile_runs, tiling, widths

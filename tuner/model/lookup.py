@@ -5,11 +5,11 @@ import os
 
 import numpy as np
 
-from ..workers import pool as thread_pool
 from .. import families
 from ..families.base import Specialization, ordered_structure, shared_layout
 from ..formats.reorder import NONE
 from ..matrix import CanonicalMatrix
+from ..workers import pool as thread_pool
 from .chains import ChainFit, chain_floor_ms
 from .reuse import segment_fractions
 from .locality import SECTOR_BYTES, cache_sectors

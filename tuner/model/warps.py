@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..workers import pool as thread_pool
 from ..families.aligned_coo import AlignedCooParams
 from ..families.base import known_layout, shared_layout
 from ..families.binned import BinnedParams
@@ -32,6 +31,7 @@ from ..formats.device_reorder import known_copy
 from ..formats.reorder import Structure
 from ..formats.xp import host, module, on_device
 from ..matrix import CanonicalMatrix
+from ..workers import pool as thread_pool
 from .profile_data import kernel_key
 
 WARP = 32
