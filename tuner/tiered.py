@@ -93,8 +93,6 @@ def stand_in(m: CanonicalMatrix, arch: str, cache, force: bool = False):
     one upload (which the tuned build then relabels); None where tuning in the background does not pay
     (a matrix the host plans in a few tens of milliseconds, unless ``force``), or CuPy or the room for it
     is missing."""
-    from . import planner
-    from .kernel import SpMV
     if not device_reorder.available():
         return None
     if not force and not device_reorder.usable(m.n_rows, m.n_cols, m.nnz):
@@ -106,12 +104,20 @@ def stand_in(m: CanonicalMatrix, arch: str, cache, force: bool = False):
         layout = build_flat(csr.indptr, csr.indices, csr.data, m.index_dtype)
     spec = stand_in_spec(m)
     binary = codegen.compile_source(families.render(spec, m), arch, cache=cache)
+    device_reorder.synchronize()  # the layout is complete before another thread's stream may read it
+    return _untuned(m, spec, arch, binary, layout_launch(layout, BLOCK_SIZE), "stand-in")
+
+
+def _untuned(m: CanonicalMatrix, spec: Specialization, arch: str, binary, launch, tier: str):
+    """The :class:`~tuner.kernel.SpMV` of ``spec`` on ``launch`` (a layout built on the device) under a plan
+    that predicted and timed nothing, its ``tune`` naming the tier ('stand-in', 'interim')."""
+    from . import planner
+    from .kernel import SpMV
     plan = planner.Plan(family=spec.family, params=families.params_dict(spec.params), predicted_ms=None,
                         measured_ms=None, fingerprint="", value_dtype=m.value_dtype.name,
                         index_dtype=m.index_dtype.name, value_free=m.value_free, arch=arch,
-                        binary_key=binary.key, tune="stand-in")
-    device_reorder.synchronize()  # the layout is complete before another thread's stream may read it
-    return SpMV(m, spec, binary.cubin, plan, launch=layout_launch(layout, BLOCK_SIZE), layout_source="device")
+                        binary_key=binary.key, tune=tier)
+    return SpMV(m, spec, binary.cubin, plan, launch=launch, layout_source="device")
 
 
 def interim_spec(m: CanonicalMatrix, profile=None) -> Specialization:
@@ -132,8 +138,6 @@ def interim(m: CanonicalMatrix, arch: str, cache, profile=None):
     """The interim :class:`~tuner.kernel.SpMV` of ``m`` (:func:`interim_spec`), its layout built on the device
     from the relabelled matrix there; None where the device lacks the room for its layout and the tuned one's
     beside it, or its build runs out of memory (the stand-in then answers until the tuned kernel is ready)."""
-    from . import planner
-    from .kernel import SpMV
     spec = interim_spec(m, profile)
     family = families.get(spec.family)
     if not device_reorder.usable(m.n_rows, m.n_cols, m.nnz, 2 * family.device_bytes(m)):
@@ -147,11 +151,7 @@ def interim(m: CanonicalMatrix, arch: str, cache, profile=None):
         return None
     finally:
         device_reorder.release()
-    plan = planner.Plan(family=spec.family, params=families.params_dict(spec.params), predicted_ms=None,
-                        measured_ms=None, fingerprint="", value_dtype=m.value_dtype.name,
-                        index_dtype=m.index_dtype.name, value_free=m.value_free, arch=arch,
-                        binary_key=binary.key, tune="interim")
-    return SpMV(m, spec, binary.cubin, plan, launch=launch, layout_source="device")
+    return _untuned(m, spec, arch, binary, launch, "interim")
 
 
 class TieredSpMV:
