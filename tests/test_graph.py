@@ -302,14 +302,17 @@ def in_degree_graph(in_degrees, n, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("relabel", [False, True])
 @pytest.mark.parametrize("tol_rule", ["per_node", "networkx"])
 @pytest.mark.parametrize("chunk", [32, 64, 128, 256])
-def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning_chunks(tol_rule, chunk, monkeypatch):
+def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning_chunks(tol_rule, chunk, relabel,
+                                                                                       monkeypatch):
     pytest.importorskip("cupy")
     from tuner.distributed.nccl import SoloDevice
     from tuner.distributed.pagerank import pagerank_on_devices
     from tuner.graph import resident
     monkeypatch.setattr(resident, "chunk_for", lambda nnz, sm_count: chunk)
+    monkeypatch.setattr(resident, "relabel_pays", lambda n, dtype, l2_bytes: relabel)
     n = 3000
     # Wᵀ's rows: one chunk exactly, one from a chunk's start across two, a hub across many, empty rows, rows
     # of one entry, then a power-law rest; node 7 has no out-edges (dangling) and node 9 a self-loop.
@@ -335,6 +338,53 @@ def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning
     loop = pagerank_on_devices(A, SoloDevice(), personalization=p, tol=1e-13, tol_rule=tol_rule, max_iter=500,
                                dtype=np.float64, tune="none", resident=False)
     assert np.abs(loop - x).max() <= 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weighted", [True, False])
+def test_resident_pagerank_in_out_degree_order_takes_and_answers_in_the_callers_numbering(weighted, monkeypatch):
+    pytest.importorskip("cupy")
+    from tuner.graph import resident
+    monkeypatch.setattr(resident, "relabel_pays", lambda n, dtype, l2_bytes: True)
+    n = 2000
+    A = (in_degree_graph([700, 0, 3, 256] + [4] * (n - 4), n, 81) + graph(n, 82)).tolil()
+    A[11, :] = 0  # dangling
+    A = A.tocsr()
+    A.eliminate_zeros()
+    rng = np.random.default_rng(6)
+    p, start, d = rng.uniform(0.1, 1.0, n), rng.uniform(0.1, 1.0, n), {3: 1.0, 11: 2.0, 1999: 0.5}
+    options = dict(personalization=p, nstart=start, dangling=d, weighted=weighted, tol=1e-13, tol_rule="per_node",
+                   max_iter=500)
+    host = tuner.pagerank(A, backend="scipy", **options)
+    x, info = tuner.pagerank(A, dtype=np.float64, return_info=True, **options)
+    assert info.backend.endswith("nodes by out-degree)") and np.abs(x - host).max() <= 1e-12
+
+
+def test_degree_order_and_the_relabelled_arrays_are_scipys_symmetric_permutation():
+    from tuner.graph.device_pull import degree_order, relabelled
+    A = graph(400, 83).tolil()
+    A[17, :] = 0  # an empty row
+    A = A.tocsr()
+    A.eliminate_zeros()
+    lengths = np.diff(A.indptr)
+    order = degree_order(lengths)
+    assert np.all(np.diff(lengths[order]) <= 0)
+    ties = lengths[order][1:] == lengths[order][:-1]
+    assert np.all(np.diff(order)[ties] > 0)  # equal degrees keep their numbers' order
+    indptr, indices, data = relabelled(A.indptr.astype(np.int32), A.indices.astype(np.int32), A.data, order)
+    B = sp.csr_matrix((data, indices, indptr), shape=A.shape)
+    expected = A[order][:, order]
+    assert indptr.dtype == indices.dtype == np.int32 and B.nnz == expected.nnz and (B != expected).nnz == 0
+    _, _, none = relabelled(A.indptr, A.indices, None, order)
+    assert none is None
+
+
+def test_the_resident_run_relabels_once_its_rank_cache_outgrows_a_quarter_of_l2():
+    from tuner.graph.resident import relabel_pays
+    l2 = 50 * 2**20
+    assert not relabel_pays(l2 // 16, np.float32, l2)  # rmat:20's 4 MB cache stays in L2 in any order
+    assert relabel_pays(l2 // 16 + 1, np.float32, l2)
+    assert relabel_pays(l2 // 32 + 1, np.float64, l2) and not relabel_pays(l2 // 32, np.float64, l2)
 
 
 @pytest.mark.gpu

@@ -7,6 +7,9 @@ the next rank cache and the block partials), and every block reduces the partial
 stop together when the change meets the tolerance. The grid is what the GPU holds at once (a cooperative
 launch), at most what the graph's chunks and nodes need. It reads Wᵀ as :mod:`~tuner.graph.device_pull`
 leaves it on the device: no layout to build, so it is also what an untuned PageRank runs on a large graph.
+Where the rank cache outgrows a quarter of L2 (:func:`relabel_pays`), the nodes are numbered by decreasing
+out-degree first (one pass over the edges there): the node vectors go into that order once and the ranks
+come back in the caller's.
 
 Nothing in the kernel is atomic, so a run repeats bit for bit on the same GPU from the same factors; a
 weighted graph's out-weights are summed by atomic adds on the device, which may round differently from one
@@ -25,6 +28,7 @@ from .pagerank import ConvergenceError, IterationInfo, _node_vector, check_node_
 
 RESIDENT_BLOCK = 256
 CHUNKS = (32, 64, 128, 256)  # Wᵀ's entries a warp pulls at a time: one to eight steps of 32
+L2_SHARE = 4  # the rank cache's share of L2 beyond which degree order pays (relabel_pays)
 CHUNKS_PER_SM = 64  # about the warps an SM holds: a graph with fewer entries takes smaller chunks
 _CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _kernels: dict = {}
@@ -91,6 +95,20 @@ def grid_for(chunks: int, n: int, max_blocks: int) -> int:
     """
     warps = RESIDENT_BLOCK // 32
     return max(1, min(max_blocks, max(-(-chunks // warps), -(-n // RESIDENT_BLOCK))))
+
+
+def relabel_pays(n: int, dtype, l2_bytes: int) -> bool:
+    """Whether a run numbers the nodes by decreasing out-degree (:func:`~tuner.graph.device_pull.degree_order`)
+    before its first iteration: where the rank cache (``n`` values of ``dtype``) outgrows a quarter of the
+    GPU's ``l2_bytes`` of L2. A smaller cache stays in L2 beside the streamed entries whatever the order, each
+    gather an L2 hit; a larger one misses, and degree order keeps the hubs' entries, which most gathers read,
+    together in L1 and L2. The relabelling costs about one pass over the entries, less than an iteration.
+
+    Example (50 MB of L2):
+        >>> relabel_pays(1_048_576, np.float32, 50 * 2**20), relabel_pays(8_388_608, np.float32, 50 * 2**20)
+        (False, True)
+    """
+    return n * np.dtype(dtype).itemsize * L2_SHARE > l2_bytes
 
 
 def compile_all(dtype, arch: str, cache=None) -> list:
@@ -237,13 +255,16 @@ def pagerank(A, alpha: float, personalization, max_iter: int, tol: float, nstart
 
     from ..formats import device_reorder
     t0 = time.perf_counter()
-    pull = pull_arrays(A, weighted, dtype, small=True)
+    relabel = relabel_pays(A.shape[0], dtype, cupy.cuda.Device().attributes["L2CacheSize"])
+    pull = pull_arrays(A, weighted, dtype, small=True, relabel=relabel)
     if pull is None:
         return None
     n, dtype = A.shape[0], np.dtype(dtype)
     x = node_vector(nstart, n, "nstart", dtype)
     p_d = node_vector(personalization, n, "personalization", dtype)
     d_d = p_d if dangling is None else node_vector(dangling, n, "dangling", dtype)
+    if pull.order is not None:  # into the pull's numbering
+        x, p_d, d_d = x[pull.order], p_d[pull.order], (p_d if dangling is None else d_d)[pull.order]
     inverse, is_dangling = pull.inverse.astype(dtype), pull.dangling.astype(dtype)
     limit = n * tol if tol_rule == "networkx" else tol
     ready = layout(pull.matrix, dtype)
@@ -256,8 +277,13 @@ def pagerank(A, alpha: float, personalization, max_iter: int, tol: float, nstart
     if not run.error < limit:
         raise ConvergenceError(f"PageRank did not converge in {max_iter} iterations (last change {run.error:.3g}, "
                                f"rule {tol_rule!r}, tol {tol})")
+    if pull.order is not None:  # back to the caller's numbering
+        back = cupy.empty_like(x)
+        back[pull.order] = x
+        x = back
     ranks = device_reorder.download(x.astype(np.float64, copy=False))  # widened there, through pinned buffers
     info = IterationInfo(run.iterations, run.error, {"setup": t1 - t0, "iterations": t2 - t1,
                                                      "gather": time.perf_counter() - t2},
-                         f"resident generic kernel on 1 GPU ({run.grid} blocks)")
+                         f"resident generic kernel on 1 GPU ({run.grid} blocks"
+                         f"{', nodes by out-degree' if pull.order is not None else ''})")
     return (ranks, info) if return_info else ranks
