@@ -232,6 +232,7 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
     from .distributed.nccl import SoloDevice
     from .distributed.pagerank import pagerank_on_devices, pull_product
     from .graph import betweenness, hits, pagerank, simrank
+    from .graph.device_pull import pull_arrays
     if "simrank" in algorithms:
         A = abs(loaders.load(SIMRANK_WARM_UP))
         simrank(A, backend="tuned")
@@ -251,6 +252,7 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
         weighted.data = np.random.default_rng(0).uniform(0.5, 2.0, A.nnz).astype(A.dtype)
         for graph in (A, weighted):  # the resident kernel of a pattern and of a weighted graph
             pagerank(graph, backend="device", dtype=dtype, personalization=np.full(A.shape[0], 1.0 / A.shape[0]))
+        pull_arrays(weighted, True, dtype, small=True, relabel=True)  # the large graphs' out-degree order
         solo = SoloDevice()
         with cold_plans() as cold:
             pagerank_on_devices(A, solo, dtype=dtype, product=pull_product(A, solo, dtype=dtype, cache_dir=cold))

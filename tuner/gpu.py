@@ -275,9 +275,9 @@ def upload_pooled(array: np.ndarray):
     return buf
 
 
-# Host copies at least this large go through the staging buffers: with two full pieces or more the host's
-# copies into one buffer overlap the other's crossing; below that the direct copy is as fast.
-STAGED_MIN_BYTES = 2 * STAGE_BYTES
+# Host copies at least this large go through the staging buffers: from a full piece on, the host's copies
+# into one buffer overlap the other's crossing.
+STAGED_MIN_BYTES = STAGE_BYTES
 
 
 def copy_to_device(ptr: int, array: np.ndarray) -> None:

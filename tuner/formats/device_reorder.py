@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..staging import STAGE_BYTES, drain, feed
+from ..staging import DIRECT_MAX_BYTES, STAGE_BYTES, drain, feed
 from .xp import host, module
 
 MIN_NNZ = 1 << 20  # below this the host permutes in tens of milliseconds: not worth two copies
@@ -206,7 +206,7 @@ def upload(array: np.ndarray):
     a = np.ascontiguousarray(array)
     out = cupy.empty(a.shape, a.dtype)
     n = a.nbytes
-    if n <= STAGE_BYTES:
+    if n <= DIRECT_MAX_BYTES:
         out.set(a)
         return out
     buffers = [cupy.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
@@ -235,7 +235,7 @@ def download(array) -> np.ndarray:
     import cupy
     out = np.empty(array.shape, array.dtype)
     n = out.nbytes
-    if n <= STAGE_BYTES:
+    if n <= DIRECT_MAX_BYTES:
         return array.get()
     src = cupy.ascontiguousarray(array)
     buffers = [cupy.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
