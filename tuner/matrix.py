@@ -184,12 +184,11 @@ def extrema(a: np.ndarray) -> tuple:
         >>> extrema(np.array([3, -1, 7]))
         (-1, 7)
     """
-    parts = _in_pieces(lambda p: (p.min(), p.max()), a)
-    return min(p[0] for p in parts).item(), max(p[1] for p in parts).item()
+    return value_extrema(a)[:2]
 
 
-def value_extrema(a: np.ndarray) -> tuple[float, float, bool]:
-    """(smallest, largest, all finite) of a non-empty floating array in one pass over it: a NaN makes its
+def value_extrema(a: np.ndarray) -> tuple:
+    """(smallest, largest, all finite) of a non-empty array in one pass over it: a NaN makes its
     piece's least and greatest NaN and an infinity is one of them, so the pieces' extrema tell both (a
     100M-entry matrix's values are read once, not once per question).
 

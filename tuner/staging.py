@@ -36,7 +36,6 @@ def drain(dst: np.ndarray, stages: list, fetch: Callable[[int, int, int], None],
     """
     n = dst.size
     starts = list(range(0, n, STAGE_BYTES))
-    part = -(-STAGE_BYTES // STAGE_THREADS)
     if not starts:
         return
     with ThreadPoolExecutor(STAGE_THREADS) as pool:
@@ -47,8 +46,7 @@ def drain(dst: np.ndarray, stages: list, fetch: Callable[[int, int, int], None],
             if i + 1 < len(starts):  # into the other stage, emptied in the previous round, while this one is emptied
                 fetch(1 - k, starts[i + 1], min(STAGE_BYTES, n - starts[i + 1]))
             size = min(STAGE_BYTES, n - start)
-            list(pool.map(lambda p: np.copyto(dst[start + p:start + min(p + part, size)],
-                                              stages[k][p:min(p + part, size)]), range(0, size, part)))
+            _copy(pool, dst[start:start + size], stages[k][:size])
 
 
 def feed(src: np.ndarray, stages: list, put: Callable[[int, int, int], None], wait: Callable[[int], None]) -> None:
@@ -67,7 +65,6 @@ def feed(src: np.ndarray, stages: list, put: Callable[[int, int, int], None], wa
         True
     """
     n = src.size
-    part = -(-STAGE_BYTES // STAGE_THREADS)
     queued = [False, False]
     with ThreadPoolExecutor(STAGE_THREADS) as pool:
         for i, start in enumerate(range(0, n, STAGE_BYTES)):
@@ -75,10 +72,15 @@ def feed(src: np.ndarray, stages: list, put: Callable[[int, int, int], None], wa
             if queued[k]:
                 wait(k)  # the stage's previous piece has left it
             size = min(STAGE_BYTES, n - start)
-            list(pool.map(lambda p: np.copyto(stages[k][p:min(p + part, size)],
-                                              src[start + p:start + min(p + part, size)]), range(0, size, part)))
+            _copy(pool, stages[k][:size], src[start:start + size])
             put(k, start, size)
             queued[k] = True
     for k in (0, 1):
         if queued[k]:
             wait(k)
+
+
+def _copy(pool: ThreadPoolExecutor, dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` (byte arrays of one size, at most a stage) in :data:`STAGE_THREADS` parts on ``pool``."""
+    part = -(-STAGE_BYTES // STAGE_THREADS)
+    list(pool.map(lambda p: np.copyto(dst[p:p + part], src[p:p + part]), range(0, dst.size, part)))
