@@ -356,6 +356,23 @@ def test_a_download_through_the_staging_buffers_equals_the_device_array(stages):
 
 
 
+def test_a_download_ring_fills_every_host_array_across_reused_buffers_and_oversized_pieces():
+    ring = gpu.DownloadRing(1 << 20)  # two buffers of 1 MiB: the five puts reuse each, the last overflows
+    rng = np.random.default_rng(14)
+    sizes = [1000, 60_000, 100_000, 3, 131_072, 400_000]  # float32 + int32 pieces; the last over 1 MiB
+    sent, outs = [], []
+    for n in sizes:
+        vals, cols = rng.uniform(-1, 1, n).astype(np.float32), rng.integers(0, 1 << 30, n).astype(np.int32)
+        dv, dc = gpu.upload(vals), gpu.upload(cols)
+        out_v, out_c = np.full(n, np.nan, np.float32), np.full(n, -1, np.int32)
+        ring.put([(out_v, int(dv)), (out_c, int(dc))])
+        sent.append((vals, cols, dv, dc))
+        outs.append((out_v, out_c))
+    ring.finish()
+    for (vals, cols, _, _), (out_v, out_c) in zip(sent, outs):
+        assert np.array_equal(out_v, vals) and np.array_equal(out_c, cols)
+
+
 @pytest.mark.parametrize("stages", [0.5, 2.6])
 def test_host_vectors_of_several_staging_buffers_cross_through_them_both_ways_unchanged(stages):
     n = int(stages * gpu.STAGE_BYTES) // 8

@@ -268,10 +268,11 @@ def upload(array: np.ndarray):
     return buf
 
 
-def upload_pooled(array: np.ndarray):
-    """Copy a host array to device memory from the pool of :func:`alloc_pooled` (no cudaMalloc on repeats)."""
+def upload_pooled(array: np.ndarray, queued: bool = False):
+    """Copy a host array to device memory from the pool of :func:`alloc_pooled` (no cudaMalloc on repeats);
+    ``queued``: as :func:`copy_to_device` queues it."""
     buf = alloc_pooled(array.nbytes)
-    copy_to_device(int(buf), array)
+    copy_to_device(int(buf), array, queued)
     return buf
 
 
@@ -280,11 +281,18 @@ def upload_pooled(array: np.ndarray):
 STAGED_MIN_BYTES = STAGE_BYTES
 
 
-def copy_to_device(ptr: int, array: np.ndarray) -> None:
+def copy_to_device(ptr: int, array: np.ndarray, queued: bool = False) -> None:
     """Copy a host array to device memory at ``ptr``, through the page-locked staging buffers from
     :data:`STAGED_MIN_BYTES` on (:func:`tuner.staging.feed`): a vector of tens of millions of entries then
     crosses at PCIe's rate, not at a tenth of it. An array already page-locked (:func:`page_locked`) is
-    copied directly. Returns once ``array`` may change."""
+    copied directly. Returns once ``array`` may change; with ``queued`` (for a contiguous ``array`` that is
+    page-locked and stays unchanged until the default stream has done what is queued on it so far), at once,
+    the copy queued on the default stream, ordered before the kernels queued after it: the many small copies
+    of a slotted page or an assembly block then cost no wait each."""
+    if queued:
+        if array.nbytes:
+            drv.memcpy_htod_async(ptr, array)
+        return
     array = np.ascontiguousarray(array)
     if array.nbytes >= STAGED_MIN_BYTES and not page_locked(array):
         _staged_htod(ptr, array.reshape(-1).view(np.uint8))
@@ -366,6 +374,76 @@ class Pinned:
             except Exception:  # noqa: BLE001 - interpreter shutdown: the driver frees it with the process
                 pass
             self._ptr = None
+
+
+class DownloadRing:
+    """Downloads into pageable host arrays that leave the copying on the host to threads while the caller
+    queues the device's next work.
+
+    A copy from the device into pageable memory (a result's new arrays, which the copy also faults in page
+    by page on one core) runs at a tenth of PCIe's rate and holds the caller until it ends. :meth:`put`
+    copies into one of ``slots`` page-locked buffers of ``slot_bytes`` at PCIe's rate, waits only for that,
+    and leaves the copy from there into the destinations to ``threads`` host threads; a buffer is filled
+    again once its previous copy-out has ended. :meth:`finish` waits for every copy-out.
+
+    Example (on a GPU machine):
+        >>> ring = DownloadRing(1 << 20)                                       # doctest: +SKIP
+        >>> out = np.empty(4, np.float32)                                      # doctest: +SKIP
+        >>> ring.put([(out, int(upload(np.arange(4, dtype=np.float32))))])  # doctest: +SKIP
+        >>> ring.finish(); out.tolist()                                        # doctest: +SKIP
+        [0.0, 1.0, 2.0, 3.0]
+    """
+
+    PART_BYTES = 1 << 20  # the least a host thread copies at once: smaller parts cost more to hand out than to copy
+
+    def __init__(self, slot_bytes: int, slots: int = 2, threads: int = staging.STAGE_THREADS):
+        _context()
+        self.slot_bytes = int(slot_bytes)
+        self._slots = [Pinned(np.empty(max(self.slot_bytes, 1), np.uint8)) for _ in range(slots)]
+        self._copies: list[list] = [[] for _ in range(slots)]
+        self._next = 0
+        self._threads = threads
+        self._pool = None
+
+    def put(self, pieces: list) -> None:
+        """Copy the device bytes at each ``(host array, device pointer)`` of ``pieces`` into the host array
+        (contiguous, writeable): the device's copies after the work queued on the default stream, the host's
+        in the background until :meth:`finish`. Pieces of more than ``slot_bytes`` together are copied
+        through :func:`copy_to_host` before this returns."""
+        if sum(dst.nbytes for dst, _ in pieces) > self.slot_bytes:
+            for dst, ptr in pieces:
+                copy_to_host(dst, ptr)
+            return
+        k, self._next = self._next, (self._next + 1) % len(self._slots)
+        for done in self._copies[k]:  # the buffer's previous contents have left it
+            done.result()
+        slot, at, moves = self._slots[k].array, 0, []
+        for dst, ptr in pieces:
+            if not (dst.flags.c_contiguous and dst.flags.writeable):
+                raise ValueError("DownloadRing.put needs contiguous, writeable host arrays")
+            if dst.nbytes:
+                drv.memcpy_dtoh_async(slot[at:at + dst.nbytes], ptr)  # the default stream: after its work
+                moves.append((dst.reshape(-1).view(np.uint8), slot[at:at + dst.nbytes]))
+                at += dst.nbytes
+        drv.Event().record().synchronize()
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(self._threads)
+        part = max(self.PART_BYTES, -(-at // self._threads))
+        self._copies[k] = [self._pool.submit(np.copyto, dst[p:p + part], src[p:p + part])
+                           for dst, src in moves for p in range(0, dst.size, part)]
+
+    def finish(self) -> None:
+        """Return once every copy :meth:`put` queued has reached its host array (raising what one raised)."""
+        try:
+            for copies in self._copies:
+                for done in copies:
+                    done.result()
+        finally:
+            self._copies = [[] for _ in self._slots]
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
 
 
 _locked: dict[int, int] = {}  # start -> end of every host range a Pinned holds page-locked

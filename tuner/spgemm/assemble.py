@@ -4,9 +4,9 @@ Each page of an outer-product SpGEMM leaves its partial C as sorted, distinct (r
 (row * n_cols + column) and their sums; pages overlap in C, so C is their sum. Summing them as CSR matrices
 in host memory merges every entry about log2(pages) times on one core, which takes most of a call. Here C's
 rows are cut into blocks whose partial entries, over all pages, fit the device-memory budget
-(:func:`row_blocks`); each block's slices of the pages' keys and values (:func:`slices`) go to the GPU, where
-CUB's radix sort and reduction by key sum them (the outer product's own merge: ``merge_block``), and the
-block's CSR comes back. A row whose partial entries alone exceed the budget is summed in host memory
+(:func:`row_blocks`); each block's slices of the pages' keys and values (:func:`block_slices`) go to the
+GPU, where CUB's radix sort and reduction by key sum them (the outer product's own merge: ``merge_block``),
+and the block's CSR comes back. A row whose partial entries alone exceed the budget is summed in host memory
 (:func:`sum_pairs`). Everything here but ``merge_block`` is host code on NumPy arrays.
 """
 from __future__ import annotations
@@ -14,7 +14,10 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-GRID = 4096  # candidate boundaries of a first cut of C's rows; cells over the capacity are cut again
+# Candidate boundaries of a first cut of C's rows; cells over the capacity are cut again. Joining cells into
+# blocks leaves at most one cell's entries (1/GRID of them all) unused in a block: under 2 % of a block for
+# the tens of blocks a budget cuts; each boundary costs a binary search in every page's keys.
+GRID = 512
 
 
 def _counts(page_keys: list[np.ndarray], bounds: np.ndarray, n_cols: int) -> np.ndarray:
@@ -39,43 +42,44 @@ def row_blocks(page_keys: list[np.ndarray], n_rows: int, n_cols: int, capacity: 
     """
     if capacity < 1:
         raise ValueError(f"capacity must be at least one entry, got {capacity}")
-    cells = [(0, n_rows)]
-    done: list[tuple[int, int, int]] = []
-    while cells:  # cut every cell over the capacity finer, down to single rows
-        r0, r1 = cells.pop()
-        bounds = np.unique(np.linspace(r0, r1, min(r1 - r0, grid) + 1).astype(np.int64))
+    bounds = _grid(0, n_rows, grid)
+    while True:  # cut every cell over the capacity finer, down to single rows
         counts = _counts(page_keys, bounds, n_cols)
-        for lo, hi, count in zip(bounds[:-1], bounds[1:], counts):
-            if count > capacity and hi - lo > 1:
-                cells.append((int(lo), int(hi)))
-            else:
-                done.append((int(lo), int(hi), int(count)))
-    done.sort()
+        over = np.flatnonzero((counts > capacity) & (np.diff(bounds) > 1))
+        if over.size == 0:
+            break
+        bounds = np.unique(np.concatenate([bounds] + [_grid(bounds[i], bounds[i + 1], grid) for i in over]))
+    # Consecutive cells joined while they fit together: from each block's first cell, the last cell whose
+    # running total stays within the capacity (a single row over it stands alone).
+    total = np.concatenate(([0], np.cumsum(counts)))
     blocks: list[tuple[int, int, int]] = []
-    for lo, hi, count in done:  # consecutive cells joined while they fit together
-        if blocks and blocks[-1][2] + count <= capacity:
-            blocks[-1] = (blocks[-1][0], hi, blocks[-1][2] + count)
-        else:
-            blocks.append((lo, hi, count))
+    i, cells = 0, counts.size
+    while i < cells:
+        j = i + 1 if counts[i] > capacity else int(np.searchsorted(total, total[i] + capacity, side="right")) - 1
+        blocks.append((int(bounds[i]), int(bounds[j]), int(total[j] - total[i])))
+        i = j
     return blocks
 
 
-def slices(page_keys: list[np.ndarray], page_values: list[np.ndarray], r0: int, r1: int,
-           n_cols: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each page's keys and values of rows [r0, r1) (views, no copies).
+def _grid(r0: int, r1: int, grid: int) -> np.ndarray:
+    """Up to ``grid`` + 1 evenly spaced row boundaries from ``r0`` to ``r1``, both included."""
+    return np.unique(np.linspace(r0, r1, min(r1 - r0, grid) + 1).astype(np.int64))
+
+
+def block_slices(page_keys: list[np.ndarray], page_values: list[np.ndarray], rows: np.ndarray,
+                 n_cols: int) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+    """Each page's keys and values (views, no copies) of each block of rows ``rows[b]`` to ``rows[b + 1]``:
+    one binary search per page for every block's bounds at once.
 
     Example:
-        >>> k, v = slices([np.array([1, 5, 12, 31], np.uint64)], [np.arange(4.0)], 1, 3, 10)
-        >>> k[0].tolist(), v[0].tolist()
-        ([12], [2.0])
+        >>> [(k[0].tolist(), v[0].tolist()) for k, v in
+        ...  block_slices([np.array([1, 5, 12, 31], np.uint64)], [np.arange(4.0)], np.array([0, 1, 3, 4]), 10)]
+        [([1, 5], [0.0, 1.0]), ([12], [2.0]), ([31], [3.0])]
     """
-    lo_key, hi_key = np.uint64(r0) * np.uint64(n_cols), np.uint64(r1) * np.uint64(n_cols)
-    out_k, out_v = [], []
-    for k, v in zip(page_keys, page_values):
-        lo, hi = np.searchsorted(k, [lo_key, hi_key])
-        out_k.append(k[lo:hi])
-        out_v.append(v[lo:hi])
-    return out_k, out_v
+    bounds = np.asarray(rows, np.int64).astype(np.uint64) * np.uint64(n_cols)
+    cuts = [np.searchsorted(k, bounds) for k in page_keys]
+    return [([k[c[b]:c[b + 1]] for k, c in zip(page_keys, cuts)],
+             [v[c[b]:c[b + 1]] for v, c in zip(page_values, cuts)]) for b in range(bounds.size - 1)]
 
 
 def sum_pairs(keys: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -109,13 +113,15 @@ def csr_of_pairs(keys: np.ndarray, values: np.ndarray, r0: int, r1: int, n_cols:
 
 
 def assemble(page_keys: list[np.ndarray], page_values: list[np.ndarray], shape: tuple[int, int], dtype,
-             capacity: int, merge_block) -> sp.csr_matrix:
+             capacity: int, merge_block, finish=None) -> sp.csr_matrix:
     """C = the sum of the pages' partial products (each page: sorted distinct keys and their values) as a
     SciPy CSR matrix. ``merge_block(keys, values, r0, r1, cols, vals)`` sums one block's slices (lists of
     arrays, at most ``capacity`` entries in all), writes the result's columns and values to the front of
     ``cols`` and ``vals`` (C's arrays from the block's first entry on: no copy of C at the end) and returns
     its row starts relative to the block (:func:`host_merge` on the host); rows over the capacity alone, and
-    rows without entries, are summed here.
+    rows without entries, are summed here. ``finish()``, where given, is called once every block has been
+    merged, before C is made: a merge that leaves a block's columns and values to arrive in the background
+    (the device's, while it sums the next block) returns once they all have.
 
     Example (the host's merge):
         >>> pages = [np.array([1, 5, 12], np.uint64), np.array([5, 31], np.uint64)]
@@ -130,14 +136,22 @@ def assemble(page_keys: list[np.ndarray], page_values: list[np.ndarray], shape: 
     host = host_merge(n_cols)
     indptr = np.empty(n_rows + 1, index)
     nnz = 0
-    for r0, r1, count in row_blocks(page_keys, n_rows, n_cols, capacity):
-        keys, values = slices(page_keys, page_values, r0, r1, n_cols)
-        merge = host if count > capacity or count == 0 else merge_block  # one row over what the device holds
-        starts, added = merge(keys, values, r0, r1, cols[nnz:], vals[nnz:])
-        indptr[r0:r1] = np.asarray(starts) + nnz
-        nnz += added
+    blocks = row_blocks(page_keys, n_rows, n_cols, capacity)
+    rows = np.array([r0 for r0, _, _ in blocks] + [n_rows], np.int64)
+    try:
+        for (r0, r1, count), (keys, values) in zip(blocks, block_slices(page_keys, page_values, rows, n_cols)):
+            merge = host if count > capacity or count == 0 else merge_block  # one row over what the device holds
+            starts, added = merge(keys, values, r0, r1, cols[nnz:], vals[nnz:])
+            indptr[r0:r1] = np.asarray(starts) + nnz
+            nnz += added
+    finally:  # no copy into C's arrays outlives the call, whether it returns C or raises
+        if finish is not None:
+            finish()
     indptr[-1] = nnz
-    c = sp.csr_matrix((vals[:nnz], cols[:nnz], indptr), shape=shape)
+    # Set in place: SciPy's constructor copies arrays that are views of ones over twice their size (C's have
+    # room for every partial entry, mapped in only where written), a second pass over C.
+    c = sp.csr_matrix(shape, dtype=dtype)
+    c.indptr, c.indices, c.data = indptr, cols[:nnz], vals[:nnz]
     c.has_sorted_indices = True
     return c
 

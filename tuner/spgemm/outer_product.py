@@ -240,10 +240,12 @@ class OuterProduct(Product):
                          64: self._expand.sibling(f"{name}_columns64", "PqqP")}
         self._bind(a, b, prepared)
 
-    def rebind(self, a: CanonicalMatrix, b: CanonicalMatrix, prepared: Prepared | None = None) -> None:
+    def rebind(self, a: CanonicalMatrix, b: CanonicalMatrix, prepared: Prepared | None = None,
+               pinned: bool = False) -> None:
         """Multiply another pair from now on with the kernels already loaded: the same value and index types,
         value-free or not, and C of the same shape (a slotted page's operands, say). ``prepared``: the pair's
-        :func:`prepare` made once for calls that come back to it (no host work but the uploads)."""
+        :func:`prepare` made once for calls that come back to it (no host work but the uploads); ``pinned``:
+        its uploads are page-locked and stay unchanged (their copies are queued, not waited for)."""
         same = (a.value_dtype == self.dtype and a.value_free == b.value_free == self.value_free
                 and (a.n_rows, b.n_cols) == self.shape
                 and np.dtype(np.int64 if np.dtype(np.int64) in (a.index_dtype, b.index_dtype) else np.int32)
@@ -251,14 +253,20 @@ class OuterProduct(Product):
         if not same:
             raise MatrixError("rebind needs operands of the compiled types and C's shape: compile them instead")
         Product.__init__(self, a, b, self.params)
-        self._bind(a, b, prepared)
+        self._bind(a, b, prepared, pinned)
 
-    def _bind(self, a: CanonicalMatrix, b: CanonicalMatrix, prepared: Prepared | None = None) -> None:
-        """The operands' CSC and CSR arrays, the workload table, and their uploads."""
+    def release(self) -> None:
+        """Give the operands' device copies back to the pool, the kernels staying loaded for a later
+        :meth:`rebind` (a slotted product keeps its pages' kernels from one call to the next)."""
+        self._dev = {}
+
+    def _bind(self, a: CanonicalMatrix, b: CanonicalMatrix, prepared: Prepared | None = None,
+              pinned: bool = False) -> None:
+        """The operands' CSC and CSR arrays, the workload table, and their uploads (queued where ``pinned``)."""
         self._temp: dict = {}  # CUB's temporary bytes by (pairs, key bits)
         prepared = prepared or prepare(a, b, self.params)
         self.ops, self.table = prepared.ops, prepared.table
-        self._dev = {k: None if x is None else gpu.upload_pooled(x)
+        self._dev = {k: None if x is None else gpu.upload_pooled(x, queued=pinned)
                      for k, x in prepared.uploads(self.index_dtype, self.dtype).items()}
 
     def _upload_values(self, a_values, b_values) -> None:
@@ -344,11 +352,14 @@ class OuterProduct(Product):
                 gpu.download(gpu.device_vector(nnz, self.dtype, vals)))
 
     def merge_block(self, keys: list[np.ndarray], values: list[np.ndarray], r0: int, r1: int, cols_out: np.ndarray,
-                    vals_out: np.ndarray) -> tuple[np.ndarray, int]:
+                    vals_out: np.ndarray, ring=None, pinned: bool = False) -> tuple[np.ndarray, int]:
         """The sum of the pairs of C's rows [r0, r1) that ``keys`` and ``values`` hold (a slice of each page's
         :meth:`pairs`), on the device by the same sort, reduction and CSR kernels, as
         :func:`~tuner.spgemm.assemble.assemble` merges a block: its columns and values copied into the front
-        of ``cols_out`` and ``vals_out`` (whose dtypes they take); (row starts relative to the block, entries)."""
+        of ``cols_out`` and ``vals_out`` (whose dtypes they take); (row starts relative to the block, entries).
+        ``ring``: a :class:`~tuner.gpu.DownloadRing` through which the columns and values arrive in the
+        background (until its ``finish()``) while the next block is summed; without one, before this returns.
+        ``pinned``: the slices are page-locked and stay unchanged (their copies are queued, not waited for)."""
         n_cols, rows = self.shape[1], r1 - r0
         total = sum(int(k.size) for k in keys)
         if total == 0:
@@ -357,8 +368,8 @@ class OuterProduct(Product):
         keys_in, vals_in = gpu.alloc_pooled(8 * total), gpu.alloc_pooled(vs * total)
         at = 0
         for k, v in zip(keys, values):
-            gpu.copy_to_device(int(keys_in) + 8 * at, k)
-            gpu.copy_to_device(int(vals_in) + vs * at, v)
+            gpu.copy_to_device(int(keys_in) + 8 * at, k, queued=pinned)
+            gpu.copy_to_device(int(vals_in) + vs * at, v, queued=pinned)
             at += int(k.size)
         nnz = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in)
         index = cols_out.dtype
@@ -367,8 +378,11 @@ class OuterProduct(Product):
         self._indptr[bits_out].launch(-(-(rows + 1) // 256), 256, keys_in, np.int64(nnz), np.int64(r0),
                                       np.int64(rows), np.int64(n_cols), indptr.gpudata)
         self._columns[bits_out].launch(-(-nnz // 256), 256, keys_in, np.int64(nnz), np.int64(n_cols), cols.gpudata)
-        gpu.download(cols, out=cols_out[:nnz])
-        gpu.download(gpu.device_vector(nnz, self.dtype, vals_in), out=vals_out[:nnz])
+        if ring is not None:
+            ring.put([(cols_out[:nnz], int(cols.gpudata)), (vals_out[:nnz], int(vals_in))])
+        else:
+            gpu.download(cols, out=cols_out[:nnz])
+            gpu.download(gpu.device_vector(nnz, self.dtype, vals_in), out=vals_out[:nnz])
         return gpu.download(indptr)[:rows], nnz
 
     def _multiply(self) -> DeviceCSR:

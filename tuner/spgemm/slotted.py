@@ -216,6 +216,8 @@ class SlottedProduct(Product):
         self._operands = self._pages()
         self._pins = None  # every page's uploads page-locked in place, at the first call
         self._partials = None  # every page's partial product, page-locked, from the second call on
+        self._ring = None  # the assembly's page-locked download buffers (gpu.DownloadRing), with the partials
+        self._page = None  # the outer product's kernels, loaded at the first call, rebound to each page
 
     def _pin(self, index_dtype) -> None:
         """Page-lock every page's uploads in place, once (copies from locked memory run at PCIe's rate,
@@ -233,19 +235,27 @@ class SlottedProduct(Product):
         except gpu.GpuError:  # a memlock limit, say: the copies run from pageable memory
             self._pins = []
 
+    def _block_capacity(self) -> int:
+        """Partial entries one assembly block holds: their pairs, sorted and reduced, as a page's take room."""
+        return max(self.budget_bytes // (SORT_COPIES * (8 + self.dtype.itemsize)), 1)
+
     def _partial_buffers(self, sizes: list[int]) -> None:
         """Page-locked host arrays for every page's partial product (keys and values; their sizes are the
         structures', known after the first call), once: the pages' partials come down into them and go back
-        up, block by block, at PCIe's rate instead of a tenth of it. None where they would take over a quarter
-        of the free host memory or the system refuses to lock them."""
-        self._partials = []
-        if sum(sizes) * (8 + self.dtype.itemsize) > available_bytes() // PIN_SHARE:
+        up, block by block, at PCIe's rate instead of a tenth of it; and the assembly's two download buffers
+        of a block's columns and values each (:class:`~tuner.gpu.DownloadRing`), through which a block's
+        part of C arrives while the next block is summed. Neither where together they would take over a
+        quarter of the free host memory or the system refuses to lock them."""
+        self._partials, self._ring = [], None
+        slot = self._block_capacity() * (8 + self.dtype.itemsize)  # C's column (at most 8 bytes) and value
+        if sum(sizes) * (8 + self.dtype.itemsize) + 2 * slot > available_bytes() // PIN_SHARE:
             return
         try:
             self._partials = [(gpu.Pinned(np.empty(n, np.uint64)), gpu.Pinned(np.empty(n, self.dtype)))
                               for n in sizes]
+            self._ring = gpu.DownloadRing(slot)
         except gpu.GpuError:  # a memlock limit, say: the partials stay in pageable memory
-            self._partials = []
+            self._partials, self._ring = [], None
 
     def explain(self) -> str:
         """Why slotted pages, how many, and each page size's predicted seconds."""
@@ -290,13 +300,14 @@ class SlottedProduct(Product):
         t = time.perf_counter()
         self.up_bytes = self.down_bytes = 0
         keys, values = [], []
-        page = None
+        page = self._page
         for i, (a, b, prepared) in enumerate(self._operands):  # one set of kernels, loaded once, for every page
             if page is None:
-                page = OuterProduct(a, b, self.params, self.cache, prepared)
-                self._pin(page.index_dtype)
+                page = self._page = OuterProduct(a, b, self.params, self.cache, prepared)
             else:
-                page.rebind(a, b, prepared)
+                page.rebind(a, b, prepared, pinned=bool(self._pins))
+            if i == 0:
+                self._pin(page.index_dtype)  # once, and again after new values
             k, v = page.pairs((self._partials[i][0].array, self._partials[i][1].array) if self._partials else None)
             keys.append(k)
             values.append(v)
@@ -305,25 +316,28 @@ class SlottedProduct(Product):
             self.down_bytes += k.nbytes + v.nbytes
             self.peak_bytes = max(self.peak_bytes, page.peak_bytes)
         t2 = time.perf_counter()
-        entry = SORT_COPIES * (8 + self.dtype.itemsize)  # a block's pairs, sorted and reduced: as a page's
-        capacity = max(self.budget_bytes // entry, 1)
+        capacity = self._block_capacity()
+        ring = self._ring if page is not None else None
         device_merge = page.merge_block if page is not None else host_merge(self.shape[1])  # no pages: no entries
         self.blocks = 0
 
         def merge(*block):
             self.blocks += 1
-            return device_merge(*block)
-        c = assemble(keys, values, self.shape, self.dtype, capacity, merge)
+            if ring is None:
+                return device_merge(*block)
+            return device_merge(*block, ring=ring, pinned=True)  # the ring comes with page-locked partials
+        c = assemble(keys, values, self.shape, self.dtype, capacity, merge, ring.finish if ring is not None else None)
         partials = sum(k.size for k in keys)
         self.up_bytes += partials * (8 + self.dtype.itemsize)
         self.down_bytes += c.nnz * (8 + self.dtype.itemsize)
-        self.peak_bytes = max(self.peak_bytes, min(partials, capacity) * entry)
-        del page
+        self.peak_bytes = max(self.peak_bytes, min(partials, capacity) * SORT_COPIES * (8 + self.dtype.itemsize))
+        if page is not None:
+            page.release()  # its last operands' device copies; the kernels stay for the next call
         if self._partials is None:  # once the first call's partials are let go: never both at once
             sizes = [k.size for k in keys]
             del keys, values
             self._partial_buffers(sizes)
-        if self.value_free:
+        if self.value_free and self.pattern_value != 1:  # the pages counted ones (a pass over C saved at 1)
             c.data *= self.dtype.type(self.pattern_value)
         if self.timed:
             self.seconds["pages"] = t2 - t
