@@ -284,30 +284,36 @@ class OuterProduct(Product):
             sort_bytes, reduce_bytes = ctypes.c_size_t(0), ctypes.c_size_t(0)
             null = ctypes.c_void_p(0)
             self._library.call(f"{self._merge_name}_sort", null, ctypes.byref(sort_bytes), null, null, null, null, n,
-                               ctypes.c_int(bits))
+                               ctypes.c_int(bits), ctypes.byref(ctypes.c_int(0)))
             self._library.call(f"{self._merge_name}_reduce", null, ctypes.byref(reduce_bytes), null, null, null,
                                null, null, n)
             self._temp[key] = max(sort_bytes.value, reduce_bytes.value)
         return self._temp[key]
 
     def _sorted_sums(self, n: ctypes.c_longlong, keys_in, vals_in):
-        """Sort ``n`` (key, value) pairs in ``keys_in``/``vals_in`` by key and sum each key's values, back into
-        the same buffers: (nnz, the unique keys' count)."""
+        """Sort ``n`` (key, value) pairs in ``keys_in``/``vals_in`` by key and sum each key's values: (the
+        unique keys' count, the key and value buffers holding the keys and sums, and the other two, free
+        once the sums are made). The buffers are the given ones and a second pair of the same size: the sums
+        go to whichever the sort did not end in."""
         vs, bits = self.dtype.itemsize, key_bits(self.shape)
         temp_bytes = self._temp_bytes(n, bits)
-        keys_out, vals_out = gpu.alloc_pooled(8 * n.value), gpu.alloc_pooled(vs * n.value)
+        keys_alt, vals_alt = gpu.alloc_pooled(8 * n.value), gpu.alloc_pooled(vs * n.value)
         temp, runs = gpu.alloc_pooled(temp_bytes), gpu.alloc_pooled(8)
         ptr = lambda buf: ctypes.c_void_p(int(buf))  # noqa: E731
+        selector = ctypes.c_int(0)
         self._library.call(f"{self._merge_name}_sort", ptr(temp), ctypes.byref(ctypes.c_size_t(temp_bytes)),
-                           ptr(keys_in), ptr(keys_out), ptr(vals_in), ptr(vals_out), n, ctypes.c_int(bits))
+                           ptr(keys_in), ptr(keys_alt), ptr(vals_in), ptr(vals_alt), n, ctypes.c_int(bits),
+                           ctypes.byref(selector))
         self._phase("sort")
-        # The sorted pairs are reduced back into the first buffers: unique keys and their sums.
+        # The sorted pairs are reduced into the other pair of buffers: unique keys and their sums.
+        pairs = [(keys_in, vals_in), (keys_alt, vals_alt)]
+        (keys_sorted, vals_sorted), (keys, vals) = pairs[selector.value], pairs[1 - selector.value]
         self._library.call(f"{self._merge_name}_reduce", ptr(temp), ctypes.byref(ctypes.c_size_t(temp_bytes)),
-                           ptr(keys_out), ptr(keys_in), ptr(vals_out), ptr(vals_in), ptr(runs), n)
+                           ptr(keys_sorted), ptr(keys), ptr(vals_sorted), ptr(vals), ptr(runs), n)
         nnz_host = np.zeros(1, np.int64)
         gpu.copy_to_host(nnz_host, int(runs))
         self._phase("reduce")
-        return int(nnz_host[0])
+        return int(nnz_host[0]), keys, vals, keys_sorted, vals_sorted
 
     def _expanded(self):
         """The expansion of every product, sorted and summed by key on the device: (keys, values, nnz) in
@@ -326,7 +332,8 @@ class OuterProduct(Product):
                             d["a_vals"] or 0, d["b_rowptr"], d["b_cols"], d["b_vals"] or 0, keys_in, vals_in,
                             np.int64(n_cols), self.dtype.type(self.pattern_value))
         self._phase("expand")
-        return keys_in, vals_in, self._sorted_sums(n, keys_in, vals_in)
+        nnz, keys, vals, _, _ = self._sorted_sums(n, keys_in, vals_in)
+        return keys, vals, nnz
 
     def pairs(self, into=None) -> tuple[np.ndarray, np.ndarray]:
         """C's distinct keys (row * n_cols + column), ascending, and their values, in host memory: a slotted
@@ -371,10 +378,14 @@ class OuterProduct(Product):
             gpu.copy_to_device(int(keys_in) + 8 * at, k, queued=pinned)
             gpu.copy_to_device(int(vals_in) + vs * at, v, queued=pinned)
             at += int(k.size)
-        nnz = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in)
+        nnz, keys_in, vals_in, spare_keys, spare_vals = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in)
         index = cols_out.dtype
         bits_out = 8 * index.itemsize
-        indptr, cols = gpu.device_vector(rows + 1, index), gpu.device_vector(nnz, index)
+        # C's columns (at most 8 bytes an entry) in the sorted keys' buffer, its row starts in the sorted values'
+        # where they fit: a block holds its pairs twice and nothing more.
+        cols = gpu.device_vector(nnz, index, spare_keys)
+        fits = (rows + 1) * index.itemsize <= total * vs
+        indptr = gpu.device_vector(rows + 1, index, spare_vals if fits else None)
         self._indptr[bits_out].launch(-(-(rows + 1) // 256), 256, keys_in, np.int64(nnz), np.int64(r0),
                                       np.int64(rows), np.int64(n_cols), indptr.gpudata)
         self._columns[bits_out].launch(-(-nnz // 256), 256, keys_in, np.int64(nnz), np.int64(n_cols), cols.gpudata)

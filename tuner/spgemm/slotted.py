@@ -38,7 +38,9 @@ from .base import DeviceMemoryError, Product
 from .outer_product import OuterProduct, OuterProductParams, Prepared, operands, prepare
 
 PIN_SHARE = 4  # the pages' uploads are page-locked where they take at most 1/PIN_SHARE of the free host memory
-SORT_COPIES = 3  # the expansion's keys and values held three times at the sort: input, output, CUB's own copy
+# The expansion's keys and values held twice at the sort (CUB's DoubleBuffer: input and output), and CUB's own
+# storage: counters per tile of items, 1.5 % of a copy from a million pairs on, 16 % at ten thousand.
+SORT_COPIES = 2.25
 SMALLEST_PAGE = 64  # entries
 H2D_GBS = 48.0  # pinned host-to-device and device-to-host rates (GB/s) where none is measured: the H100's
 D2H_GBS = 54.0
@@ -76,11 +78,12 @@ def page_need(products: np.ndarray, entries: np.ndarray, slots: np.ndarray, n_ro
 
     Example (a page of 1,000 products from 100 entries over 10 slots, 1,000 rows, float32):
         >>> int(page_need(np.array([1000]), np.array([100]), np.array([10]), 1000, 4, 4)[0])
-        45248
+        36248
     """
     products, entries, slots = (np.asarray(x, np.int64) for x in (products, entries, slots))
     blocks = slots + entries // max(split, 1) + 1
-    return (SORT_COPIES * products * (8 + value_bytes) + entries * (index_bytes + value_bytes) + 8 * (slots + 1)
+    return (np.ceil(SORT_COPIES * products * (8 + value_bytes)).astype(np.int64)
+            + entries * (index_bytes + value_bytes) + 8 * (slots + 1)
             + 32 * blocks + 8 * (n_rows + 1))
 
 
@@ -146,7 +149,7 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
         >>> s = model.ProductStats(200, 200, 4000, 3000.0, 0, 0, 8, 4, 16, 0)
         >>> plan, pages = plan_pages(A, A, 200_000, s, model.rates_from(None))
         >>> plan.heaviest_need_bytes <= 200_000, plan.page_entries, pages.pages
-        (True, 4096, 10)
+        (True, 4096, 8)
     """
     a_colptr = np.zeros(a.n_cols + 1, np.int64)  # A by columns needs only its column pointer here
     np.cumsum(a.col_lengths, out=a_colptr[1:])
@@ -237,7 +240,7 @@ class SlottedProduct(Product):
 
     def _block_capacity(self) -> int:
         """Partial entries one assembly block holds: their pairs, sorted and reduced, as a page's take room."""
-        return max(self.budget_bytes // (SORT_COPIES * (8 + self.dtype.itemsize)), 1)
+        return max(int(self.budget_bytes // (SORT_COPIES * (8 + self.dtype.itemsize))), 1)
 
     def _partial_buffers(self, sizes: list[int]) -> None:
         """Page-locked host arrays for every page's partial product (keys and values; their sizes are the
@@ -330,7 +333,7 @@ class SlottedProduct(Product):
         partials = sum(k.size for k in keys)
         self.up_bytes += partials * (8 + self.dtype.itemsize)
         self.down_bytes += c.nnz * (8 + self.dtype.itemsize)
-        self.peak_bytes = max(self.peak_bytes, min(partials, capacity) * SORT_COPIES * (8 + self.dtype.itemsize))
+        self.peak_bytes = max(self.peak_bytes, int(min(partials, capacity) * SORT_COPIES * (8 + self.dtype.itemsize)))
         if page is not None:
             page.release()  # its last operands' device copies; the kernels stay for the next call
         if self._partials is None:  # once the first call's partials are let go: never both at once
