@@ -67,7 +67,8 @@ class StreamRow:
         rel_error: against SciPy in float64 (SpMV), or the largest difference from PageRank in memory.
         correct: rel_error within float32's tolerance (SpMV: 1e-5), or ``PAGERANK_AGREEMENT``.
         bound_s: SpGEMM: ``in_memory_s`` plus A's and B's CSR bytes up and C's down at ``h2d_gbs_measured``.
-        page_sizes: SpGEMM: predicted and measured seconds by page size, and ``phases_s``.
+        page_sizes: SpGEMM: predicted and measured seconds by page size (each the median of ``passes``
+            calls after a warm-up), and ``phases_s``.
     """
 
     op: str
@@ -238,7 +239,7 @@ def spgemm_row(source: str, op: str, h2d: float, repeats: int = 3) -> StreamRow:
             f.a, f.b, slotted_pages(f.ops.a_colptr, f.ops.b_rowptr, entries, f.pages.max_products), f.cache,
             nnz_c=f.nnz_c, budget_bytes=f.budget_bytes)
         sizes[str(entries)] = {"predicted_s": f.plan.predicted_s[entries], "pages": g.pages.pages,
-                               "measured_s": ours if g is f else _median_wall_s(g, 1), "chosen": g is f}
+                               "measured_s": ours if g is f else _median_wall_s(g, repeats), "chosen": g is f}
     sizes["phases_s"] = phases
     return StreamRow(op="spgemm", name=f"{loaders.display_name(source)} {op}", nnz=int(A.nnz), budget_bytes=budget,
                      data_bytes=working, streamed_bytes=int(streamed), parts=f.plan.pages, passes=repeats,
