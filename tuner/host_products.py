@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import scipy.sparse as sp
 
-from .matrix import row_blocks
+from .matrix import csr_on, row_blocks
 
 BLOCK_ENTRIES = 2_000_000  # a block of rows holds at least this many entries (smaller matrices: one block)
 
@@ -24,8 +24,8 @@ def _rows(A: sp.csr_matrix, first: int, end: int, absolute: bool) -> sp.csr_matr
     data = A.data[s:e].astype(np.float64)
     if absolute:
         np.abs(data, out=data)
-    indptr = (A.indptr[first:end + 1] - s).astype(A.indptr.dtype, copy=False)
-    return sp.csr_matrix((data, A.indices[s:e], indptr), shape=(end - first, A.shape[1]), copy=False)
+    indptr = (A.indptr[first:end + 1] - s).astype(A.indices.dtype, copy=False)
+    return csr_on(data, A.indices[s:e], indptr, (end - first, A.shape[1]))
 
 
 def _blocks(A: sp.csr_matrix, threads: int | None) -> tuple[list[tuple[int, int]], int]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from ..matrix import csr_on
+
 # Candidate boundaries of a first cut of C's rows; cells over the capacity are cut again. Joining cells into
 # blocks leaves at most one cell's entries (1/GRID of them all) unused in a block: under 2 % of a block for
 # the tens of blocks a budget cuts; each boundary costs a binary search in every page's keys.
@@ -148,10 +150,8 @@ def assemble(page_keys: list[np.ndarray], page_values: list[np.ndarray], shape: 
         if finish is not None:
             finish()
     indptr[-1] = nnz
-    # Set in place: SciPy's constructor copies arrays that are views of ones over twice their size (C's have
-    # room for every partial entry, mapped in only where written), a second pass over C.
-    c = sp.csr_matrix(shape, dtype=dtype)
-    c.indptr, c.indices, c.data = indptr, cols[:nnz], vals[:nnz]
+    # C's arrays have room for every partial entry (mapped in only where written): kept as they are.
+    c = csr_on(vals[:nnz], cols[:nnz], indptr, shape)
     c.has_sorted_indices = True
     return c
 
