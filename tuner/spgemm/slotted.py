@@ -14,7 +14,8 @@ The page size is the model's: among powers of two whose heaviest page fits the b
 light slots sharing a page up to half the budget's worth of products, the one with the lowest predicted
 time, each page predicted by the outer_product model (its fixed cost and rates, :mod:`tuner.model.spgemm`)
 plus its copies at the H100's page-locked rates (:data:`H2D_GBS`, :data:`D2H_GBS`; a call's uploads come
-from the pages' arrays, page-locked in place at the first call, its partials back to pageable memory).
+from the pages' arrays, page-locked in place at the first call, its partials back into page-locked arrays
+from the second call on).
 Larger pages pay the per-page fixed cost fewer times and send back fewer partial entries (a page sums its
 own duplicates); the budget bounds them. The prediction includes the assembly of C from the partials.
 """
