@@ -24,6 +24,14 @@ def test_row_blocks_cover_every_row_once_balanced_by_entries():
     assert len(blocks) <= 16 and max(entries) <= A.nnz / 16 + np.diff(A.indptr).max()
 
 
+def test_a_row_block_reads_the_matrix_indices_in_place_not_a_copy():
+    A = power_law(5000, seed=4)
+    first, end = row_blocks(A.indptr, 16)[3]
+    block = host_products._rows(A, first, end, absolute=False)
+    assert np.shares_memory(block.indices, A.indices) and block.indices.size < A.nnz // 2
+    assert block.data.dtype == np.float64 and (block != A[first:end]).nnz == 0
+
+
 @pytest.mark.parametrize("name", sorted(fixture_matrices()))
 def test_threaded_matvec_equals_scipys_serial_float64_product(name, many_blocks):
     A = sp.csr_matrix(fixture_matrices()[name])
