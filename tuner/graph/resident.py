@@ -265,7 +265,8 @@ def pagerank(A, alpha: float, personalization, max_iter: int, tol: float, nstart
     p_d = node_vector(personalization, n, "personalization", dtype)
     d_d = p_d if dangling is None else node_vector(dangling, n, "dangling", dtype)
     if pull.order is not None:  # into the pull's numbering
-        x, p_d, d_d = x[pull.order], p_d[pull.order], (p_d if dangling is None else d_d)[pull.order]
+        x, p_d = x[pull.order], p_d[pull.order]
+        d_d = p_d if dangling is None else d_d[pull.order]
     inverse, is_dangling = pull.inverse.astype(dtype), pull.dangling.astype(dtype)
     limit = n * tol if tol_rule == "networkx" else tol
     ready = layout(pull.matrix, dtype)

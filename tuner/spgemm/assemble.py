@@ -17,8 +17,8 @@ import scipy.sparse as sp
 from ..matrix import csr_on
 
 # Candidate boundaries of a first cut of C's rows; cells over the capacity are cut again. Joining cells into
-# blocks leaves at most one cell's entries (1/GRID of them all) unused in a block: under 2 % of a block for
-# the tens of blocks a budget cuts; each boundary costs a binary search in every page's keys.
+# blocks leaves at most one cell's entries (1/GRID of them all) unused in a block: blocks/GRID of a block's
+# room, 2 % where a budget cuts ten blocks; each boundary costs a binary search in every page's keys.
 GRID = 512
 
 
