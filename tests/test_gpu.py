@@ -373,6 +373,19 @@ def test_a_download_ring_fills_every_host_array_across_reused_buffers_and_oversi
         assert np.array_equal(out_v, vals) and np.array_equal(out_c, cols)
 
 
+def test_a_queued_download_lands_in_page_locked_memory_and_refuses_pageable():
+    vals = np.random.default_rng(15).uniform(-1, 1, 50_000).astype(np.float32)
+    dv = gpu.upload_pooled(vals)
+    locked = gpu.Pinned(np.full(vals.size, np.nan, np.float32))
+    gpu.copy_to_host(locked.array, int(dv), queued=True)
+    del dv  # its block may be reused at once: the copy is ahead of any later work on the stream
+    again = gpu.upload_pooled(np.zeros(vals.size, np.float32))
+    gpu.synchronize()
+    assert np.array_equal(locked.array, vals) and int(again) != 0
+    with pytest.raises(ValueError, match="page-locked"):
+        gpu.copy_to_host(np.empty(4, np.float32), int(again), queued=True)
+
+
 @pytest.mark.parametrize("stages", [0.5, 2.6])
 def test_host_vectors_of_several_staging_buffers_cross_through_them_both_ways_unchanged(stages):
     n = int(stages * gpu.STAGE_BYTES) // 8

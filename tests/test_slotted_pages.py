@@ -158,13 +158,25 @@ def test_a_product_over_the_device_budget_streams_slotted_pages_and_matches_scip
     ref = (A.astype(np.float64) @ B.astype(np.float64)).tocsr()
     ref.sort_indices()
     # The first call copies C's blocks straight into its arrays; later ones through the page-locked ring
-    # (gpu.DownloadRing), a block's copy-out running beside the next block's sums.
-    for call in range(3):
+    # (gpu.DownloadRing), a block's copy-out running beside the next block's sums; from the third on, only
+    # values move (C's pattern and the partials' keys are the second call's).
+    for call in range(4):
         C = f()
         assert C.shape == ref.shape and C.nnz == ref.nnz and C.has_sorted_indices, call
         assert np.array_equal(C.indptr, ref.indptr) and np.array_equal(C.indices, ref.indices), call
         assert abs(C - ref).max() <= 1e-5 * max(abs(ref).max(), 1.0), call
+        assert (f._structure is not None) == (call >= 1), call
+        C.indices[:] = 0  # the caller's C is its own: the next call's pattern is untouched
     assert f._ring is not None
+    assert f.down_bytes == sum(v.array.nbytes for _, v in f._partials) + ref.nnz * f.dtype.itemsize
+    if not f.value_free:  # new values of the same structures: values only, still right
+        rng = np.random.default_rng(5)
+        A2, B2 = A.copy(), B.copy()
+        A2.data = rng.uniform(0.5, 2.0, A2.nnz).astype(A.dtype)
+        B2.data = rng.uniform(0.5, 2.0, B2.nnz).astype(B.dtype)
+        ref2 = (A2.astype(np.float64) @ B2.astype(np.float64)).tocsr()
+        C = f(A2, B2)
+        assert np.array_equal(C.indices, ref.indices) and abs(C - ref2).max() <= 1e-5 * abs(ref2).max()
     assert 0 < f.peak_bytes <= 200_000 and f.blocks >= 1  # the partials summed on the device in row blocks
     assert f.blocks > 1 or name == "long_rows"  # its partials fit one block
     with pytest.raises(ValueError, match="out='device'"):

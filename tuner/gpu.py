@@ -300,12 +300,20 @@ def copy_to_device(ptr: int, array: np.ndarray, queued: bool = False) -> None:
         drv.memcpy_htod(ptr, array)
 
 
-def copy_to_host(array: np.ndarray, ptr: int) -> None:
+def copy_to_host(array: np.ndarray, ptr: int, queued: bool = False) -> None:
     """Copy device memory at ``ptr`` into the contiguous host array ``array`` (through the staging buffers
     from :data:`STAGED_MIN_BYTES` on, unless it is :func:`page_locked`), after the work queued on the default
-    stream."""
+    stream. With ``queued`` (for a page-locked ``array`` that nothing reads until the default stream has
+    done what is queued on it), the copy is queued there and this returns at once: a slotted page's
+    partial values then come down while the host queues the next page."""
     if not (array.flags.c_contiguous and array.flags.writeable):
         raise ValueError("copy_to_host needs a contiguous, writeable host array")
+    if queued:
+        if not page_locked(array):
+            raise ValueError("a queued copy_to_host needs a page-locked array (see Pinned)")
+        if array.nbytes:
+            drv.memcpy_dtoh_async(array, ptr)
+        return
     if array.nbytes >= STAGED_MIN_BYTES and not page_locked(array):
         _staged_dtoh(array.reshape(-1).view(np.uint8), ptr)
     elif array.nbytes:
@@ -382,9 +390,10 @@ class DownloadRing:
 
     A copy from the device into pageable memory (a result's new arrays, which the copy also faults in page
     by page on one core) runs at a tenth of PCIe's rate and holds the caller until it ends. :meth:`put`
-    copies into one of ``slots`` page-locked buffers of ``slot_bytes`` at PCIe's rate, waits only for that,
-    and leaves the copy from there into the destinations to ``threads`` host threads; a buffer is filled
-    again once its previous copy-out has ended. :meth:`finish` waits for every copy-out.
+    queues a copy into one of ``slots`` page-locked buffers of ``slot_bytes`` at PCIe's rate and waits only
+    for the previous put's to arrive, leaving the copy from there into the destinations to ``threads`` host
+    threads; a buffer is filled again once its previous copy-out has ended. :meth:`finish` waits for every
+    copy-out.
 
     Example (on a GPU machine):
         >>> ring = DownloadRing(1 << 20)                                       # doctest: +SKIP
@@ -402,14 +411,17 @@ class DownloadRing:
         self._slots = [Pinned(np.empty(max(self.slot_bytes, 1), np.uint8)) for _ in range(slots)]
         self._copies: list[list] = [[] for _ in range(slots)]
         self._next = 0
+        self._pending = None  # the last put's (buffer, arrival event, moves, bytes), until settled
         self._threads = threads
         self._pool = None
 
     def put(self, pieces: list) -> None:
         """Copy the device bytes at each ``(host array, device pointer)`` of ``pieces`` into the host array
         (contiguous, writeable): the device's copies after the work queued on the default stream, the host's
-        in the background until :meth:`finish`. Pieces of more than ``slot_bytes`` together are copied
-        through :func:`copy_to_host` before this returns."""
+        in the background until :meth:`finish`. This returns once the device's copies are queued and the
+        previous put's have arrived (its copy-out then handed to the threads), so the caller queues the next
+        block while these run. Pieces of more than ``slot_bytes`` together are copied through
+        :func:`copy_to_host` before this returns."""
         if sum(dst.nbytes for dst, _ in pieces) > self.slot_bytes:
             for dst, ptr in pieces:
                 copy_to_host(dst, ptr)
@@ -417,6 +429,7 @@ class DownloadRing:
         k, self._next = self._next, (self._next + 1) % len(self._slots)
         for done in self._copies[k]:  # the buffer's previous contents have left it
             done.result()
+        self._copies[k] = []
         slot, at, moves = self._slots[k].array, 0, []
         for dst, ptr in pieces:
             if not (dst.flags.c_contiguous and dst.flags.writeable):
@@ -425,21 +438,34 @@ class DownloadRing:
                 drv.memcpy_dtoh_async(slot[at:at + dst.nbytes], ptr)  # the default stream: after its work
                 moves.append((dst.reshape(-1).view(np.uint8), slot[at:at + dst.nbytes]))
                 at += dst.nbytes
-        drv.Event().record().synchronize()
+        arrived = drv.Event().record()
+        self._settle()
+        self._pending = (k, arrived, moves, at)
+
+    def _settle(self) -> None:
+        """Wait for the last put's device copies to arrive in its buffer, and hand its copy-out to the
+        threads."""
+        if self._pending is None:
+            return
+        k, arrived, moves, size = self._pending
+        self._pending = None
+        arrived.synchronize()
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(self._threads)
-        part = max(self.PART_BYTES, -(-at // self._threads))
+        part = max(self.PART_BYTES, -(-size // self._threads))
         self._copies[k] = [self._pool.submit(np.copyto, dst[p:p + part], src[p:p + part])
                            for dst, src in moves for p in range(0, dst.size, part)]
 
     def finish(self) -> None:
         """Return once every copy :meth:`put` queued has reached its host array (raising what one raised)."""
         try:
+            self._settle()
             for copies in self._copies:
                 for done in copies:
                     done.result()
         finally:
+            self._pending = None
             self._copies = [[] for _ in self._slots]
             if self._pool is not None:
                 self._pool.shutdown(wait=True)

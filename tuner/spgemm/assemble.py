@@ -11,6 +11,8 @@ and the block's CSR comes back. A row whose partial entries alone exceed the bud
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -114,8 +116,24 @@ def csr_of_pairs(keys: np.ndarray, values: np.ndarray, r0: int, r1: int, n_cols:
     return np.searchsorted(keys, rows), (keys % np.uint64(n_cols)).astype(np.int64), values
 
 
+@dataclass(frozen=True)
+class Structure:
+    """C's pattern and its row blocks as an assembly found them. The pages' partials of a product have the
+    same keys at every call (its structures are fixed), so C's pattern and the blocks are too: a later call
+    sums and moves values alone (:func:`assemble_values`).
+
+    Attributes:
+        indptr, indices: C's row pointer and columns (copies of their own: a caller may change its C).
+        blocks: per row block (first row, end row, partial entries, C's first entry of it, its entries).
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    blocks: tuple
+
+
 def assemble(page_keys: list[np.ndarray], page_values: list[np.ndarray], shape: tuple[int, int], dtype,
-             capacity: int, merge_block, finish=None) -> sp.csr_matrix:
+             capacity: int, merge_block, finish=None, record: list | None = None) -> sp.csr_matrix:
     """C = the sum of the pages' partial products (each page: sorted distinct keys and their values) as a
     SciPy CSR matrix. ``merge_block(keys, values, r0, r1, cols, vals)`` sums one block's slices (lists of
     arrays, at most ``capacity`` entries in all), writes the result's columns and values to the front of
@@ -123,7 +141,8 @@ def assemble(page_keys: list[np.ndarray], page_values: list[np.ndarray], shape: 
     its row starts relative to the block (:func:`host_merge` on the host); rows over the capacity alone, and
     rows without entries, are summed here. ``finish()``, where given, is called once every block has been
     merged, before C is made: a merge that leaves a block's columns and values to arrive in the background
-    (the device's, while it sums the next block) returns once they all have.
+    (the device's, while it sums the next block) returns once they all have. ``record``, where given, gets
+    every block's tuple of :attr:`Structure.blocks`.
 
     Example (the host's merge):
         >>> pages = [np.array([1, 5, 12], np.uint64), np.array([5, 31], np.uint64)]
@@ -145,6 +164,8 @@ def assemble(page_keys: list[np.ndarray], page_values: list[np.ndarray], shape: 
             merge = host if count > capacity or count == 0 else merge_block  # one row over what the device holds
             starts, added = merge(keys, values, r0, r1, cols[nnz:], vals[nnz:])
             indptr[r0:r1] = np.asarray(starts) + nnz
+            if record is not None:
+                record.append((r0, r1, count, nnz, int(added)))
             nnz += added
     finally:  # no copy into C's arrays outlives the call, whether it returns C or raises
         if finish is not None:
@@ -170,3 +191,48 @@ def host_merge(n_cols: int):
         cols[:c.size], vals[:v.size] = c, v
         return starts, int(c.size)
     return merge
+
+
+def assemble_values(structure: Structure, page_keys: list[np.ndarray], page_values: list[np.ndarray],
+                    shape: tuple[int, int], dtype, capacity: int, merge_values, finish=None,
+                    before_host=None, pattern=None) -> sp.csr_matrix:
+    """:func:`assemble` of partials whose keys are those ``structure`` was found from (the same product
+    called again): each block's sums only, ``merge_values(keys, values, nnz, vals)`` writing the block's
+    ``nnz`` sums to the front of ``vals``; blocks :func:`assemble` summed on the host (a row over the
+    capacity) are summed here again, after ``before_host()`` (the partials' values may still be on their
+    way). ``pattern``: (indptr, indices) for C, where a caller made them beside the merges (default: copies
+    of the structure's). ``finish`` as in :func:`assemble`.
+
+    Example (the host's sums: pages' keys as :func:`assemble`'s example, new values):
+        >>> pages = [np.array([1, 5, 12], np.uint64), np.array([5, 31], np.uint64)]
+        >>> record = []
+        >>> C = assemble(pages, [np.ones(3), np.ones(2)], (4, 10), np.float64, 2, host_merge(10), record=record)
+        >>> s = Structure(C.indptr.copy(), C.indices.copy(), tuple(record))
+        >>> def sums(keys, values, nnz, vals): vals[:nnz] = sum_pairs(keys, values)[1]
+        >>> assemble_values(s, pages, [np.full(3, 2.0), np.full(2, 3.0)], (4, 10), np.float64, 2, sums).data.tolist()
+        [2.0, 5.0, 2.0, 3.0]
+    """
+    n_rows, n_cols = shape
+    nnz = int(structure.indptr[-1]) if structure.indptr.size else 0
+    vals = np.empty(nnz, dtype)
+    rows = np.array([b[0] for b in structure.blocks] + [n_rows], np.int64)
+    waited = False
+    try:
+        for (r0, r1, count, at, added), (keys, values) in zip(structure.blocks,
+                                                               block_slices(page_keys, page_values, rows, n_cols)):
+            if count == 0 or added == 0:
+                continue
+            if count > capacity:  # one row over what the device holds: summed on the host, as the first time
+                if before_host is not None and not waited:
+                    before_host()
+                    waited = True
+                vals[at:at + added] = sum_pairs(keys, values)[1]
+            else:
+                merge_values(keys, values, added, vals[at:])
+    finally:
+        if finish is not None:
+            finish()
+    indptr, indices = pattern if pattern is not None else (structure.indptr.copy(), structure.indices.copy())
+    c = csr_on(vals, indices, indptr, shape)
+    c.has_sorted_indices = True
+    return c

@@ -290,11 +290,12 @@ class OuterProduct(Product):
             self._temp[key] = max(sort_bytes.value, reduce_bytes.value)
         return self._temp[key]
 
-    def _sorted_sums(self, n: ctypes.c_longlong, keys_in, vals_in):
+    def _sorted_sums(self, n: ctypes.c_longlong, keys_in, vals_in, count: bool = True):
         """Sort ``n`` (key, value) pairs in ``keys_in``/``vals_in`` by key and sum each key's values: (the
         unique keys' count, the key and value buffers holding the keys and sums, and the other two, free
         once the sums are made). The buffers are the given ones and a second pair of the same size: the sums
-        go to whichever the sort did not end in."""
+        go to whichever the sort did not end in. Without ``count`` (a caller that knows it from the
+        structure), the count is None and nothing waits for the device."""
         vs, bits = self.dtype.itemsize, key_bits(self.shape)
         temp_bytes = self._temp_bytes(n, bits)
         keys_alt, vals_alt = gpu.alloc_pooled(8 * n.value), gpu.alloc_pooled(vs * n.value)
@@ -310,14 +311,18 @@ class OuterProduct(Product):
         (keys_sorted, vals_sorted), (keys, vals) = pairs[selector.value], pairs[1 - selector.value]
         self._library.call(f"{self._merge_name}_reduce", ptr(temp), ctypes.byref(ctypes.c_size_t(temp_bytes)),
                            ptr(keys_sorted), ptr(keys), ptr(vals_sorted), ptr(vals), ptr(runs), n)
+        if not count:
+            self._phase("reduce")
+            return None, keys, vals, keys_sorted, vals_sorted
         nnz_host = np.zeros(1, np.int64)
         gpu.copy_to_host(nnz_host, int(runs))
         self._phase("reduce")
         return int(nnz_host[0]), keys, vals, keys_sorted, vals_sorted
 
-    def _expanded(self):
+    def _expanded(self, count: bool = True):
         """The expansion of every product, sorted and summed by key on the device: (keys, values, nnz) in
-        buffers of every product's size; None where there are no products."""
+        buffers of every product's size; None where there are no products. Without ``count``, nnz is None
+        and nothing waits for the device (:meth:`_sorted_sums`)."""
         p, t, n_cols = self.params, self.table, self.shape[1]
         vs = self.dtype.itemsize
         if t.products == 0:
@@ -332,7 +337,7 @@ class OuterProduct(Product):
                             d["a_vals"] or 0, d["b_rowptr"], d["b_cols"], d["b_vals"] or 0, keys_in, vals_in,
                             np.int64(n_cols), self.dtype.type(self.pattern_value))
         self._phase("expand")
-        nnz, keys, vals, _, _ = self._sorted_sums(n, keys_in, vals_in)
+        nnz, keys, vals, _, _ = self._sorted_sums(n, keys_in, vals_in, count)
         return keys, vals, nnz
 
     def pairs(self, into=None) -> tuple[np.ndarray, np.ndarray]:
@@ -358,6 +363,44 @@ class OuterProduct(Product):
         return (gpu.download(gpu.device_vector(nnz, np.uint64, keys)),
                 gpu.download(gpu.device_vector(nnz, self.dtype, vals)))
 
+    def _slices_up(self, keys: list[np.ndarray], values: list[np.ndarray], total: int, pinned: bool):
+        """A block's slices of every page's keys and values, one after another in two new device buffers
+        of ``total`` pairs (queued copies where ``pinned``: see :meth:`merge_block`)."""
+        vs = self.dtype.itemsize
+        keys_in, vals_in = gpu.alloc_pooled(8 * total), gpu.alloc_pooled(vs * total)
+        at = 0
+        for k, v in zip(keys, values):
+            gpu.copy_to_device(int(keys_in) + 8 * at, k, queued=pinned)
+            gpu.copy_to_device(int(vals_in) + vs * at, v, queued=pinned)
+            at += int(k.size)
+        return keys_in, vals_in
+
+    def pair_values(self, into: np.ndarray) -> None:
+        """:meth:`pairs`' values alone, queued into the page-locked ``into`` (exactly C's entries, known
+        from an earlier call of the same structures, whose keys these sums follow); nothing waits for the
+        device: ``into`` holds them once the default stream has done what is queued on it."""
+        out = self._expanded(count=False)
+        if out is not None and into.size:
+            gpu.copy_to_host(into, int(out[1]), queued=True)
+        elif into.size:
+            raise ValueError(f"into holds {into.size:,} entries, C has none")
+
+    def merge_values(self, keys: list[np.ndarray], values: list[np.ndarray], nnz: int, vals_out: np.ndarray,
+                     ring=None) -> None:
+        """:meth:`merge_block`'s values alone, where the block's structure (``nnz`` entries of C) is known
+        from an earlier call: the slices (page-locked, unchanged until the default stream has used them) are
+        queued up, sorted and summed, and the sums come down into ``vals_out[:nnz]``, through ``ring`` (a
+        :class:`~tuner.gpu.DownloadRing`) in the background, else before this returns."""
+        total = sum(int(k.size) for k in keys)
+        if total == 0:
+            return
+        keys_in, vals_in = self._slices_up(keys, values, total, pinned=True)
+        _, _, sums, _, _ = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in, count=False)
+        if ring is not None:
+            ring.put([(vals_out[:nnz], int(sums))])
+        else:
+            gpu.copy_to_host(vals_out[:nnz], int(sums))
+
     def merge_block(self, keys: list[np.ndarray], values: list[np.ndarray], r0: int, r1: int, cols_out: np.ndarray,
                     vals_out: np.ndarray, ring=None, pinned: bool = False) -> tuple[np.ndarray, int]:
         """The sum of the pairs of C's rows [r0, r1) that ``keys`` and ``values`` hold (a slice of each page's
@@ -372,12 +415,7 @@ class OuterProduct(Product):
         if total == 0:
             return np.zeros(rows, np.int64), 0
         vs = self.dtype.itemsize
-        keys_in, vals_in = gpu.alloc_pooled(8 * total), gpu.alloc_pooled(vs * total)
-        at = 0
-        for k, v in zip(keys, values):
-            gpu.copy_to_device(int(keys_in) + 8 * at, k, queued=pinned)
-            gpu.copy_to_device(int(vals_in) + vs * at, v, queued=pinned)
-            at += int(k.size)
+        keys_in, vals_in = self._slices_up(keys, values, total, pinned)
         nnz, keys_in, vals_in, spare_keys, spare_vals = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in)
         index = cols_out.dtype
         bits_out = 8 * index.itemsize

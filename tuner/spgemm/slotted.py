@@ -8,7 +8,10 @@ page, the page's operands go to the GPU, the outer_product family expands, sorts
 memory as sorted (row, column) keys and their sums. C is the sum of the partials: cut into blocks of rows
 whose partial entries fit the budget, each block's slices of every partial go back to the GPU to be sorted
 and summed there by the same merge (:mod:`tuner.spgemm.assemble`). The page's operands are cut when the
-product is compiled, so a call copies, multiplies and downloads, then assembles.
+product is compiled, so a call copies, multiplies and downloads, then assembles. The structures are fixed, so
+the partials' keys and C's pattern are the same at every call: the second call keeps them
+(:class:`~tuner.spgemm.assemble.Structure`) and later calls move values alone, the pages' partial values
+down without waiting for each page, the kept keys with the new values up to the blocks, C's values down.
 
 The page size is the model's: among powers of two whose heaviest page fits the budget (:func:`page_need`),
 light slots sharing a page up to half the budget's worth of products, the one with the lowest predicted
@@ -34,7 +37,7 @@ from ..formats.slotted_pages import SlottedPages, page_operands, slotted_pages
 from ..matrix import CanonicalMatrix, canonicalize
 from ..memory import available_bytes, check_fits
 from ..model import spgemm as model
-from .assemble import assemble, host_merge
+from .assemble import Structure, assemble, assemble_values, host_merge
 from .base import DeviceMemoryError, Product
 from .outer_product import OuterProduct, OuterProductParams, Prepared, operands, prepare
 
@@ -90,18 +93,19 @@ def page_need(products: np.ndarray, entries: np.ndarray, slots: np.ndarray, n_ro
 
 def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.Rates, h2d_gbs: float = H2D_GBS,
                   d2h_gbs: float = D2H_GBS, budget_bytes: int | None = None) -> float:
-    """Predicted seconds of one call over ``pages``: each page's outer product by the model (its fixed cost
-    included) with at most min(its products, nnz(C)) entries, its operands up and those partial entries
-    (8-byte key and value) down; then the assembly of C (:mod:`tuner.spgemm.assemble`): the partial entries
-    up again, sorted and summed at the outer product's rate per product, in blocks of what ``budget_bytes``
-    holds (each a fixed cost; None: one block), and C's nnz(C) entries (column and value) down.
+    """Predicted seconds of a repeated call over ``pages`` (the first two also bring the keys and C's
+    columns down): each page's outer product by the model (its fixed cost included) with at most min(its
+    products, nnz(C)) entries, its operands up and those partial entries' values down; then the assembly of
+    C (:mod:`tuner.spgemm.assemble`): the partial entries (8-byte key and value) up again, sorted and summed
+    at the outer product's rate per product, in blocks of what ``budget_bytes`` holds (each a fixed cost;
+    None: one block), and C's nnz(C) values down.
 
     Example:
         >>> p = slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4)
         >>> s = model.ProductStats(4, 4, 8, 8.0, 0, 0, 4, 4, 4, 0)
         >>> r = model.Rates({"outer:fixed": 0.5}, 0.005, "test")
-        >>> round(predict_pages(p, s, r, 1.0, 1.0), 9)   # 3 calls of 0.5 ms; pages 64 B up, 96 down; C 96 up, 64 down
-        0.00150032
+        >>> round(predict_pages(p, s, r, 1.0, 1.0), 9)   # 3 calls of 0.5 ms; pages 64 B up, 32 down; C 96 up, 32 down
+        0.001500224
     """
     entry = stats.col_bytes + stats.value_bytes
     pair = 8 + stats.value_bytes  # a partial entry: its (row, column) key and value
@@ -118,24 +122,24 @@ def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.R
     partials = float(nnz.sum())
     slots = (pages.slot_end - pages.slot_begin).astype(np.float64)
     kernels_ms = pages.pages * fixed + per_product * products.sum() + per_entry * nnz.sum() + per_slot * slots.sum()
-    copies_s = (pages.entries.sum() * entry / h2d_gbs + partials * pair / d2h_gbs) / 1e9
+    copies_s = (pages.entries.sum() * entry / h2d_gbs + partials * stats.value_bytes / d2h_gbs) / 1e9
     blocks = 1 if budget_bytes is None else max(1, int(np.ceil(partials * SORT_COPIES * pair / budget_bytes)))
     assembly_ms = blocks * fixed + per_product * partials + per_entry * min(partials, stats.nnz_c)
-    assembly_s = (partials * pair / h2d_gbs + min(partials, stats.nnz_c) * entry / d2h_gbs) / 1e9
+    assembly_s = (partials * pair / h2d_gbs + min(partials, stats.nnz_c) * stats.value_bytes / d2h_gbs) / 1e9
     return float(1e-3 * (kernels_ms + assembly_ms) + copies_s + assembly_s)
 
 
 def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
     """Host bytes a call holds at once: every page's partial product (at most min(its products, nnz(C))
-    entries of an 8-byte key and a value), and C (a 32-bit column and a value an entry) with one block's
-    download (nnz(C) entries at most).
+    entries of an 8-byte key and a value), C (a 32-bit column and a value an entry) with one block's
+    download (nnz(C) entries at most), and the columns of C that later calls keep (:class:`Structure`).
 
     Example (two pages of 4 products, 6 entries in C, float64):
-        >>> host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)  # 8 x 16 + 2 x 6 x 12
-        272
+        >>> host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)  # 8 x 16 + 2 x 6 x 12 + 6 x 4
+        296
     """
     partials = float(np.minimum(pages.products, nnz_c).sum())
-    return int(partials * (8 + value_bytes) + 2 * nnz_c * (4 + value_bytes))
+    return int(partials * (8 + value_bytes) + 2 * nnz_c * (4 + value_bytes) + 4 * nnz_c)
 
 
 def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats: model.ProductStats,
@@ -182,6 +186,25 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
     return plan, pages
 
 
+def _pattern_copies(structure: Structure, threads: int = 8):
+    """Start copying C's row pointer and columns from ``structure`` on host threads (beside the call's device
+    work; C's new arrays are faulted in on many cores, not one); the returned function waits for them and
+    returns (indptr, indices)."""
+    from concurrent.futures import ThreadPoolExecutor
+    copies = [(np.empty_like(x), x) for x in (structure.indptr, structure.indices)]
+    part = max(1 << 20, -(-structure.indices.size // threads))
+    pool = ThreadPoolExecutor(threads)
+    futures = [pool.submit(np.copyto, dst[p:p + part], src[p:p + part])
+               for dst, src in copies for p in range(0, dst.size, part)]
+    pool.shutdown(wait=False)
+
+    def wait() -> tuple[np.ndarray, np.ndarray]:
+        for f in futures:
+            f.result()
+        return copies[0][0], copies[1][0]
+    return wait
+
+
 class SlottedProduct(Product):
     """C = A B streamed page by page through a device-memory budget (see the module docstring); a call
     returns C as a SciPy CSR matrix (it is not kept on the GPU: ``out='device'`` is refused). ``seconds``
@@ -222,6 +245,7 @@ class SlottedProduct(Product):
         self._partials = None  # every page's partial product, page-locked, from the second call on
         self._ring = None  # the assembly's page-locked download buffers (gpu.DownloadRing), with the partials
         self._page = None  # the outer product's kernels, loaded at the first call, rebound to each page
+        self._structure = None  # C's pattern and row blocks, found by the first call over page-locked partials
 
     def _pin(self, index_dtype) -> None:
         """Page-lock every page's uploads in place, once (copies from locked memory run at PCIe's rate,
@@ -303,6 +327,10 @@ class SlottedProduct(Product):
         self.seconds = {}
         t = time.perf_counter()
         self.up_bytes = self.down_bytes = 0
+        # From the second call on the pages' partials come into page-locked arrays; once a call has found C's
+        # structure there, later calls move and sum values alone (the keys and C's pattern stay the same).
+        structure = self._structure if self._partials else None
+        pattern = _pattern_copies(structure) if structure is not None else None
         keys, values = [], []
         page = self._page
         for i, (a, b, prepared) in enumerate(self._operands):  # one set of kernels, loaded once, for every page
@@ -312,13 +340,20 @@ class SlottedProduct(Product):
                 page.rebind(a, b, prepared, pinned=bool(self._pins))
             if i == 0:
                 self._pin(page.index_dtype)  # once, and again after new values
-            k, v = page.pairs((self._partials[i][0].array, self._partials[i][1].array) if self._partials else None)
+            if structure is not None:
+                k, v = self._partials[i][0].array, self._partials[i][1].array
+                page.pair_values(v)  # queued: the host goes on to the next page
+                self.down_bytes += v.nbytes
+            else:
+                k, v = page.pairs((self._partials[i][0].array, self._partials[i][1].array) if self._partials else None)
+                self.down_bytes += k.nbytes + v.nbytes
             keys.append(k)
             values.append(v)
             self.up_bytes += sum(x.nbytes for m in (a, b)
                                  for x in (m.indptr, m.indices) + (() if m.value_free else (m.data,)))
-            self.down_bytes += k.nbytes + v.nbytes
             self.peak_bytes = max(self.peak_bytes, page.peak_bytes)
+        if self.timed:
+            gpu.synchronize()
         t2 = time.perf_counter()
         capacity = self._block_capacity()
         ring = self._ring if page is not None else None
@@ -330,10 +365,23 @@ class SlottedProduct(Product):
             if ring is None:
                 return device_merge(*block)
             return device_merge(*block, ring=ring, pinned=True)  # the ring comes with page-locked partials
-        c = assemble(keys, values, self.shape, self.dtype, capacity, merge, ring.finish if ring is not None else None)
+
+        def merge_values(*block):
+            self.blocks += 1
+            page.merge_values(*block, ring=ring)
+        finish = ring.finish if ring is not None else None
+        if structure is not None:
+            c = assemble_values(structure, keys, values, self.shape, self.dtype, capacity, merge_values, finish,
+                                gpu.synchronize, pattern())
+            self.down_bytes += c.nnz * self.dtype.itemsize
+        else:
+            record = [] if self._partials else None
+            c = assemble(keys, values, self.shape, self.dtype, capacity, merge, finish, record)
+            if record is not None:  # found over page-locked partials: later calls keep these keys
+                self._structure = Structure(c.indptr.copy(), c.indices.copy(), tuple(record))
+            self.down_bytes += c.nnz * (8 + self.dtype.itemsize)
         partials = sum(k.size for k in keys)
         self.up_bytes += partials * (8 + self.dtype.itemsize)
-        self.down_bytes += c.nnz * (8 + self.dtype.itemsize)
         self.peak_bytes = max(self.peak_bytes, int(min(partials, capacity) * SORT_COPIES * (8 + self.dtype.itemsize)))
         if page is not None:
             page.release()  # its last operands' device copies; the kernels stay for the next call
