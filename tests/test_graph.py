@@ -650,15 +650,18 @@ def test_graph_bench_rows_agree_with_networkx_and_the_cusparse_loop():
     assert len(format_table(rows).splitlines()) == 6
 
 
-def test_graph_bench_keeps_the_rows_of_algorithms_a_run_leaves_out(tmp_path):
+def test_graph_bench_keeps_the_rows_a_run_does_not_redo(tmp_path):
     from tuner.bench_graph import kept_rows
     out = tmp_path / "bench-graph.json"
     out.write_text(json.dumps({"command": "bench-graph", "gpu": {"name": "H"},
-                               "rows": [{"algorithm": "pagerank", "name": "g"}, {"algorithm": "hits", "name": "g"}]}))
-    assert kept_rows(out, "H", ("hits", "betweenness")) == ([{"algorithm": "pagerank", "name": "g"}],
-                                                            ["bench-graph"])
-    assert kept_rows(out, "another GPU", ("hits",)) == ([], [])
-    assert kept_rows(out, "H", ("pagerank", "hits")) == ([], [])
+                               "rows": [{"algorithm": "pagerank", "name": "g"}, {"algorithm": "hits", "name": "g"},
+                                        {"algorithm": "pagerank", "name": "h"}]}))
+    assert kept_rows(out, "H", {("hits", "g"), ("betweenness", "g")}) == (
+        [{"algorithm": "pagerank", "name": "g"}, {"algorithm": "pagerank", "name": "h"}], ["bench-graph"])
+    assert kept_rows(out, "H", {("pagerank", "g")}) == (
+        [{"algorithm": "hits", "name": "g"}, {"algorithm": "pagerank", "name": "h"}], ["bench-graph"])
+    assert kept_rows(out, "another GPU", {("hits", "g")}) == ([], [])
+    assert kept_rows(out, "H", {("pagerank", "g"), ("hits", "g"), ("pagerank", "h")}) == ([], [])
 
 
 def test_graph_bench_table_has_a_line_per_row():
@@ -757,6 +760,53 @@ def test_the_pull_matrix_made_on_the_device_equals_the_host_ones(weighted):
     got = Wt.to_scipy()
     assert np.array_equal(got.indptr, expected.indptr) and np.array_equal(got.indices, expected.indices)
     assert np.array_equal(got.data, expected.data)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_device_checks_kernel_compiles_for_each_weight_type(dtype, tmp_path):
+    from tuner import codegen
+    from tuner.cache import Cache
+    from tuner.graph.device_pull import checks_source
+    name, source = checks_source(dtype)
+    binary = codegen.compile_source(source, "sm_90", cache=Cache(tmp_path))
+    assert name.encode() in binary.cubin
+
+
+@pytest.mark.gpu
+def test_the_device_checks_flag_every_broken_csr_and_find_the_weights_range():
+    cupy = pytest.importorskip("cupy")
+    from tuner.graph.device_pull import _valid
+    # Rows of a 6-node graph: 0 -> 1, 3, 5; 1 -> none; 2 -> 0, 2 (below row 0's last: fine); 3 -> 4; 4, 5 -> none.
+    indptr, indices = np.array([0, 3, 3, 5, 6, 6, 6]), np.array([1, 3, 5, 0, 2, 4])
+    data = np.array([0.5, -0.0, 2.0, 1.0, 3.5, 1.0])
+
+    def check(ip, ix, d):
+        return _valid(cupy, cupy.asarray(ip.astype(np.int32)), cupy.asarray(ix.astype(np.int32)),
+                      None if d is None else cupy.asarray(d), ip.size - 1)
+    assert check(indptr, indices, data) == (True, 0.0, 3.5)
+    assert check(indptr, indices, data.astype(np.float32)) == (True, 0.0, 3.5)
+    assert check(indptr, indices, None) == (True, None, None)
+    assert check(np.zeros(7, int), np.zeros(0, int), np.zeros(0)) == (True, None, None)
+
+    def changed(array, at, value):
+        out = array.copy()
+        out[at] = value
+        return out
+    broken = {"a repeated column": (indptr, changed(indices, 2, 3), data),
+              "columns falling": (indptr, changed(indices, 0, 4), data),
+              "a column past the last node": (indptr, changed(indices, 5, 6), data),
+              "a negative column": (indptr, changed(indices, 3, -1), data),
+              "pointers not from 0": (changed(indptr, 0, 1), indices, data),
+              "pointers not to nnz": (changed(indptr, 6, 5), indices, data),
+              "pointers falling": (changed(indptr, 2, 2), indices, data),
+              "a NaN weight": (indptr, indices, changed(data, 1, np.nan)),
+              "an infinite weight": (indptr, indices, changed(data, 4, np.inf)),
+              "a negative weight": (indptr, indices, changed(data, 5, -1e-30))}
+    for what, (ip, ix, d) in broken.items():
+        assert check(ip, ix, d) == (False, None, None), what
+    A = large_graph(24)
+    ok, lo, hi = check(A.indptr, A.indices, A.data)
+    assert ok and (lo, hi) == (A.data.min(), A.data.max())
 
 
 @pytest.mark.gpu

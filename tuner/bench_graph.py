@@ -20,8 +20,8 @@ Rows (models/<gpu-slug>/bench-graph.json), host SciPy matrix in, NumPy result ou
   a separately written batched Brandes on CuPy (cuSPARSE SpMM per BFS level, the levels kept as Brandes'
   stack), the same sources and batches.
 
-Rows of algorithms a run leaves out are kept from the file it writes over (same GPU), so that the algorithms
-can be benched in separate runs.
+Rows of (algorithm, graph) pairs a run does not redo are kept from the file it writes over (same GPU), so
+that the algorithms, or some of the graphs, can be benched in separate runs.
 
 Every time is wall seconds between device synchronisations; ``setup_s`` covers the host-to-device copies and
 (ours) the plan, layout and compile.
@@ -495,20 +495,20 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
     unknown = sorted(set(algorithms) - set(ALGORITHMS))
     if unknown:
         raise ValueError(f"unknown algorithms {unknown}: choose from {list(ALGORITHMS)}")
-    jobs = [(bench_pagerank, (s, a)) for s in suite for a in ("pagerank", "rwr") if a in algorithms]
+    jobs = [(a, bench_pagerank, (s, a)) for s in suite for a in ("pagerank", "rwr") if a in algorithms]
     for algorithm, fn, generated in (("hits", bench_hits, HITS_GENERATED),
                                      ("betweenness", bench_betweenness, BETWEENNESS_GENERATED)):
         if algorithm in algorithms:
-            jobs += [(fn, (s,)) for s in suite if s in generated or not s.startswith(("rmat:", "kron:"))]
-    jobs += [(bench_simrank, (s,)) for s in SIMRANK_SUITE if "simrank" in algorithms]
+            jobs += [(algorithm, fn, (s,)) for s in suite if s in generated or not s.startswith(("rmat:", "kron:"))]
+    jobs += [("simrank", bench_simrank, (s,)) for s in SIMRANK_SUITE if "simrank" in algorithms]
     info = gpu.device_info()
-    kept, commands = kept_rows(out, info.name, algorithms)
+    kept, commands = kept_rows(out, info.name, {(a, loaders.display_name(args[0])) for a, _, args in jobs})
     commands = commands + [command] if command not in commands else commands
     rows: list[GraphRow] = []
     # Both sides once on a tiny graph, unrecorded: the first graph would otherwise carry the process's one-time
     # costs (CuPy's kernels compiled or loaded from its disk cache, modules loaded), which a user pays once.
     _warm_up(algorithms)
-    for fn, args in (progress(jobs) if progress else jobs):
+    for _, fn, args in (progress(jobs) if progress else jobs):
         rows.append(fn(*args))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({
@@ -522,12 +522,12 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
     return rows
 
 
-def kept_rows(out: Path, gpu_name: str, algorithms) -> tuple[list[dict], list[str]]:
-    """The rows of ``out`` (a bench-graph.json) of algorithms other than ``algorithms``, and the commands that
-    wrote it; none where it does not exist or comes from another GPU.
+def kept_rows(out: Path, gpu_name: str, redone: set) -> tuple[list[dict], list[str]]:
+    """The rows of ``out`` (a bench-graph.json) whose (algorithm, graph name) is not in ``redone``, and the
+    commands that wrote it; none where it does not exist or comes from another GPU.
 
     Example:
-        >>> kept_rows(Path("/nonexistent.json"), "NVIDIA H100 80GB HBM3", ("hits",))
+        >>> kept_rows(Path("/nonexistent.json"), "NVIDIA H100 80GB HBM3", {("hits", "wiki-Vote")})
         ([], [])
     """
     if not out.exists():
@@ -535,6 +535,6 @@ def kept_rows(out: Path, gpu_name: str, algorithms) -> tuple[list[dict], list[st
     old = json.loads(out.read_text())
     if old.get("gpu", {}).get("name") != gpu_name:
         return [], []
-    kept = [r for r in old.get("rows", []) if r.get("algorithm") not in algorithms]
+    kept = [r for r in old.get("rows", []) if (r.get("algorithm"), r.get("name")) not in redone]
     commands = old.get("commands", [old["command"]] if "command" in old else [])
     return kept, (commands if kept else [])

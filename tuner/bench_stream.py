@@ -278,7 +278,8 @@ def spgemm_row(source: str, op: str, h2d: float, repeats: int = SPGEMM_REPEATS) 
     err, same = 0.0, True
     for got in (C, last):  # the second call's C and a values-only call's
         diff = abs(got.astype(np.float64) - ref.astype(np.float64))
-        err = max(err, float(diff.max() / max(abs(ref).max(), 1e-30)) if ref.nnz else float(diff.max() if got.nnz else 0.0))
+        largest = float(diff.max()) if got.nnz or ref.nnz else 0.0
+        err = max(err, largest / max(abs(ref).max(), 1e-30) if ref.nnz else largest)
         same = same and got.nnz == ref.nnz
     sizes = {str(entries): {"predicted_s": f.plan.predicted_s[entries], "pages": g.pages.pages,
                             "measured_s": medians[entries], "chosen": g is f}

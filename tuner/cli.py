@@ -794,8 +794,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "GPU) and SimRank (the tuned SpGEMM) from a host SciPy matrix to a NumPy "
                                    "result, and the same algorithms on cuSPARSE through CuPy for the same "
                                    "iterations; compare both with NetworkX where it runs in reasonable time. "
-                                   "Writes bench-graph.json after each row, keeping the rows of algorithms "
-                                   "left out of this run.")
+                                   "Writes bench-graph.json after each row, keeping the rows of (algorithm, "
+                                   "graph) pairs this run does not redo.")
     p.add_argument("suite", nargs="*", help=f"graphs for PageRank and RWR ({MATRIX_HELP}); default: the data "
                                             "folder's graphs, rmat:20, rmat:23, rmat:25 and cnr-2000 "
                                             "Kronecker-scaled 4 times (HITS: the files, rmat:20 and rmat:23; "

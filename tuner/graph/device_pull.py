@@ -4,7 +4,7 @@ PageRank's setup on the host passes over every edge several times before the fir
 (finite, non-negative weights; sorted, distinct, in-range indices), the out-weights, the transpose's copies
 both ways and the generic kernel's upload of Wᵀ: about a second for 100M edges, against a few milliseconds
 of iterations. Here the caller's arrays cross PCIe once through pinned buffers
-(:func:`~tuner.formats.device_reorder.upload`), the checks are reductions on the device, cuSPARSE transposes
+(:func:`~tuner.formats.device_reorder.upload`), the checks are one kernel on the device, cuSPARSE transposes
 (csr2csc), the out-weights are summed from Wᵀ's entries (float64), and Wᵀ stays on the device:
 :func:`pull_arrays` hands its CuPy arrays to the resident iterations (:mod:`~tuner.graph.resident`), and
 :func:`pull_on_device` to a compiled product's layout, the host holding only the row pointers and the entries
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from .. import codegen
 from ..formats import device_reorder
 from ..formats.device_reorder import DeviceCsr, HostMirror
 from ..formats.transpose import DEVICE_DTYPES
@@ -140,13 +141,14 @@ def _pull(A, n: int, weighted: bool, dtype: np.dtype, relabel: bool = False) -> 
         up = device_reorder.upload
         indptr, indices = up(A.indptr.astype(np.int32, copy=False)), up(A.indices.astype(np.int32, copy=False))
         data = up(A.data) if weighted else None
-        if not _valid(cupy, indptr, indices, data, n):
+        valid, lo, hi = _valid(cupy, indptr, indices, data, n)
+        if not valid:
             return None
-        ones = data is None
-        if ones:
+        if data is None:
             data = cupy.ones(indices.size, dtype)
-        lo, hi = (float(v) for v in cupy.stack([data.min(), data.max()]).astype(dtype).get()) if indices.size \
-            else (None, None)
+            lo = hi = 1.0 if indices.size else None
+        elif lo is not None:  # compared in the products' type, as the host path compares them
+            lo, hi = float(dtype.type(lo)), float(dtype.type(hi))
         pattern = lo if lo is not None and lo == hi else None
         degree = indptr[1:] - indptr[:-1]  # out-degrees: A's row lengths, Wᵀ's column lengths
         order = None
@@ -215,20 +217,59 @@ def relabelled(indptr, indices, data, order):
     return new_ptr, out_indices, out_data
 
 
-def _valid(cupy, indptr, indices, data, n: int) -> bool:
-    """Every check of the host path at once on the device, one number read back: row pointers from 0 to
-    nnz and rising, column indices in range, sorted and distinct in every row, weights finite and
-    non-negative."""
-    nnz = indices.size
+CHECK_BLOCK = 256
+_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+_check_kernels: dict = {}
+
+
+def checks_source(dtype) -> tuple[str, str]:
+    """The checks kernel's name and CUDA source for weights of ``dtype`` (templates/pull_checks.cu.j2).
+
+    Example:
+        >>> name, source = checks_source(np.float64)
+        >>> name, "typedef double val_t;" in source
+        ('pull_checks_float64', True)
+    """
+    dtype = np.dtype(dtype)
+    name = f"pull_checks_{dtype.name}"
+    return name, codegen.render("pull_checks.cu.j2", dict(VAL=_CTYPES[dtype], block_size=CHECK_BLOCK,
+                                                           kernel_name=name))
+
+
+def _check_kernel(cupy, dtype):
+    """The checks kernel for ``dtype`` on the current device; the first call loads both weight types' (a
+    graph of the other type then pays for no module load)."""
+    device = cupy.cuda.Device()
+    key = (np.dtype(dtype).name, device.id)
+    if key not in _check_kernels:
+        arch = f"sm_{device.compute_capability}"
+        for each in _CTYPES:
+            name, source = checks_source(each)
+            module = cupy.cuda.function.Module()
+            module.load(codegen.compile_source(source, arch).cubin)
+            _check_kernels[(each.name, device.id)] = (module, module.get_function(name))
+    return _check_kernels[key][1]
+
+
+def _valid(cupy, indptr, indices, data, n: int) -> tuple[bool, float | None, float | None]:
+    """Every check of the host path at once on the device, in one launch with three numbers read back: row
+    pointers from 0 to nnz and rising, column indices in range, sorted and distinct in every row, weights
+    finite and non-negative; with the weights' least and largest values (None without weights or entries).
+    One launch: as a dozen CuPy reductions and a masked copy, the checks of a graph of a million edges
+    would take milliseconds of launches and waits, as long as a PageRank's iterations there."""
+    nnz = int(indices.size)
     if indptr.size != n + 1:
-        return False
-    checks = [indptr[0] == 0, indptr[-1] == nnz, cupy.all(indptr[1:] >= indptr[:-1])]
-    if nnz:
-        rising = indices[1:] > indices[:-1]
-        starts = indptr[1:-1]
-        starts = starts[(starts > 0) & (starts < nnz)]
-        rising[starts - 1] = True  # a row's first entry may be below the last one's
-        checks += [indices.min() >= 0, indices.max() < n, cupy.all(rising)]
-        if data is not None:
-            checks += [cupy.all(cupy.isfinite(data)), data.min() >= 0]
-    return bool(cupy.all(cupy.stack([cupy.asarray(c) for c in checks])).get())
+        return False, None, None
+    dtype = data.dtype if data is not None else np.dtype(np.float32)  # without weights: any kernel, no data read
+    out = cupy.asarray(np.array([0, np.iinfo(np.uint64).max, 0], np.uint64))
+    grid = max(1, min(-(-max(nnz, n + 1) // CHECK_BLOCK), 8 * cupy.cuda.Device().attributes["MultiProcessorCount"]))
+    _check_kernel(cupy, dtype)((grid,), (CHECK_BLOCK,),
+                               (indptr, indices, data if data is not None else np.uint64(0), np.int64(n),
+                                np.int64(nnz), out))
+    bad, lo, hi = (int(v) for v in out.get())
+    if bad:
+        return False, None, None
+    if data is None or nnz == 0:
+        return True, None, None
+    lo, hi = (float(np.array([v], np.uint64).view(np.float64)[0]) for v in (lo, hi))
+    return True, lo, hi

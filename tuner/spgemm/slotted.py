@@ -135,7 +135,7 @@ def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
     download (nnz(C) entries at most), and the columns of C that later calls keep (:class:`Structure`).
 
     Example (two pages of 4 products, 6 entries in C, float64):
-        >>> host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)  # 8 x 16 + 2 x 6 x 12 + 6 x 4
+        >>> host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)  # 128 + 144 + 24
         296
     """
     partials = float(np.minimum(pages.products, nnz_c).sum())
