@@ -98,13 +98,7 @@ class StreamRow:
 def _median_wall_s(fn, repeats: int) -> float:
     fn()  # warm-up: page-locks, first launches
     gpu.synchronize()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        gpu.synchronize()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return _interleaved_medians({"fn": fn}, repeats)["fn"]
 
 
 def spmv_row(source: str, limit: str, h2d: float, repeats: int = REPEATS) -> StreamRow:

@@ -454,8 +454,7 @@ class DownloadRing:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(self._threads)
         part = max(self.PART_BYTES, -(-size // self._threads))
-        self._copies[k] = [self._pool.submit(np.copyto, dst[p:p + part], src[p:p + part])
-                           for dst, src in moves for p in range(0, dst.size, part)]
+        self._copies[k] = [done for dst, src in moves for done in staging.copy_in_parts(self._pool, dst, src, part)]
 
     def finish(self) -> None:
         """Return once every copy :meth:`put` queued has reached its host array (raising what one raised)."""

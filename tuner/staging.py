@@ -82,5 +82,19 @@ def feed(src: np.ndarray, stages: list, put: Callable[[int, int, int], None], wa
 
 def _copy(pool: ThreadPoolExecutor, dst: np.ndarray, src: np.ndarray) -> None:
     """``dst[:] = src`` (byte arrays of one size, at most a stage) in :data:`STAGE_THREADS` parts on ``pool``."""
-    part = -(-STAGE_BYTES // STAGE_THREADS)
-    list(pool.map(lambda p: np.copyto(dst[p:p + part], src[p:p + part]), range(0, dst.size, part)))
+    for done in copy_in_parts(pool, dst, src, -(-STAGE_BYTES // STAGE_THREADS)):
+        done.result()
+
+
+def copy_in_parts(pool: ThreadPoolExecutor, dst: np.ndarray, src: np.ndarray, part: int) -> list:
+    """Start ``dst[:] = src`` (1-D arrays of one size) on ``pool`` in parts of ``part`` elements, and return
+    the parts' futures: NumPy's copies let go of the GIL, so the parts run on as many cores as ``pool`` has.
+
+    Example:
+        >>> dst = np.zeros(5)
+        >>> with ThreadPoolExecutor(2) as pool:
+        ...     _ = [done.result() for done in copy_in_parts(pool, dst, np.arange(5.0), 2)]
+        >>> dst.tolist()
+        [0.0, 1.0, 2.0, 3.0, 4.0]
+    """
+    return [pool.submit(np.copyto, dst[p:p + part], src[p:p + part]) for p in range(0, dst.size, part)]

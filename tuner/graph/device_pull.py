@@ -236,6 +236,18 @@ def checks_source(dtype) -> tuple[str, str]:
                                                            kernel_name=name))
 
 
+def cupy_function(cupy, name: str, source: str, arch: str):
+    """(kernel ``name`` of CUDA ``source``, its module) loaded into CuPy on the current device, built by nvcc
+    for ``arch`` through the binary cache; the module is returned to be kept while the kernel is used.
+
+    Example (on a GPU machine):
+        >>> function, module = cupy_function(cupy, *checks_source(np.float32), "sm_90")   # doctest: +SKIP
+    """
+    module = cupy.cuda.function.Module()
+    module.load(codegen.compile_source(source, arch).cubin)
+    return module.get_function(name), module
+
+
 def _check_kernel(cupy, dtype):
     """The checks kernel for ``dtype`` on the current device; the first call loads both weight types' (a
     graph of the other type then pays for no module load)."""
@@ -244,11 +256,8 @@ def _check_kernel(cupy, dtype):
     if key not in _check_kernels:
         arch = f"sm_{device.compute_capability}"
         for each in _CTYPES:
-            name, source = checks_source(each)
-            module = cupy.cuda.function.Module()
-            module.load(codegen.compile_source(source, arch).cubin)
-            _check_kernels[(each.name, device.id)] = (module, module.get_function(name))
-    return _check_kernels[key][1]
+            _check_kernels[(each.name, device.id)] = cupy_function(cupy, *checks_source(each), arch)
+    return _check_kernels[key][0]
 
 
 def _valid(cupy, indptr, indices, data, n: int) -> tuple[bool, float | None, float | None]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import codegen
-from .device_pull import pull_arrays
+from .device_pull import cupy_function, pull_arrays
 from .pagerank import ConvergenceError, IterationInfo, _node_vector, check_node_size, check_node_values
 
 RESIDENT_BLOCK = 256
@@ -141,11 +141,7 @@ def _kernel(dtype: np.dtype, pattern: bool, chunk: int):
             compile_all(dtype, arch)
             _built.add((dtype.name, arch))
         for variant in ((p, c) for p in (False, True) for c in CHUNKS):
-            name, source = resident_source(dtype, *variant)
-            binary = codegen.compile_source(source, arch)
-            module = cupy.cuda.function.Module()
-            module.load(binary.cubin)
-            function = module.get_function(name)
+            function, module = cupy_function(cupy, *resident_source(dtype, *variant), arch)
             per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, RESIDENT_BLOCK, 0)
             blocks = per_sm * device.attributes["MultiProcessorCount"]
             _kernels[(dtype.name, *variant, device.id)] = (function, blocks, module)

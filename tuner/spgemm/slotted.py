@@ -36,6 +36,7 @@ from ..cache import Cache
 from ..formats.slotted_pages import SlottedPages, page_operands, slotted_pages
 from ..matrix import CanonicalMatrix, canonicalize
 from ..memory import available_bytes, check_fits
+from ..staging import copy_in_parts
 from ..model import spgemm as model
 from .assemble import Structure, assemble, assemble_values, host_merge
 from .base import DeviceMemoryError, Product
@@ -194,8 +195,7 @@ def _pattern_copies(structure: Structure, threads: int = 8):
     copies = [(np.empty_like(x), x) for x in (structure.indptr, structure.indices)]
     part = max(1 << 20, -(-structure.indices.size // threads))
     pool = ThreadPoolExecutor(threads)
-    futures = [pool.submit(np.copyto, dst[p:p + part], src[p:p + part])
-               for dst, src in copies for p in range(0, dst.size, part)]
+    futures = [done for dst, src in copies for done in copy_in_parts(pool, dst, src, part)]
     pool.shutdown(wait=False)
 
     def wait() -> tuple[np.ndarray, np.ndarray]:
