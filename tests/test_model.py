@@ -1,6 +1,7 @@
 """Model equations against hand-worked examples (paper 003 eq. 1-5, paper 004 Algorithms 1 and 3)."""
 from dataclasses import replace
 
+import contextlib
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -889,3 +890,108 @@ def test_slice_groups_pair_every_slice_with_its_distinct_counts_in_order_whateve
     assert g.mult.tolist() == mult.astype(float).tolist()
     assert g.used.tolist() == np.bincount(which[live], minlength=cuts.size - 1).tolist()
     assert g.total.tolist() == np.bincount(which, weights=sectors, minlength=cuts.size - 1).tolist()
+
+
+@pytest.mark.parametrize("slices,top", [(1, 5), (3, 40), (400, 3000), (2000, 10**6)])
+def test_slice_groups_by_one_sort_as_the_gpu_makes_them_equal_the_tabled_ones(slices, top):
+    from tuner.model.locality import slice_groups, sorted_slice_groups
+    rng = np.random.default_rng(slices + 7)
+    sectors = np.where(rng.random(60_000) < 0.3, 0, np.minimum(rng.zipf(1.6, 60_000), top))
+    cuts = np.unique(np.r_[0, rng.integers(0, sectors.size, slices - 1), sectors.size])
+    tabled, sorted_ = slice_groups(sectors, cuts), sorted_slice_groups(sectors, cuts)
+    for field in ("used", "total", "group", "value", "mult"):
+        a, b = getattr(tabled, field), getattr(sorted_, field)
+        assert a.dtype == b.dtype and a.tolist() == b.tolist(), field
+    empty = sorted_slice_groups(np.zeros(10, np.int64), np.array([0, 4, 10]))
+    assert empty.used.tolist() == [0, 0] and empty.total.tolist() == [0.0, 0.0] and empty.group.size == 0
+
+
+@pytest.mark.gpu
+def test_slice_groups_made_on_the_gpu_equal_the_host_ones():
+    cupy = pytest.importorskip("cupy")
+    from tuner.model.locality import slice_groups
+    rng = np.random.default_rng(5)
+    sectors = np.where(rng.random(3_000_000) < 0.3, 0, np.minimum(rng.zipf(1.5, 3_000_000), 10**7))
+    for cuts in (np.array([0, sectors.size]), np.unique(np.r_[0, rng.integers(0, sectors.size, 500), sectors.size])):
+        on_host, on_gpu = slice_groups(sectors, cuts), slice_groups(cupy.asarray(sectors), cuts)
+        for field in ("used", "total", "group", "value", "mult"):
+            a, b = getattr(on_host, field), getattr(on_gpu, field)
+            assert isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b), field
+
+
+def test_gather_shares_from_device_sector_counts_predict_as_the_host_ones(profile, monkeypatch):
+    from tuner.formats.device_reorder import DeviceCsr
+    from tuner.model import tables
+    A = power_law(6000, seed=31)
+    m = canonicalize(A)
+    host_side = predict_many(m, families.specializations(m, profile=profile), profile)
+    again = canonicalize(A)
+    # The device's arrays stood in by host ones: the groups come from the one-sort rule there.
+    monkeypatch.setattr(tables, "DEVICE_SECTORS", 0)
+    monkeypatch.setattr(tables, "known_copy", lambda v: DeviceCsr(v.indptr, v.indices, None) if v is again else None)
+    monkeypatch.setattr(tables, "on_device", lambda a: True)
+    monkeypatch.setattr(tables.device_reorder, "on_device", contextlib.nullcontext)
+    monkeypatch.setattr(tables.device_reorder, "upload", lambda a: a.copy())
+    from tuner.model import locality
+    monkeypatch.setattr(locality, "on_device", lambda a: True)
+    with tables.device_sector_counts(again) as counts:
+        assert counts is not None
+        expected = tables.sector_counts(again.col_lengths, again.value_dtype.itemsize)
+        assert counts.tolist() == expected.tolist()  # summed by strided adds, as on the device
+    device_side = predict_many(again, families.specializations(again, profile=profile), profile)
+    assert device_side == host_side and len(host_side) > 50
+
+
+def test_candidates_predicted_side_by_side_equal_those_predicted_one_after_another(profile, monkeypatch):
+    from tuner.model import lookup
+    A = power_law(5000, seed=33)
+    m = canonicalize(A)
+    one_by_one = predict_many(m, families.specializations(m, profile=profile), profile)
+    monkeypatch.setattr(lookup, "PARALLEL_ROWS", 0)
+    again = canonicalize(A)
+    assert predict_many(again, families.specializations(again, profile=profile), profile, workers=4) == one_by_one
+    assert sum(p is not None for p in one_by_one) > 50
+
+
+@pytest.mark.gpu
+def test_longest_row_found_on_the_gpu_equals_the_host_one_and_counts_no_host_lengths(monkeypatch):
+    pytest.importorskip("cupy")
+    from tuner.families import base
+    from tuner.formats.device_reorder import device_csr
+    A = power_law(50000, seed=34)
+    monkeypatch.setattr(base, "DEVICE_LONGEST_ROWS", 0)
+    m = canonicalize(A)
+    device_csr(m)
+    assert base.longest_row(m) == int(np.diff(A.indptr).max()) > 100
+    assert "row_lengths" not in m.__dict__
+
+
+def test_sector_hits_looked_up_by_distinct_count_equal_each_sectors_own_chance():
+    from tuner.model.locality import CacheLevel, _hits_by_count, sector_hits, slice_groups
+    rng = np.random.default_rng(8)
+    counts = np.where(rng.random(40_000) < 0.4, 0, rng.zipf(1.4, 40_000)).astype(np.int64)
+    levels = [CacheLevel(300.0, (10.0, 1000.0, 10_000.0), (1.0, 0.8, 0.5)), CacheLevel(5000.0)]
+    groups = slice_groups(counts, np.array([0, counts.size]))
+    spread = groups.spread()[0]
+    each = _hits_by_count(counts.astype(np.float64), float(counts.sum()), levels, groups, spread)
+    # Equal to rounding: NumPy's vectorised expm1 may round the last bit apart by an element's place.
+    for got in (sector_hits(counts, levels), sector_hits(counts, levels, groups),
+                sector_hits(counts.astype(np.uint32), levels)):
+        assert all(np.allclose(a, b, rtol=1e-13, atol=0) for a, b in zip(got, each))
+        assert got[0].max() > 0.05 and got[1][counts == 0].max() == 0.0
+    huge = counts.copy()
+    huge[7] = 10**9  # beyond a table indexed by count: searched among the distinct counts
+    groups = slice_groups(huge, np.array([0, huge.size]))
+    each = _hits_by_count(huge.astype(np.float64), float(huge.sum()), levels, groups, groups.spread()[0])
+    assert all(np.allclose(a, b, rtol=1e-13, atol=0) for a, b in zip(sector_hits(huge, levels), each))
+
+
+@pytest.mark.gpu
+def test_sector_hits_looked_up_on_the_gpu_equal_the_host_ones():
+    cupy = pytest.importorskip("cupy")
+    from tuner.model.locality import CacheLevel, sector_hits
+    rng = np.random.default_rng(9)
+    counts = np.where(rng.random(2_000_000) < 0.4, 0, rng.zipf(1.4, 2_000_000)).astype(np.int64)
+    levels = [CacheLevel(3000.0, (10.0, 1000.0, 100_000.0), (1.0, 0.8, 0.5)), CacheLevel(50_000.0)]
+    on_host, on_gpu = sector_hits(counts, levels), sector_hits(cupy.asarray(counts), levels)
+    assert all(isinstance(b, np.ndarray) and np.array_equal(a, b) for a, b in zip(on_host, on_gpu))

@@ -15,7 +15,7 @@ import numpy as np
 from ..formats.aligned_coo import LAYOUTS, AlignedCoo, Sizes, build_aligned_coo, evaluate_aligned_coo
 from ..formats.reorder import NONE, ORDERINGS
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, check_launch, ceil_div, ordered_launch, shared_layout
+from .base import UNROLL, Family, Launch, check_launch, ceil_div, longest_row, ordered_launch, shared_layout
 
 BLOCK_SIZE = 256
 
@@ -45,7 +45,7 @@ class AlignedCooParams:
 def space(m: CanonicalMatrix) -> list[AlignedCooParams]:
     """The three layouts for every ordering; the hybrid equals all-seg when no row reaches a warp, and is
     then left out."""
-    longest = int(m.row_lengths.max()) if m.n_rows else 0
+    longest = longest_row(m)
     layouts = [lay for lay in LAYOUTS if lay != "hybrid" or longest >= 32]
     return [AlignedCooParams(lay, BLOCK_SIZE, o) for o in ORDERINGS for lay in layouts]
 

@@ -14,6 +14,7 @@ from ..formats import device_reorder
 from ..formats.device_reorder import DeviceCsr, device_csr, known_copy, permute_device
 from ..formats.reorder import (NONE, Ordering, Structure, check_order, col_ranks, inverse, make_ordering, permute,
                                permuted_rows, permuted_structure)
+from ..formats.xp import on_device
 from ..matrix import CanonicalMatrix
 
 # Index loads issued ahead of their gathers in each lane's loop (templates' row_dot).
@@ -151,6 +152,29 @@ def csr_arrays(m: CanonicalMatrix) -> tuple[tuple[str, np.ndarray], ...]:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+DEVICE_LONGEST_ROWS = 1 << 22  # from this many rows on, the longest row is found on the GPU where the CSR is there
+
+
+def longest_row(m: CanonicalMatrix) -> int:
+    """The most entries of any row of ``m``: from its row pointers on the GPU where they are there (its
+    upload or relabelling) and the host has not counted its row lengths yet, so that the families' spaces
+    do not wait for a pass over tens of millions of rows before the planner's threads can start (they
+    count the lengths when they need them, beside each other).
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> longest_row(canonicalize(sp.csr_matrix(np.tril(np.ones((4, 4), np.float32)))))
+        4
+    """
+    if not m.n_rows:
+        return 0
+    copy = known_copy(m) if "row_lengths" not in m.__dict__ and m.n_rows >= DEVICE_LONGEST_ROWS else None
+    if copy is not None and on_device(copy.indptr):
+        with device_reorder.on_device():
+            return int((copy.indptr[1:] - copy.indptr[:-1]).max())
+    return int(m.row_lengths.max())
 
 
 _layouts: "weakref.WeakKeyDictionary[CanonicalMatrix, dict]" = weakref.WeakKeyDictionary()

@@ -15,7 +15,8 @@ import numpy as np
 from ..formats.binned import BinnedFormat, build_binned, evaluate_binned
 from ..formats.reorder import NONE, ORDERINGS
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, ordered_launch, shared_layout
+from .base import (UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, longest_row, ordered_launch,
+                   shared_layout)
 
 SMALL_MAX = (4, 8)
 MEDIUM_MAX = (16, 32, 96)
@@ -62,7 +63,7 @@ class BinnedParams:
 def space(m: CanonicalMatrix) -> list[BinnedParams]:
     """Table IV's grid times the huge threshold, for every ordering; thresholds above the longest row add
     nothing and are cut."""
-    longest = int(m.row_lengths.max()) if m.n_rows else 0
+    longest = longest_row(m)
     out = []
     for s in SMALL_MAX:
         for md in MEDIUM_MAX:

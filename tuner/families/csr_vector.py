@@ -11,7 +11,7 @@ import numpy as np
 from ..formats.csr import row_sums
 from ..formats.reorder import NONE, ORDERINGS
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, ordered_launch
+from .base import UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, longest_row, ordered_launch
 
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32)
 BLOCK_SIZES = (128, 256)
@@ -40,7 +40,7 @@ class CsrVectorParams:
 
 def space(m: CanonicalMatrix) -> list[CsrVectorParams]:
     """Every lane count, block size and ordering (groups wider than the longest row only waste lanes)."""
-    longest = int(m.row_lengths.max()) if m.n_rows else 0
+    longest = longest_row(m)
     widths = [t for t in THREADS_PER_ROW if t == 1 or t // 2 < longest]
     return [CsrVectorParams(t, b, o) for o in ORDERINGS for t in widths for b in BLOCK_SIZES]
 

@@ -247,7 +247,19 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
     """
     ok = [can_predict(m, spec, profile) for spec in specs]
     _prebuild(m, [spec for spec, k in zip(specs, ok) if k], profile, workers)
-    return [predict_lookup(m, spec, profile) if k else None for spec, k in zip(specs, ok)]
+    wanted = [spec for spec, k in zip(specs, ok) if k]
+    threads = min(workers or min(8, os.cpu_count() or 1), len(wanted))
+    if m.n_rows > PARALLEL_ROWS and threads > 1:
+        # Each candidate's sums (its segments' gather shares, sampled blocks, tiles) are passes of their
+        # own, many of which release the interpreter: side by side they overlap.
+        with thread_pool(threads) as pool:
+            done = iter(list(pool.map(lambda spec: predict_lookup(m, spec, profile), wanted)))
+    else:
+        done = (predict_lookup(m, spec, profile) for spec in wanted)
+    return [next(done) if k else None for k in ok]
+
+
+PARALLEL_ROWS = 1 << 20  # from this many rows on, predict_many predicts its candidates on several threads
 
 
 def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] | None = None
@@ -264,19 +276,27 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
     """
     names = list(families.REGISTRY) if names is None else list(names)
     tiled = [n for n in names if families.get(n).uses_profile]
-    plain = families.specializations(m, [n for n in names if n not in tiled], profile=profile)
-    views: dict[str, list[Specialization]] = {}
-    for spec in plain:
-        views.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
-    # The histogram threads shared between the views: as many in all as one view had alone.
-    workers = max(1, min(8, os.cpu_count() or 1) // max(len(views), 1))
 
-    with thread_pool(max(len(views), 1)) as pool:
-        pending = [(view, pool.submit(predict_many, m, view, profile, workers)) for view in views.values()]
-        tiled_specs = families.specializations(m, tiled, profile=profile)
-        predicted = dict(zip(map(id, tiled_specs), predict_many(m, tiled_specs, profile)))
-        for view, done in pending:
-            predicted.update(zip(map(id, view), done.result()))
+    def tiled_candidates():
+        specs = families.specializations(m, tiled, profile=profile)
+        return specs, predict_many(m, specs, profile)
+
+    # The tiled families start first (their tile counting runs on the GPU where the matrix is there), so
+    # that the other families' spaces (passes over the row lengths) are made beside it, not before it.
+    with thread_pool(1) as lead:
+        tiled_done = lead.submit(tiled_candidates)
+        plain = families.specializations(m, [n for n in names if n not in tiled], profile=profile)
+        views: dict[str, list[Specialization]] = {}
+        for spec in plain:
+            views.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
+        # The histogram threads shared between the views: as many in all as one view had alone.
+        workers = max(1, min(8, os.cpu_count() or 1) // max(len(views), 1))
+        with thread_pool(max(len(views), 1)) as pool:
+            pending = [(view, pool.submit(predict_many, m, view, profile, workers)) for view in views.values()]
+            tiled_specs, tiled_predicted = tiled_done.result()
+            predicted = dict(zip(map(id, tiled_specs), tiled_predicted))
+            for view, done in pending:
+                predicted.update(zip(map(id, view), done.result()))
     made = {n: [] for n in names}
     for spec in plain + tiled_specs:
         made[spec.family].append(spec)

@@ -7,12 +7,16 @@ tiles' segments at once (:mod:`tuner.model.tiled`) from the same pieces.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from ..families.base import shared_layout
+from ..families.base import known_layout, shared_layout
+from ..formats import device_reorder
+from ..formats.device_reorder import known_copy
+from ..formats.xp import host, module, on_device
 from ..matrix import CanonicalMatrix
 from .locality import (SECTOR_BYTES, CacheLevel, SliceGroups, cache_sectors, sector_counts, sector_hits,
                        slice_fractions, slice_groups, sweep_level)
@@ -77,7 +81,9 @@ def sector_hit_rates(m: CanonicalMatrix, profile: Profile) -> tuple[np.ndarray, 
     def build():
         counts = matrix_sector_counts(m)
         whole = sector_groups(m, np.array([0, m.n_cols]))  # the whole-matrix gather shares' grouping
-        h1, h2 = sector_hits(counts, [cache_level(profile, "l1"), cache_level(profile, "l2")], whole)
+        with device_sector_counts(m) as dev:  # each sector's lookup on the GPU where its counts are there
+            h1, h2 = sector_hits(counts if dev is None else dev, [cache_level(profile, "l1"),
+                                                                  cache_level(profile, "l2")], whole)
         total = max(float(counts.sum()), 1.0)
         a1, a2 = sum_of_products(counts, h1) / total, sum_of_products(counts, h2) / total
         return h1, h2, np.array([a1, a2 - a1, 1.0 - a2])
@@ -85,18 +91,72 @@ def sector_hit_rates(m: CanonicalMatrix, profile: Profile) -> tuple[np.ndarray, 
 
 
 def matrix_sector_counts(m: CanonicalMatrix) -> np.ndarray:
-    """Gathers of each 32-byte sector of x over the whole matrix (its column lengths by sector), once per view."""
-    return shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, m.value_dtype.itemsize))
+    """Gathers of each 32-byte sector of x over the whole matrix (its column lengths by sector), once per
+    view; summed on the GPU where the view's sector groupings are made there (:func:`device_sector_counts`)."""
+    def build():
+        if _on_gpu(m):
+            with device_reorder.on_device():
+                return host(_device_counts(m))
+        return sector_counts(m.col_lengths, m.value_dtype.itemsize)
+    return shared_layout(m, ("sector_counts",), build)
 
 
 def sector_groups(m: CanonicalMatrix, cuts: np.ndarray) -> SliceGroups:
     """:func:`~tuner.model.locality.slice_groups` of the columns ``cuts[i]`` to ``cuts[i + 1]`` - 1, ranges
     of whole sectors (the tile widths are; the last may end at the last column): the matrix's sector
-    counts sliced, grouped once per view and tiling (the shares differ per candidate, the sectors do not)."""
+    counts sliced, grouped once per view and tiling (the shares differ per candidate, the sectors do not);
+    on the GPU where the view's matrix is there and large (:func:`device_sector_counts`)."""
     cuts = np.asarray(cuts, dtype=np.int64)
     per = max(SECTOR_BYTES // m.value_dtype.itemsize, 1)
-    return shared_layout(m, ("slice_groups", cuts.tobytes()), lambda: slice_groups(
-        matrix_sector_counts(m)[cuts[0] // per:-(-cuts[-1] // per)], -(-cuts // per) - cuts[0] // per))
+
+    def build():
+        first, end = cuts[0] // per, -(-cuts[-1] // per)
+        with device_sector_counts(m) as dev:
+            counts = matrix_sector_counts(m) if dev is None else dev
+            return slice_groups(counts[first:end], -(-cuts // per) - first)
+    return shared_layout(m, ("slice_groups", cuts.tobytes()), build)
+
+
+DEVICE_SECTORS = 1 << 19  # from this many sectors of x on, a view's sector groupings are made on the GPU
+
+
+@contextmanager
+def device_sector_counts(m):
+    """A block in which ``m``'s sector counts (:func:`matrix_sector_counts`) are a device (CuPy) array,
+    uploaded once per view, where ``m``'s CSR is on the GPU (:func:`~tuner.model.warps.device_row_lengths`'
+    rule) and x has :data:`DEVICE_SECTORS` sectors or more; else None. A tiling's grouping of millions of
+    sectors (a pass of sorts and masks: tenths of a second on the host, holding the interpreter the other
+    planning threads wait for) then runs there, and only the groups come back."""
+    if not _on_gpu(m):
+        yield None
+        return
+    with device_reorder.on_device():
+        yield _device_counts(m)
+
+
+def _on_gpu(m) -> bool:
+    copy = known_copy(m) if isinstance(m, CanonicalMatrix) else None
+    sectors = -(-m.n_cols // max(SECTOR_BYTES // m.value_dtype.itemsize, 1))
+    return copy is not None and sectors >= DEVICE_SECTORS and on_device(copy.indptr)
+
+
+def _device_counts(m):
+    """The view's sector counts on the device, once: its column lengths sent up and summed there by sector
+    (the host's counts sent up instead where they were made already)."""
+    def build():
+        known = known_layout(m, ("sector_counts",))
+        if known is not None:
+            return device_reorder.upload(known)
+        per = max(SECTOR_BYTES // m.value_dtype.itemsize, 1)
+        cols = device_reorder.upload(np.asarray(m.col_lengths, dtype=np.int64))
+        xp = module(cols)
+        padded = xp.zeros(-(-cols.size // per) * per, np.int64)  # the last sector may end past the last column
+        padded[:cols.size] = cols
+        counts = padded[0::per].copy()
+        for k in range(1, per):  # strided adds: a reduction over an axis would be built by NVRTC on first use
+            counts += padded[k::per]
+        return counts
+    return shared_layout(m, ("sector_counts_device",), build)
 
 
 def column_fractions(m: CanonicalMatrix, profile: Profile, cuts: np.ndarray, l1_share: np.ndarray | None = None,
