@@ -145,12 +145,13 @@ def _sampled_blocks(m, lo: int, hi: int | None, rows_per_block: int, hits: tuple
     at = (picked[:, None] * rows_per_block + np.arange(rows_per_block)).ravel()
     at = at[at < size_of_class]
     rows = class_rows_at(m, lo, hi, at)
-    size = np.bincount(at // rows_per_block, weights=L[rows])[picked]
+    # Blocks numbered in the sample: their sums stay as small as the sample, whatever the class's size.
+    local = np.repeat(np.arange(picked.size), rows_per_block)[:at.size]
+    size = np.bincount(local, weights=L[rows], minlength=picked.size)
     big = float(size[size > BLOCK_ENTRIES].sum())
-    small = np.isin(at // rows_per_block, picked[size <= BLOCK_ENTRIES])
+    small = (size <= BLOCK_ENTRIES)[local]
     lengths, cols = m.row_entries(rows[small])
-    local = np.searchsorted(picked, at[small] // rows_per_block)  # blocks numbered in the sample
-    return count_touches(np.repeat(local, lengths), cols, m.value_dtype.itemsize, hits), big
+    return count_touches(np.repeat(local[small], lengths), cols, m.value_dtype.itemsize, hits), big
 
 
 # A class's k-th row is found through counts per chunk of CHUNK_ROWS rows (of the rows at least so long,
