@@ -995,3 +995,13 @@ def test_sector_hits_looked_up_on_the_gpu_equal_the_host_ones():
     levels = [CacheLevel(3000.0, (10.0, 1000.0, 100_000.0), (1.0, 0.8, 0.5)), CacheLevel(50_000.0)]
     on_host, on_gpu = sector_hits(counts, levels), sector_hits(cupy.asarray(counts), levels)
     assert all(isinstance(b, np.ndarray) and np.array_equal(a, b) for a, b in zip(on_host, on_gpu))
+
+
+def test_whole_matrix_gather_shares_from_distinct_counts_equal_the_per_sector_average(profile):
+    from tuner.model import tables
+    m = canonicalize(power_law(400_000, seed=35))  # x far beyond L1: some gathers miss it
+    h1, h2, shares = tables.sector_hit_rates(m, profile)
+    counts = tables.matrix_sector_counts(m).astype(np.float64)
+    per_sector = np.array([counts @ h1, counts @ h2 - counts @ h1]) / counts.sum()
+    assert np.allclose(shares[:2], per_sector, rtol=1e-12, atol=0)
+    assert 0.0 < shares[0] < 1.0 and shares.sum() == pytest.approx(1.0)

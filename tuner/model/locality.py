@@ -273,9 +273,7 @@ def sector_hits(counts, levels, groups: SliceGroups | None = None) -> tuple[np.n
     counts = counts if xp is not np else np.asarray(counts)
     if groups is None:
         groups = slice_groups(counts.astype(np.int64), np.array([0, counts.size]))
-    spread = groups.spread()[0] if any(c.footprints for c in levels) else 0.0
-    values = groups.value  # the distinct counts of the sectors in use, ascending
-    by_value = _hits_by_count(values.astype(np.float64), float(groups.total.sum()), levels, groups, spread)
+    values, by_value = count_hits(groups, levels)
     if xp is not np:  # on the device: each sector finds its count among the distinct ones
         at = xp.searchsorted(xp.asarray(values), counts)
         live = counts > 0
@@ -289,9 +287,26 @@ def sector_hits(counts, levels, groups: SliceGroups | None = None) -> tuple[np.n
             out.append(table[counts])
         return tuple(out)
     if counts.dtype.kind not in "iu":  # counts that are not whole numbers: each sector's own chance
+        spread = groups.spread()[0] if any(c.footprints for c in levels) else 0.0
         return _hits_by_count(counts.astype(np.float64), float(counts.sum()), levels, groups, spread)
     at = np.searchsorted(values, counts)
     return tuple(np.where(counts > 0, np.append(h, 0.0)[at], 0.0) for h in by_value)
+
+
+def count_hits(groups: SliceGroups, levels) -> tuple[np.ndarray, tuple]:
+    """:func:`sector_hits` per distinct count instead of per sector: the distinct counts of the sectors in
+    use (``groups`` of one slice: ascending) and, per level, the chance that a request of a sector of that
+    count hits it. Their gathers (count x sectors of it) weight them into the shares.
+
+    Example (the uniform sectors of :func:`sector_hits`):
+        >>> values, (h1, h2) = count_hits(slice_groups(np.array([3, 3, 3, 3, 0]), np.array([0, 5])),
+        ...                               [CacheLevel(2.0), CacheLevel(8.0)])
+        >>> values.tolist(), h1.round(3).tolist(), h2.tolist()
+        ([3], [0.5], [1.0])
+    """
+    spread = groups.spread()[0] if any(c.footprints for c in levels) else 0.0
+    values = groups.value
+    return values, _hits_by_count(values.astype(np.float64), float(groups.total.sum()), levels, groups, spread)
 
 
 def _hits_by_count(counts: np.ndarray, total: float, levels, groups: SliceGroups, spread: float) -> tuple:

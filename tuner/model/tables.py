@@ -18,7 +18,7 @@ from ..formats import device_reorder
 from ..formats.device_reorder import known_copy
 from ..formats.xp import host, module, on_device
 from ..matrix import CanonicalMatrix
-from .locality import (SECTOR_BYTES, CacheLevel, SliceGroups, cache_sectors, sector_counts, sector_hits,
+from .locality import (SECTOR_BYTES, CacheLevel, SliceGroups, cache_sectors, count_hits, sector_counts, sector_hits,
                        slice_fractions, slice_groups, sweep_level)
 from .profile_data import REGIMES, ROW_HEIGHTS, Profile, kernel_key, row_group, warp_rows
 from .warps import WarpHistogram
@@ -79,13 +79,15 @@ def sector_hit_rates(m: CanonicalMatrix, profile: Profile) -> tuple[np.ndarray, 
     Example: see tests/test_reuse.py (needs a profile).
     """
     def build():
-        counts = matrix_sector_counts(m)
+        levels = [cache_level(profile, "l1"), cache_level(profile, "l2")]
         whole = sector_groups(m, np.array([0, m.n_cols]))  # the whole-matrix gather shares' grouping
         with device_sector_counts(m) as dev:  # each sector's lookup on the GPU where its counts are there
-            h1, h2 = sector_hits(counts if dev is None else dev, [cache_level(profile, "l1"),
-                                                                  cache_level(profile, "l2")], whole)
-        total = max(float(counts.sum()), 1.0)
-        a1, a2 = sum_of_products(counts, h1) / total, sum_of_products(counts, h2) / total
+            h1, h2 = sector_hits(matrix_sector_counts(m) if dev is None else dev, levels, whole)
+        # The shares from the distinct counts: each count's chance weighted by its sectors' gathers.
+        values, (c1, c2) = count_hits(whole, levels)
+        gathers = values * whole.mult
+        total = max(float(gathers.sum()), 1.0)
+        a1, a2 = sum_of_products(gathers, c1) / total, sum_of_products(gathers, c2) / total
         return h1, h2, np.array([a1, a2 - a1, 1.0 - a2])
     return shared_layout(m, ("sector_hit_rates", profile.digest), build)
 
