@@ -934,10 +934,9 @@ def test_gather_shares_from_device_sector_counts_predict_as_the_host_ones(profil
     monkeypatch.setattr(tables.device_reorder, "upload", lambda a: a.copy())
     from tuner.model import locality
     monkeypatch.setattr(locality, "on_device", lambda a: True)
-    with tables.device_sector_counts(again) as counts:
-        assert counts is not None
-        expected = tables.sector_counts(again.col_lengths, again.value_dtype.itemsize)
-        assert counts.tolist() == expected.tolist()  # summed by strided adds, as on the device
+    assert tables.on_gpu(again) and not tables.on_gpu(m)
+    expected = tables.sector_counts(again.col_lengths, again.value_dtype.itemsize)
+    assert tables._device_counts(again).tolist() == expected.tolist()  # summed by strided adds, as on the device
     device_side = predict_many(again, families.specializations(again, profile=profile), profile)
     assert device_side == host_side and len(host_side) > 50
 
@@ -1005,3 +1004,23 @@ def test_whole_matrix_gather_shares_from_distinct_counts_equal_the_per_sector_av
     per_sector = np.array([counts @ h1, counts @ h2 - counts @ h1]) / counts.sum()
     assert np.allclose(shares[:2], per_sector, rtol=1e-12, atol=0)
     assert 0.0 < shares[0] < 1.0 and shares.sum() == pytest.approx(1.0)
+
+
+
+def test_sector_statistics_fall_back_to_the_host_when_the_gpu_runs_out_of_memory(monkeypatch, caplog):
+    from tuner.formats.device_reorder import DeviceCsr
+    from tuner.model import tables
+    m = canonicalize(power_law(3000, seed=36))
+    expected = tables.sector_groups(canonicalize(power_law(3000, seed=36)), np.array([0, m.n_cols]))
+    monkeypatch.setattr(tables, "DEVICE_SECTORS", 0)
+    monkeypatch.setattr(tables, "known_copy", lambda v: DeviceCsr(v.indptr, v.indices, None) if v is m else None)
+    monkeypatch.setattr(tables, "on_device", lambda a: True)
+    monkeypatch.setattr(tables.device_reorder, "on_device", contextlib.nullcontext)
+
+    def full(a):
+        raise MemoryError("out of memory allocating 268,435,456 bytes")
+    monkeypatch.setattr(tables.device_reorder, "upload", full)
+    with caplog.at_level("INFO", logger="tuner.model"):
+        got = tables.sector_groups(m, np.array([0, m.n_cols]))
+    assert got.value.tolist() == expected.value.tolist() and got.mult.tolist() == expected.mult.tolist()
+    assert "out of memory" in caplog.text

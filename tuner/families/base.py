@@ -172,8 +172,11 @@ def longest_row(m: CanonicalMatrix) -> int:
         return 0
     copy = known_copy(m) if "row_lengths" not in m.__dict__ and m.n_rows >= DEVICE_LONGEST_ROWS else None
     if copy is not None and on_device(copy.indptr):
-        with device_reorder.on_device():
-            return int((copy.indptr[1:] - copy.indptr[:-1]).max())
+        try:
+            with device_reorder.on_device():
+                return int((copy.indptr[1:] - copy.indptr[:-1]).max())
+        except MemoryError:  # CuPy's OutOfMemoryError is one: the host counts the lengths instead
+            pass
     return int(m.row_lengths.max())
 
 

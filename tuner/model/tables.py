@@ -7,7 +7,7 @@ tiles' segments at once (:mod:`tuner.model.tiled`) from the same pieces.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+import logging
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -22,6 +22,8 @@ from .locality import (SECTOR_BYTES, CacheLevel, SliceGroups, cache_sectors, cou
                        slice_fractions, slice_groups, sweep_level)
 from .profile_data import REGIMES, ROW_HEIGHTS, Profile, kernel_key, row_group, warp_rows
 from .warps import WarpHistogram
+
+log = logging.getLogger("tuner.model")
 
 
 # Tables are measured with float32 values and int32 indices; other types scale by the bytes each entry
@@ -81,8 +83,7 @@ def sector_hit_rates(m: CanonicalMatrix, profile: Profile) -> tuple[np.ndarray, 
     def build():
         levels = [cache_level(profile, "l1"), cache_level(profile, "l2")]
         whole = sector_groups(m, np.array([0, m.n_cols]))  # the whole-matrix gather shares' grouping
-        with device_sector_counts(m) as dev:  # each sector's lookup on the GPU where its counts are there
-            h1, h2 = sector_hits(matrix_sector_counts(m) if dev is None else dev, levels, whole)
+        h1, h2 = with_sector_counts(m, lambda counts: sector_hits(counts, levels, whole))
         # The shares from the distinct counts: each count's chance weighted by its sectors' gathers.
         values, (c1, c2) = count_hits(whole, levels)
         gathers = values * whole.mult
@@ -94,11 +95,14 @@ def sector_hit_rates(m: CanonicalMatrix, profile: Profile) -> tuple[np.ndarray, 
 
 def matrix_sector_counts(m: CanonicalMatrix) -> np.ndarray:
     """Gathers of each 32-byte sector of x over the whole matrix (its column lengths by sector), once per
-    view; summed on the GPU where the view's sector groupings are made there (:func:`device_sector_counts`)."""
+    view; summed on the GPU where the view's sector groupings are made there (:func:`with_sector_counts`)."""
     def build():
-        if _on_gpu(m):
-            with device_reorder.on_device():
-                return host(_device_counts(m))
+        if on_gpu(m):
+            try:
+                with device_reorder.on_device():
+                    return host(_device_counts(m))
+            except MemoryError as e:  # CuPy's OutOfMemoryError is one: the host sums them
+                log.info("sector counts summed on the host: the GPU is out of memory (%s)", e)
         return sector_counts(m.col_lengths, m.value_dtype.itemsize)
     return shared_layout(m, ("sector_counts",), build)
 
@@ -107,36 +111,41 @@ def sector_groups(m: CanonicalMatrix, cuts: np.ndarray) -> SliceGroups:
     """:func:`~tuner.model.locality.slice_groups` of the columns ``cuts[i]`` to ``cuts[i + 1]`` - 1, ranges
     of whole sectors (the tile widths are; the last may end at the last column): the matrix's sector
     counts sliced, grouped once per view and tiling (the shares differ per candidate, the sectors do not);
-    on the GPU where the view's matrix is there and large (:func:`device_sector_counts`)."""
+    on the GPU where the view's matrix is there and large (:func:`with_sector_counts`)."""
     cuts = np.asarray(cuts, dtype=np.int64)
     per = max(SECTOR_BYTES // m.value_dtype.itemsize, 1)
-
-    def build():
-        first, end = cuts[0] // per, -(-cuts[-1] // per)
-        with device_sector_counts(m) as dev:
-            counts = matrix_sector_counts(m) if dev is None else dev
-            return slice_groups(counts[first:end], -(-cuts // per) - first)
-    return shared_layout(m, ("slice_groups", cuts.tobytes()), build)
+    first, end = cuts[0] // per, -(-cuts[-1] // per)
+    return shared_layout(m, ("slice_groups", cuts.tobytes()), lambda: with_sector_counts(
+        m, lambda counts: slice_groups(counts[first:end], -(-cuts // per) - first)))
 
 
 DEVICE_SECTORS = 1 << 19  # from this many sectors of x on, a view's sector groupings are made on the GPU
 
 
-@contextmanager
-def device_sector_counts(m):
-    """A block in which ``m``'s sector counts (:func:`matrix_sector_counts`) are a device (CuPy) array,
-    uploaded once per view, where ``m``'s CSR is on the GPU (:func:`~tuner.model.warps.device_row_lengths`'
-    rule) and x has :data:`DEVICE_SECTORS` sectors or more; else None. A tiling's grouping of millions of
-    sectors (a pass of sorts and masks: tenths of a second on the host, holding the interpreter the other
-    planning threads wait for) then runs there, and only the groups come back."""
-    if not _on_gpu(m):
-        yield None
-        return
-    with device_reorder.on_device():
-        yield _device_counts(m)
+def with_sector_counts(m, work):
+    """``work(counts)`` on the view's sector counts (:func:`matrix_sector_counts`): a device (CuPy) array,
+    summed there once per view, where ``m``'s CSR is on the GPU (:func:`~tuner.model.warps.device_row_lengths`'
+    rule) and x has :data:`DEVICE_SECTORS` sectors or more (:func:`on_gpu`); the host's otherwise, or where
+    the device runs out of memory. A tiling's grouping of millions of sectors (a pass of sorts and masks:
+    tenths of a second on the host, holding the interpreter the other planning threads wait for) then runs
+    there, and only what ``work`` brings back (host arrays: its result is the same either way) comes back.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> with_sector_counts(canonicalize(sp.eye(20, format="csr", dtype="float32")), lambda c: c.tolist())
+        [8, 8, 4]
+    """
+    if on_gpu(m):
+        try:
+            with device_reorder.on_device():
+                return work(_device_counts(m))
+        except MemoryError as e:  # CuPy's OutOfMemoryError is one: the same passes on the host
+            log.info("sector statistics on the host: the GPU is out of memory (%s)", e)
+    return work(matrix_sector_counts(m))
 
 
-def _on_gpu(m) -> bool:
+def on_gpu(m) -> bool:
+    """Whether the view's sector statistics are made on the GPU (see :func:`with_sector_counts`)."""
     copy = known_copy(m) if isinstance(m, CanonicalMatrix) else None
     sectors = -(-m.n_cols // max(SECTOR_BYTES // m.value_dtype.itemsize, 1))
     return copy is not None and sectors >= DEVICE_SECTORS and on_device(copy.indptr)
