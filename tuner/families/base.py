@@ -170,7 +170,8 @@ def longest_row(m: CanonicalMatrix) -> int:
     """
     if not m.n_rows:
         return 0
-    copy = known_copy(m) if "row_lengths" not in m.__dict__ and m.n_rows >= DEVICE_LONGEST_ROWS else None
+    counted = not isinstance(m, CanonicalMatrix) or "row_lengths" in m.__dict__
+    copy = known_copy(m) if not counted and m.n_rows >= DEVICE_LONGEST_ROWS else None
     if copy is not None and on_device(copy.indptr):
         try:
             with device_reorder.on_device():

@@ -142,7 +142,7 @@ def sorted_slice_groups(sectors, cuts: np.ndarray) -> SliceGroups:
     xp = module(sectors)
     cuts = np.asarray(cuts, dtype=np.int64)
     n = cuts.size - 1
-    counts = sectors.astype(np.int64)
+    counts = sectors.astype(np.int64, copy=False)
     live = xp.flatnonzero(counts > 0)
     if live.size == 0:
         z = np.zeros(0, np.int64)
