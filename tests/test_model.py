@@ -1,7 +1,7 @@
 """Model equations against hand-worked examples (paper 003 eq. 1-5, paper 004 Algorithms 1 and 3)."""
+import contextlib
 from dataclasses import replace
 
-import contextlib
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -1004,7 +1004,6 @@ def test_whole_matrix_gather_shares_from_distinct_counts_equal_the_per_sector_av
     per_sector = np.array([counts @ h1, counts @ h2 - counts @ h1]) / counts.sum()
     assert np.allclose(shares[:2], per_sector, rtol=1e-12, atol=0)
     assert 0.0 < shares[0] < 1.0 and shares.sum() == pytest.approx(1.0)
-
 
 
 def test_sector_statistics_fall_back_to_the_host_when_the_gpu_runs_out_of_memory(monkeypatch, caplog):
