@@ -958,7 +958,7 @@ def test_longest_row_found_on_the_gpu_equals_the_host_one_and_counts_no_host_len
     from tuner.families import base
     from tuner.formats.device_reorder import device_csr
     A = power_law(50000, seed=34)
-    monkeypatch.setattr(base, "DEVICE_LONGEST_ROWS", 0)
+    monkeypatch.setattr(base, "DEVICE_ROWS", 0)
     m = canonicalize(A)
     device_csr(m)
     assert base.longest_row(m) == int(np.diff(A.indptr).max()) > 100

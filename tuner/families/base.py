@@ -154,7 +154,7 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-DEVICE_LONGEST_ROWS = 1 << 22  # from this many rows on, the longest row is found on the GPU where the CSR is there
+DEVICE_ROWS = 1 << 22  # from this many rows on, a view's passes over all its rows run on the GPU if it is there
 
 
 def longest_row(m: CanonicalMatrix) -> int:
@@ -171,7 +171,7 @@ def longest_row(m: CanonicalMatrix) -> int:
     if not m.n_rows:
         return 0
     counted = not isinstance(m, CanonicalMatrix) or "row_lengths" in m.__dict__
-    copy = known_copy(m) if not counted and m.n_rows >= DEVICE_LONGEST_ROWS else None
+    copy = known_copy(m) if not counted and m.n_rows >= DEVICE_ROWS else None
     if copy is not None and on_device(copy.indptr):
         try:
             with device_reorder.on_device():

@@ -273,24 +273,33 @@ def sector_hits(counts, levels, groups: SliceGroups | None = None) -> tuple[np.n
     counts = counts if xp is not np else np.asarray(counts)
     if groups is None:
         groups = slice_groups(counts.astype(np.int64), np.array([0, counts.size]))
-    values, by_value = count_hits(groups, levels)
-    if xp is not np:  # on the device: each sector finds its count among the distinct ones
-        at = xp.searchsorted(xp.asarray(values), counts)
-        live = counts > 0
-        return tuple(host(xp.where(live, xp.asarray(np.append(h, 0.0))[at], 0.0)) for h in by_value)
+    if counts.dtype.kind not in "iu":  # counts that are not whole numbers: each sector's own chance
+        spread = groups.spread()[0] if any(c.footprints for c in levels) else 0.0
+        return _hits_by_count(counts.astype(np.float64), float(counts.sum()), levels, groups, spread)
+    return per_sector(counts, *count_hits(groups, levels))
+
+
+def per_sector(counts, values: np.ndarray, by_value: tuple) -> tuple[np.ndarray, ...]:
+    """Each sector's chances looked up by its count (whole numbers, in NumPy or on the device) among the
+    distinct ``values`` (ascending) that ``by_value`` holds per level (:func:`count_hits`); 0 for a sector
+    never requested. Host arrays come back.
+
+    Example:
+        >>> per_sector(np.array([3, 0, 5]), np.array([3, 5]), (np.array([0.5, 0.25]),))[0].tolist()
+        [0.5, 0.0, 0.25]
+    """
+    xp = module(counts)
     top = int(values[-1]) if values.size else 0
-    if counts.dtype.kind in "iu" and top <= 4 * counts.size:  # a table indexed by count (calloc'd: cheap)
+    if xp is np and top <= 4 * counts.size:  # a table indexed by count (calloc'd: cheap)
         out = []
         for h in by_value:
             table = np.zeros(top + 1)
             table[values] = h
             out.append(table[counts])
         return tuple(out)
-    if counts.dtype.kind not in "iu":  # counts that are not whole numbers: each sector's own chance
-        spread = groups.spread()[0] if any(c.footprints for c in levels) else 0.0
-        return _hits_by_count(counts.astype(np.float64), float(counts.sum()), levels, groups, spread)
-    at = np.searchsorted(values, counts)
-    return tuple(np.where(counts > 0, np.append(h, 0.0)[at], 0.0) for h in by_value)
+    at = xp.searchsorted(xp.asarray(values), counts)
+    live = counts > 0
+    return tuple(host(xp.where(live, xp.asarray(np.append(h, 0.0))[at], 0.0)) for h in by_value)
 
 
 def count_hits(groups: SliceGroups, levels) -> tuple[np.ndarray, tuple]:

@@ -253,9 +253,10 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
         # Each candidate's sums (its segments' gather shares, sampled blocks, tiles) are passes of their
         # own, many of which release the interpreter: side by side they overlap.
         with thread_pool(threads) as pool:
-            done = iter(list(pool.map(lambda spec: predict_lookup(m, spec, profile), wanted)))
+            predicted = list(pool.map(lambda spec: predict_lookup(m, spec, profile), wanted))
     else:
-        done = (predict_lookup(m, spec, profile) for spec in wanted)
+        predicted = [predict_lookup(m, spec, profile) for spec in wanted]
+    done = iter(predicted)
     return [next(done) if k else None for k in ok]
 
 

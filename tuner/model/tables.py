@@ -13,12 +13,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..families.base import known_layout, shared_layout
+from ..families.base import shared_layout
 from ..formats import device_reorder
 from ..formats.device_reorder import known_copy
-from ..formats.xp import host, module, on_device
+from ..formats.xp import module, on_device
 from ..matrix import CanonicalMatrix
-from .locality import (SECTOR_BYTES, CacheLevel, SliceGroups, cache_sectors, count_hits, sector_counts, sector_hits,
+from .locality import (SECTOR_BYTES, CacheLevel, SliceGroups, cache_sectors, count_hits, per_sector, sector_counts,
                        slice_fractions, slice_groups, sweep_level)
 from .profile_data import REGIMES, ROW_HEIGHTS, Profile, kernel_key, row_group, warp_rows
 from .warps import WarpHistogram
@@ -83,9 +83,9 @@ def sector_hit_rates(m: CanonicalMatrix, profile: Profile) -> tuple[np.ndarray, 
     def build():
         levels = [cache_level(profile, "l1"), cache_level(profile, "l2")]
         whole = sector_groups(m, np.array([0, m.n_cols]))  # the whole-matrix gather shares' grouping
-        h1, h2 = with_sector_counts(m, lambda counts: sector_hits(counts, levels, whole))
-        # The shares from the distinct counts: each count's chance weighted by its sectors' gathers.
         values, (c1, c2) = count_hits(whole, levels)
+        h1, h2 = with_sector_counts(m, lambda counts: per_sector(counts, values, (c1, c2)))
+        # The shares from the distinct counts: each count's chance weighted by its sectors' gathers.
         gathers = values * whole.mult
         total = max(float(gathers.sum()), 1.0)
         a1, a2 = sum_of_products(gathers, c1) / total, sum_of_products(gathers, c2) / total
@@ -95,16 +95,9 @@ def sector_hit_rates(m: CanonicalMatrix, profile: Profile) -> tuple[np.ndarray, 
 
 def matrix_sector_counts(m: CanonicalMatrix) -> np.ndarray:
     """Gathers of each 32-byte sector of x over the whole matrix (its column lengths by sector), once per
-    view; summed on the GPU where the view's sector groupings are made there (:func:`with_sector_counts`)."""
-    def build():
-        if on_gpu(m):
-            try:
-                with device_reorder.on_device():
-                    return host(_device_counts(m))
-            except MemoryError as e:  # CuPy's OutOfMemoryError is one: the host sums them
-                log.info("sector counts summed on the host: the GPU is out of memory (%s)", e)
-        return sector_counts(m.col_lengths, m.value_dtype.itemsize)
-    return shared_layout(m, ("sector_counts",), build)
+    view, on the host (where the view's sector statistics are made on the GPU, :func:`with_sector_counts` sums
+    them there instead)."""
+    return shared_layout(m, ("sector_counts",), lambda: sector_counts(m.col_lengths, m.value_dtype.itemsize))
 
 
 def sector_groups(m: CanonicalMatrix, cuts: np.ndarray) -> SliceGroups:
@@ -152,12 +145,8 @@ def on_gpu(m) -> bool:
 
 
 def _device_counts(m):
-    """The view's sector counts on the device, once: its column lengths sent up and summed there by sector
-    (the host's counts sent up instead where they were made already)."""
+    """The view's sector counts on the device, once: its column lengths sent up and summed there by sector."""
     def build():
-        known = known_layout(m, ("sector_counts",))
-        if known is not None:
-            return device_reorder.upload(known)
         per = max(SECTOR_BYTES // m.value_dtype.itemsize, 1)
         cols = device_reorder.upload(np.asarray(m.col_lengths, dtype=np.int64))
         xp = module(cols)

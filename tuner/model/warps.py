@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..families.aligned_coo import AlignedCooParams
-from ..families.base import known_layout, shared_layout
+from ..families.base import DEVICE_ROWS, known_layout, shared_layout
 from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
 from ..families.tile_composite import TileCompositeParams
@@ -161,9 +161,6 @@ def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
         count = count.astype(np.float64)
         return count, count * np.arange(count.size)
     return shared_layout(m, ("row_histogram",), build)
-
-
-DEVICE_ROWS = 1 << 22  # from this many rows on, a view's passes over all its rows run on the GPU if it is there
 
 
 @contextmanager
