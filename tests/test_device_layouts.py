@@ -213,6 +213,25 @@ def test_pinned_transfers_round_trip_arrays_larger_than_their_staging_buffers():
     assert back.dtype == a.dtype and np.array_equal(back, a)
 
 
+@pytest.mark.gpu
+def test_copies_through_page_locked_blocks_keep_every_value_dtype_and_shape_on_a_side_stream():
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(9)
+    sizes = [0, 3, xp.PAGEABLE_MAX_BYTES // 8 + 1, (1 << 21) + 5, device_reorder.DIRECT_MAX_BYTES // 8 + 7]
+    with cupy.cuda.Stream(non_blocking=True):  # as the background tuning copies
+        for n in sizes:
+            for dtype in (np.int32, np.float64):
+                a = rng.uniform(-1e6, 1e6, n).astype(dtype)
+                d = xp.like(cupy.zeros(1), a)
+                assert isinstance(d, cupy.ndarray) and d.dtype == dtype and np.array_equal(d.get(), a), (n, dtype)
+                d = d * 3 + 1  # made on the stream the copy back must wait for
+                back = xp.host(d)
+                assert isinstance(back, np.ndarray) and back.dtype == dtype and np.array_equal(back, a * 3 + 1)
+        m = cupy.arange(2 * 300_000, dtype=cupy.float32).reshape(300_000, 2)
+        assert np.array_equal(xp.host(m[:, 1]), np.arange(1, 600_000, 2, dtype=np.float32))  # a strided view
+        assert xp.host(m).shape == (300_000, 2)
+
+
 @pytest.mark.parametrize("pieces", [0.01, 0.1, 0.3, 1, 2, 4.7])
 def test_a_staged_drain_fills_the_result_whatever_the_pieces_and_order_of_arrival(pieces):
     from tuner import staging

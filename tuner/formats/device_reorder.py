@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..staging import DIRECT_MAX_BYTES, STAGE_BYTES, drain, feed
-from .xp import host, module
+from .xp import PAGEABLE_MAX_BYTES, host, like, module
 
 MIN_NNZ = 1 << 20  # below this the host permutes in tens of milliseconds: not worth two copies
 WORK_BYTES_PER_ENTRY = 64  # positions, rows, sources, columns, keys and the sort order (8 B each), inputs, outputs
@@ -195,8 +195,10 @@ def synchronize() -> None:
 
 
 def upload(array: np.ndarray):
-    """A CuPy copy of a host array, copied through two pinned staging buffers (pageable copies run at a
-    tenth of PCIe's rate), each filled by several threads while the other one is on its way.
+    """A CuPy copy of a host array: up to :data:`~tuner.formats.xp.PAGEABLE_MAX_BYTES` directly, up to
+    :data:`~tuner.staging.DIRECT_MAX_BYTES` through one page-locked block on the current stream, larger ones
+    through two pinned staging buffers (pageable copies run at a tenth of PCIe's rate and hold other threads'
+    launches), each filled by several threads while the other one is on its way.
 
     Example (on a GPU machine):
         >>> upload(np.arange(5)).get().tolist()  # doctest: +SKIP
@@ -206,8 +208,15 @@ def upload(array: np.ndarray):
     a = np.ascontiguousarray(array)
     out = cupy.empty(a.shape, a.dtype)
     n = a.nbytes
-    if n <= DIRECT_MAX_BYTES:
+    if n <= PAGEABLE_MAX_BYTES:
         out.set(a)
+        return out
+    if n <= DIRECT_MAX_BYTES:  # one locked block of CuPy's pool, copied on the current stream
+        stream = cupy.cuda.get_current_stream()
+        locked = _locked_like(cupy, a)
+        np.copyto(locked, a)
+        out.set(locked, stream=stream)
+        stream.synchronize()  # before the block goes back to the pool
         return out
     buffers = [cupy.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
     stages = [np.frombuffer(b, np.uint8, STAGE_BYTES) for b in buffers]
@@ -225,8 +234,9 @@ def upload(array: np.ndarray):
 
 
 def download(array) -> np.ndarray:
-    """A host copy of a CuPy array through two pinned staging buffers, each emptied by several threads
-    while the next one fills (a copy into pageable memory runs at a tenth of PCIe's rate).
+    """A host copy of a CuPy array, as :func:`upload` copies (small ones directly, mid-sized ones through
+    one page-locked block) or through two pinned staging buffers, each emptied by several threads while
+    the next one fills (a copy into pageable memory runs at a tenth of PCIe's rate).
 
     Example (on a GPU machine):
         >>> import cupy; download(cupy.arange(5)).tolist()  # doctest: +SKIP
@@ -235,8 +245,13 @@ def download(array) -> np.ndarray:
     import cupy
     out = np.empty(array.shape, array.dtype)
     n = out.nbytes
-    if n <= DIRECT_MAX_BYTES:
+    if n <= PAGEABLE_MAX_BYTES:
         return array.get()
+    if n <= DIRECT_MAX_BYTES:  # one locked block of CuPy's pool, copied on the current stream
+        locked = _locked_like(cupy, out)
+        cupy.ascontiguousarray(array).get(stream=cupy.cuda.get_current_stream(), out=locked)
+        np.copyto(out, locked)
+        return out
     src = cupy.ascontiguousarray(array)
     buffers = [cupy.cuda.alloc_pinned_memory(STAGE_BYTES) for _ in range(2)]
     stages = [np.frombuffer(b, np.uint8, STAGE_BYTES) for b in buffers]
@@ -250,6 +265,14 @@ def download(array) -> np.ndarray:
         done[k] = stream.record()
     drain(out.reshape(-1).view(np.uint8), stages, fetch, lambda k: done[k].synchronize())
     return out
+
+
+def _locked_like(cupy, a: np.ndarray) -> np.ndarray:
+    """A page-locked host array of ``a``'s shape and dtype on a block of CuPy's pool (back there once
+    dropped). The pool reuses a block only for a request of its size, and locking new memory takes
+    milliseconds, so blocks come in powers of two from 1 MiB: a few sizes, each locked once."""
+    block = cupy.cuda.alloc_pinned_memory(max(1 << 20, 1 << (a.nbytes - 1).bit_length()))
+    return np.frombuffer(block, a.dtype, a.size).reshape(a.shape)
 
 
 def device_col_lengths(csr: DeviceCsr, n_cols: int):
@@ -296,14 +319,14 @@ def _permute(cupy, csr: DeviceCsr, row_order, col_rank, chunk_entries: int | Non
     chunk_entries = CHUNK_ENTRIES if chunk_entries is None else chunk_entries
     index_dtype = csr.indices.dtype
     ptr = csr.indptr.astype(np.int64)
-    order = cupy.asarray(row_order).astype(np.int64)
+    order = like(csr.indices, row_order).astype(np.int64)
     n = order.size
     lengths = (ptr[1:] - ptr[:-1])[order]
     new_ptr = cupy.zeros(n + 1, np.int64)
     cupy.cumsum(lengths, out=new_ptr[1:])
     del lengths
     nnz = int(csr.indices.size)
-    col_rank = cupy.asarray(col_rank)
+    col_rank = like(csr.indices, col_rank)
     out_cols = cupy.empty(nnz, index_dtype)
     out_data = None if csr.data is None else cupy.empty(nnz, csr.data.dtype)
     # Output rows in pieces of about chunk_entries entries (a row longer than that is a piece of its own): the
@@ -349,8 +372,8 @@ def gather_rows(indptr, indices, data, rows):
         ([0, 1, 3], [0, 4, 1], [3.0, 1.0, 2.0])
     """
     xp = module(indices)
-    ptr = xp.asarray(indptr).astype(np.int64)
-    rows = xp.asarray(rows).astype(np.int64)
+    ptr = like(indices, indptr).astype(np.int64)
+    rows = like(indices, rows).astype(np.int64)
     new_ptr = xp.zeros(rows.size + 1, np.int64)
     xp.cumsum(ptr[rows + 1] - ptr[rows], out=new_ptr[1:])
     _, src = _sources(xp, ptr, rows, new_ptr)
@@ -359,12 +382,12 @@ def gather_rows(indptr, indices, data, rows):
 
 def _fetch(device_array) -> np.ndarray:
     with on_device():
-        return device_array.get()
+        return host(device_array)
 
 
 def _gather(device_array, key) -> np.ndarray:
-    with on_device() as cupy:
-        return device_array[key if isinstance(key, slice) else cupy.asarray(key)].get()
+    with on_device():
+        return host(device_array[key if isinstance(key, slice) else like(device_array, key)])
 
 
 class HostMirror(np.lib.mixins.NDArrayOperatorsMixin):

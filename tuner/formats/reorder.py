@@ -20,7 +20,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import device_reorder
-from .xp import host, module, stable_argsort
+from .xp import host, like, module, stable_argsort
 
 from ..matrix import CanonicalMatrix, Shaped
 
@@ -150,7 +150,7 @@ def _ordering_on_device(m: CanonicalMatrix, build) -> Ordering:
     with device_reorder.on_device() as cupy:
         csr = device_reorder.device_csr(m)
         if "col_lengths" in m.__dict__:
-            cols = cupy.asarray(m.col_lengths)
+            cols = like(csr.indices, m.col_lengths)
         else:
             cols = device_reorder.device_col_lengths(csr, m.n_cols)
             m.__dict__["col_lengths"] = host(cols)

@@ -126,7 +126,7 @@ def entry_rows_search(indptr, positions):
         [2, 0, 0]
     """
     xp = module(positions)
-    return xp.searchsorted(xp.asarray(indptr).astype(np.int64), positions, side="right") - 1
+    return xp.searchsorted(like(positions, indptr).astype(np.int64), positions, side="right") - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,7 +302,7 @@ def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | 
     xp = module(indices)
     nnz = int(indptr[-1])
     piece = SORTED_PIECE_ENTRIES if piece_entries is None else max(int(piece_entries), 1)
-    ptr = xp.asarray(indptr).astype(np.int64)  # where the entries are: only a few numbers come back
+    ptr = like(indices, indptr).astype(np.int64)  # where the entries are: only a few numbers come back
     n_rows = int(ptr.size) - 1
     span = (int(xp.diff(ptr).max()) if n_rows else 0) + 1  # longer than any run: every piece's keys agree
     # Row cuts at about every piece's worth of entries.

@@ -35,24 +35,45 @@ def on_device(a) -> bool:
     return module(a) is not np
 
 
+# A copy between the device and pageable host memory holds the driver's lock for its whole length, so
+# another thread's kernel launches wait for it (an 80 MB copy down held a caller's products 20 ms each on an
+# H200); copies past this size go through page-locked memory on the current stream instead, which holds up
+# nothing but the stream it is queued on.
+PAGEABLE_MAX_BYTES = 1 << 18
+
+
 def host(a):
-    """``a`` as a NumPy array (a copy from the device for a CuPy array; ``a`` itself otherwise).
+    """``a`` as a NumPy array (a copy from the device for a CuPy array, through page-locked memory past
+    :data:`PAGEABLE_MAX_BYTES`; ``a`` itself otherwise).
 
     Example:
         >>> host([1, 2]).tolist()
         [1, 2]
     """
-    return a.get() if on_device(a) else np.asarray(a)
+    if not on_device(a):
+        return np.asarray(a)
+    if a.nbytes <= PAGEABLE_MAX_BYTES:
+        return a.get()
+    from .device_reorder import download
+    return download(a)
 
 
 def like(a, values):
-    """``values`` (array-like) as an array of ``a``'s module.
+    """``values`` (array-like) as an array of ``a``'s module (onto the device through page-locked memory
+    past :data:`PAGEABLE_MAX_BYTES`).
 
     Example:
         >>> like(np.zeros(1), [3]).tolist()
         [3]
     """
-    return module(a).asarray(values)
+    xp = module(a)
+    if xp is np or on_device(values):
+        return xp.asarray(values)
+    values = np.asarray(values)
+    if values.nbytes <= PAGEABLE_MAX_BYTES:
+        return xp.asarray(values)
+    from .device_reorder import upload
+    return upload(values)
 
 
 def stable_argsort(a):
