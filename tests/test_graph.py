@@ -394,8 +394,11 @@ def test_resident_pagerank_stages_its_node_vectors_after_the_setups_kernels(monk
     from tuner.formats import device_reorder
     # Every copy through the pinned staging buffers (as a graph of millions of nodes copies its vectors): its
     # side stream must not write memory that kernels still queued on the current stream were given back.
+    from tuner.formats import xp
     monkeypatch.setattr(device_reorder, "STAGE_BYTES", 4096)
     monkeypatch.setattr(device_reorder, "DIRECT_MAX_BYTES", 4096)
+    monkeypatch.setattr(device_reorder, "PAGEABLE_MAX_BYTES", 4096)
+    monkeypatch.setattr(xp, "PAGEABLE_MAX_BYTES", 4096)
     monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
     A = large_graph(24)
     seeds = np.zeros(A.shape[0])
