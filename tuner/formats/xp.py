@@ -35,10 +35,9 @@ def on_device(a) -> bool:
     return module(a) is not np
 
 
-# A copy between the device and pageable host memory holds the driver's lock for its whole length, so
-# another thread's kernel launches wait for it (an 80 MB copy down held a caller's products 20 ms each on an
-# H200); copies past this size go through page-locked memory on the current stream instead, which holds up
-# nothing but the stream it is queued on.
+# A copy between the device and pageable host memory holds up every other thread's kernel launches for its
+# whole length (an 80 MB copy down held a caller's products 20 ms each on an H200); copies past this size go
+# through page-locked memory on the current stream instead, which holds up only the stream it is queued on.
 PAGEABLE_MAX_BYTES = 1 << 18
 
 
