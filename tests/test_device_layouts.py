@@ -217,7 +217,7 @@ def test_pinned_transfers_round_trip_arrays_larger_than_their_staging_buffers():
 def test_copies_through_page_locked_blocks_keep_every_value_dtype_and_shape_on_a_side_stream():
     cupy = pytest.importorskip("cupy")
     rng = np.random.default_rng(9)
-    sizes = [0, 3, xp.PAGEABLE_MAX_BYTES // 8 + 1, (1 << 21) + 5, device_reorder.DIRECT_MAX_BYTES // 8 + 7]
+    sizes = [0, 3, device_reorder.PAGEABLE_MAX_BYTES // 8 + 1, (1 << 21) + 5, device_reorder.DIRECT_MAX_BYTES // 8 + 7]
     with cupy.cuda.Stream(non_blocking=True):  # as the background tuning copies
         for n in sizes:
             for dtype in (np.int32, np.float64):

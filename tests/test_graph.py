@@ -391,13 +391,12 @@ def test_the_resident_run_relabels_once_its_rank_cache_outgrows_a_quarter_of_l2(
 def test_resident_pagerank_stages_its_node_vectors_after_the_setups_kernels(monkeypatch):
     pytest.importorskip("cupy")
     from tuner import staging
-    from tuner.formats import device_reorder, xp
+    from tuner.formats import device_reorder
     # Every copy through the pinned staging buffers (as a graph of millions of nodes copies its vectors): its
     # side stream must not write memory that kernels still queued on the current stream were given back.
     monkeypatch.setattr(device_reorder, "STAGE_BYTES", 4096)
     monkeypatch.setattr(device_reorder, "DIRECT_MAX_BYTES", 4096)
     monkeypatch.setattr(device_reorder, "PAGEABLE_MAX_BYTES", 4096)
-    monkeypatch.setattr(xp, "PAGEABLE_MAX_BYTES", 4096)
     monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
     A = large_graph(24)
     seeds = np.zeros(A.shape[0])

@@ -20,8 +20,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..staging import DIRECT_MAX_BYTES, STAGE_BYTES, drain, feed
-from .xp import PAGEABLE_MAX_BYTES, host, like, module
+from .xp import host, like, module
 
+# A copy between the device and pageable host memory holds up every other thread's kernel launches for its
+# whole length (an 80 MB copy down held a caller's products 20 ms each on an H200); upload and download copy
+# past this size through page-locked memory on the current stream, which holds up only that stream.
+PAGEABLE_MAX_BYTES = 1 << 18
 MIN_NNZ = 1 << 20  # below this the host permutes in tens of milliseconds: not worth two copies
 WORK_BYTES_PER_ENTRY = 64  # positions, rows, sources, columns, keys and the sort order (8 B each), inputs, outputs
 CHUNK_ENTRIES = 1 << 27  # entries relabelled at once: their work arrays (about 9 GB) and no more are live
@@ -195,7 +199,7 @@ def synchronize() -> None:
 
 
 def upload(array: np.ndarray):
-    """A CuPy copy of a host array: up to :data:`~tuner.formats.xp.PAGEABLE_MAX_BYTES` directly, up to
+    """A CuPy copy of a host array: up to :data:`PAGEABLE_MAX_BYTES` directly, up to
     :data:`~tuner.staging.DIRECT_MAX_BYTES` through one page-locked block on the current stream, larger ones
     through two pinned staging buffers (pageable copies run at a tenth of PCIe's rate and hold other threads'
     launches), each filled by several threads while the other one is on its way.
@@ -205,7 +209,7 @@ def upload(array: np.ndarray):
         [0, 1, 2, 3, 4]
     """
     import cupy
-    a = np.ascontiguousarray(array)
+    a = np.asarray(array, order="C")  # its own shape (0-d stays 0-d), contiguous
     out = cupy.empty(a.shape, a.dtype)
     n = a.nbytes
     if n <= PAGEABLE_MAX_BYTES:

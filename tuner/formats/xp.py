@@ -35,15 +35,9 @@ def on_device(a) -> bool:
     return module(a) is not np
 
 
-# A copy between the device and pageable host memory holds up every other thread's kernel launches for its
-# whole length (an 80 MB copy down held a caller's products 20 ms each on an H200); copies past this size go
-# through page-locked memory on the current stream instead, which holds up only the stream it is queued on.
-PAGEABLE_MAX_BYTES = 1 << 18
-
-
 def host(a):
-    """``a`` as a NumPy array (a copy from the device for a CuPy array, through page-locked memory past
-    :data:`PAGEABLE_MAX_BYTES`; ``a`` itself otherwise).
+    """``a`` as a NumPy array (a copy from the device for a CuPy array, through page-locked memory past a
+    small size: :func:`~tuner.formats.device_reorder.download`; ``a`` itself otherwise).
 
     Example:
         >>> host([1, 2]).tolist()
@@ -51,15 +45,13 @@ def host(a):
     """
     if not on_device(a):
         return np.asarray(a)
-    if a.nbytes <= PAGEABLE_MAX_BYTES:
-        return a.get()
     from .device_reorder import download
     return download(a)
 
 
 def like(a, values):
-    """``values`` (array-like) as an array of ``a``'s module (onto the device through page-locked memory
-    past :data:`PAGEABLE_MAX_BYTES`).
+    """``values`` (array-like) as an array of ``a``'s module (onto the device through page-locked memory past
+    a small size: :func:`~tuner.formats.device_reorder.upload`).
 
     Example:
         >>> like(np.zeros(1), [3]).tolist()
@@ -68,11 +60,8 @@ def like(a, values):
     xp = module(a)
     if xp is np or on_device(values):
         return xp.asarray(values)
-    values = np.asarray(values)
-    if values.nbytes <= PAGEABLE_MAX_BYTES:
-        return xp.asarray(values)
     from .device_reorder import upload
-    return upload(values)
+    return upload(np.asarray(values))
 
 
 def stable_argsort(a):
