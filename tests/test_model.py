@@ -7,6 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from tuner import families
+from tuner.families import base
 from tuner.families.base import Specialization
 from tuner.families.binned import BinnedParams
 from tuner.families.csr_vector import CsrVectorParams
@@ -801,10 +802,10 @@ def _device_lengths_predictions(monkeypatch, profile, A, device_csr):
     from tuner.model import warps
     m = canonicalize(A)
     host_side = predict_many(m, families.specializations(m, profile=profile), profile)
-    monkeypatch.setattr(warps, "DEVICE_ROWS", 0)
+    monkeypatch.setattr(base, "DEVICE_ROWS", 0)
     monkeypatch.setattr(warps, "SAMPLE_ROWS", 64)  # the short classes sampled, as on a large matrix
     again = canonicalize(A)
-    monkeypatch.setattr(warps, "known_copy", lambda v: device_csr(v) if v is again else None)
+    monkeypatch.setattr(base, "known_copy", lambda v: device_csr(v) if v is again else None)
     with warps.device_row_lengths(again) as lengths:
         assert lengths is not None
     device_side = predict_many(again, families.specializations(again, profile=profile), profile)
@@ -814,13 +815,13 @@ def _device_lengths_predictions(monkeypatch, profile, A, device_csr):
 
 def test_rows_of_a_class_per_chunk_counted_from_the_device_lengths_equal_the_host_counts(monkeypatch):
     from tuner.formats.device_reorder import DeviceCsr
-    from tuner.model import reuse, warps
+    from tuner.model import reuse
     A = power_law(3000, seed=27)
     on_host = canonicalize(A)
     expected = {k: reuse.rows_at_least(on_host, k).tolist() for k in (1, 4, 300)}
     m = canonicalize(A)
-    monkeypatch.setattr(warps, "DEVICE_ROWS", 0)
-    monkeypatch.setattr(warps, "known_copy", lambda v: DeviceCsr(v.indptr, v.indices, None) if v is m else None)
+    monkeypatch.setattr(base, "DEVICE_ROWS", 0)
+    monkeypatch.setattr(base, "known_copy", lambda v: DeviceCsr(v.indptr, v.indices, None) if v is m else None)
     assert {k: reuse.rows_at_least(m, k).tolist() for k in (1, 4, 300)} == expected
     assert sum(expected[4]) == int(np.count_nonzero(on_host.row_lengths >= 4))
 
@@ -829,12 +830,12 @@ def test_rows_of_a_class_per_chunk_counted_from_the_device_lengths_equal_the_hos
 def test_rows_of_a_class_per_chunk_counted_on_the_gpu_equal_the_host_counts(monkeypatch):
     cupy = pytest.importorskip("cupy")
     from tuner.formats.device_reorder import DeviceCsr
-    from tuner.model import reuse, warps
+    from tuner.model import reuse
     A = power_law(70000, seed=28)
     expected = {k: reuse.rows_at_least(canonicalize(A), k).tolist() for k in (1, 4, 300)}
     m = canonicalize(A)
-    monkeypatch.setattr(warps, "DEVICE_ROWS", 0)
-    monkeypatch.setattr(warps, "known_copy", lambda v: DeviceCsr(cupy.asarray(v.indptr), cupy.asarray(v.indices),
+    monkeypatch.setattr(base, "DEVICE_ROWS", 0)
+    monkeypatch.setattr(base, "known_copy", lambda v: DeviceCsr(cupy.asarray(v.indptr), cupy.asarray(v.indices),
                                                                 None) if v is m else None)
     assert {k: reuse.rows_at_least(m, k).tolist() for k in (1, 4, 300)} == expected
     assert len(expected[1]) > 100
@@ -955,7 +956,6 @@ def test_candidates_predicted_side_by_side_equal_those_predicted_one_after_anoth
 @pytest.mark.gpu
 def test_longest_row_found_on_the_gpu_equals_the_host_one_and_counts_no_host_lengths(monkeypatch):
     pytest.importorskip("cupy")
-    from tuner.families import base
     from tuner.formats.device_reorder import device_csr
     A = power_law(50000, seed=34)
     monkeypatch.setattr(base, "DEVICE_ROWS", 0)

@@ -5,6 +5,7 @@ import copy
 import hashlib
 import threading
 import weakref
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
@@ -157,11 +158,35 @@ def ceil_div(a: int, b: int) -> int:
 DEVICE_ROWS = 1 << 22  # from this many rows on, a view's passes over all its rows run on the GPU if it is there
 
 
+@contextmanager
+def device_row_lengths(m):
+    """A block in which ``m``'s row lengths are a device (CuPy) array, where ``m``'s CSR is on the GPU
+    (uploaded, or relabelled there: :func:`~tuner.formats.device_reorder.known_copy`) and it has
+    :data:`DEVICE_ROWS` rows or more; else None. The block runs on that GPU whichever thread enters it (the
+    planner's threads start on CuPy's default device). The passes of the warp histograms over every row of a
+    30M-row view take tenths of a second each on the host, holding the interpreter the other planning
+    threads wait for, and a millisecond there; what they return (histograms by length) is small.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> with device_row_lengths(canonicalize(sp.eye(3, format="csr"))) as lengths:  # small, not on a GPU
+        ...     lengths is None
+        True
+    """
+    csr = known_copy(m) if isinstance(m, CanonicalMatrix) and m.n_rows >= DEVICE_ROWS else None
+    if csr is None:
+        yield None
+        return
+    # Host arrays standing in for the device's (tests) need no device.
+    with device_reorder.on_device() if on_device(csr.indptr) else nullcontext():
+        yield csr.indptr[1:] - csr.indptr[:-1]
+
+
 def longest_row(m: CanonicalMatrix) -> int:
-    """The most entries of any row of ``m``: from its row pointers on the GPU where they are there (its
-    upload or relabelling) and the host has not counted its row lengths yet, so that the families' spaces
-    do not wait for a pass over tens of millions of rows before the planner's threads can start (they
-    count the lengths when they need them, beside each other).
+    """The most entries of any row of ``m``: from its row pointers on the GPU (:func:`device_row_lengths`)
+    where the host has not counted its row lengths yet, so that the families' spaces do not wait for a pass
+    over tens of millions of rows before the planner's threads can start (they count the lengths when they
+    need them, beside each other).
 
     Example:
         >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
@@ -170,12 +195,11 @@ def longest_row(m: CanonicalMatrix) -> int:
     """
     if not m.n_rows:
         return 0
-    counted = not isinstance(m, CanonicalMatrix) or "row_lengths" in m.__dict__
-    copy = known_copy(m) if not counted and m.n_rows >= DEVICE_ROWS else None
-    if copy is not None and on_device(copy.indptr):
+    if "row_lengths" not in m.__dict__:
         try:
-            with device_reorder.on_device():
-                return int((copy.indptr[1:] - copy.indptr[:-1]).max())
+            with device_row_lengths(m) as lengths:
+                if lengths is not None:
+                    return int(lengths.max())
         except MemoryError:  # CuPy's OutOfMemoryError is one: the host counts the lengths instead
             pass
     return int(m.row_lengths.max())

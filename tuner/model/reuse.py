@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..families.base import UNROLL, shared_layout
+from ..families.base import UNROLL, device_row_lengths, shared_layout
 from ..formats.xp import host, module
 from .locality import SECTOR_BYTES, distinct_counts
-from .warps import ALIGNED_PARTS, NARROW, SegmentSpec, WarpHistogram, device_row_lengths, narrow_lengths, row_histogram
+from .warps import ALIGNED_PARTS, NARROW, SegmentSpec, WarpHistogram, narrow_lengths, row_histogram
 
 SAMPLE_ENTRIES = 1 << 14  # entries of sampled blocks per segment: the shares to a few percent
 # A block of more entries than this (a degree-ordered graph's hub rows) is not counted: its distinct sectors

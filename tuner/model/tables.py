@@ -117,8 +117,9 @@ DEVICE_SECTORS = 1 << 19  # from this many sectors of x on, a view's sector grou
 
 def with_sector_counts(m, work):
     """``work(counts)`` on the view's sector counts (:func:`matrix_sector_counts`): a device (CuPy) array,
-    summed there once per view, where ``m``'s CSR is on the GPU (:func:`~tuner.model.warps.device_row_lengths`'
-    rule) and x has :data:`DEVICE_SECTORS` sectors or more (:func:`on_gpu`); the host's otherwise, or where
+    summed there once per view, where ``m``'s CSR is on the GPU
+    (:func:`~tuner.families.base.device_row_lengths`' rule) and x has :data:`DEVICE_SECTORS` sectors or more
+    (:func:`on_gpu`); the host's otherwise, or where
     the device runs out of memory. A tiling's grouping of millions of sectors (a pass of sorts and masks:
     tenths of a second on the host, holding the interpreter the other planning threads wait for) then runs
     there, and only what ``work`` brings back (host arrays: its result is the same either way) comes back.

@@ -13,21 +13,18 @@ only groups of several rows per warp need a pass over the rows.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..families.aligned_coo import AlignedCooParams
-from ..families.base import DEVICE_ROWS, known_layout, shared_layout
+from ..families.base import device_row_lengths, known_layout, shared_layout
 from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
 from ..families.tile_composite import TileCompositeParams
 from ..families.tile_coo import TileCooParams
 from ..families.tiles import bounds
 from ..formats.aligned_coo import sizes, split_lengths
-from ..formats import device_reorder
-from ..formats.device_reorder import known_copy
 from ..formats.reorder import Structure
 from ..formats.xp import host, module, on_device
 from ..matrix import CanonicalMatrix
@@ -161,30 +158,6 @@ def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
         count = count.astype(np.float64)
         return count, count * np.arange(count.size)
     return shared_layout(m, ("row_histogram",), build)
-
-
-@contextmanager
-def device_row_lengths(m):
-    """A block in which ``m``'s row lengths are a device (CuPy) array, where ``m``'s CSR is on the GPU
-    (uploaded, or relabelled there: :func:`~tuner.formats.device_reorder.known_copy`) and it has
-    :data:`DEVICE_ROWS` rows or more; else None. The block runs on that GPU whichever thread enters it (the
-    planner's threads start on CuPy's default device). The passes of the warp histograms over every row of a
-    30M-row view take tenths of a second each on the host, holding the interpreter the other planning
-    threads wait for, and a millisecond there; what they return (histograms by length) is small.
-
-    Example:
-        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
-        >>> with device_row_lengths(canonicalize(sp.eye(3, format="csr"))) as lengths:  # small, not on a GPU
-        ...     lengths is None
-        True
-    """
-    csr = known_copy(m) if isinstance(m, CanonicalMatrix) and m.n_rows >= DEVICE_ROWS else None
-    if csr is None:
-        yield None
-        return
-    # Host arrays standing in for the device's (tests) need no device.
-    with device_reorder.on_device() if on_device(csr.indptr) else nullcontext():
-        yield csr.indptr[1:] - csr.indptr[:-1]
 
 
 def group_histograms(lengths: np.ndarray, groups=None) -> dict[int, WarpHistogram]:
