@@ -214,6 +214,22 @@ def test_pinned_transfers_round_trip_arrays_larger_than_their_staging_buffers():
 
 
 @pytest.mark.gpu
+def test_a_download_into_a_given_array_fills_it_on_every_path(tmp_path):
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(10)
+    for n in (5, device_reorder.PAGEABLE_MAX_BYTES // 4 + 3, device_reorder.DIRECT_MAX_BYTES // 4 + 11):
+        a = rng.integers(-2**31, 2**31 - 1, n, dtype=np.int32)
+        out = np.memmap(tmp_path / f"a{n}", dtype=np.int32, mode="w+", shape=(n,))  # as the planner process's files
+        assert device_reorder.download(cupy.asarray(a), out=out) is out and np.array_equal(out, a)
+        mirror = device_reorder.HostMirror(cupy.asarray(a))
+        into = np.full(n, -1, np.int32)
+        mirror.read_into(into)
+        assert np.array_equal(into, a) and not mirror.copied  # straight from the device, no host copy kept
+    with pytest.raises(ValueError, match="destination"):
+        device_reorder.download(cupy.arange(4), out=np.empty(5, np.int64))
+
+
+@pytest.mark.gpu
 def test_copies_through_page_locked_blocks_keep_every_value_dtype_and_shape_on_a_side_stream():
     cupy = pytest.importorskip("cupy")
     rng = np.random.default_rng(9)

@@ -169,6 +169,26 @@ def test_a_failed_tuning_leaves_the_stand_in_answering_and_wait_raises_it(caplog
         k.plan
 
 
+def test_the_tuning_learns_when_the_caller_starts_waiting_for_it():
+    A = power_law(300, seed=13)
+    seen, started, release = [], threading.Event(), threading.Event()
+
+    def tune(hand_over):
+        seen.append(hand_over.caller_waits)
+        started.set()
+        release.wait(10)
+        seen.append(hand_over.caller_waits)
+        return FakeKernel(A, "tuned")
+    k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), tune)
+    x = np.linspace(-1.0, 2.0, A.shape[1])
+    assert np.allclose(k(x), A @ x)  # a product: the tuning starts beside the caller's products
+    assert started.wait(10)
+    with pytest.raises(TimeoutError):
+        k.wait(timeout=0.01)  # the caller now waits for the tuned kernel
+    release.set()
+    assert k.wait(10).name == "tuned" and seen == [False, True]
+
+
 def test_wait_with_a_timeout_says_the_tuning_is_not_done():
     release = threading.Event()
     k = tiered.TieredSpMV(FakeKernel(sp.eye(3, format="csr"), "s"), lambda hand_over: release.wait(10))
@@ -288,6 +308,25 @@ def test_a_large_matrix_tunes_in_the_background_by_default_and_a_small_one_does_
     assert k.interim_s is not None and 0 < k.interim_s <= k.switch_s
     assert not isinstance(tuner.compile(power_law(2000, seed=14), cache_dir=tmp_path), tiered.TieredSpMV)
     assert not isinstance(tuner.compile(big, cache_dir=tmp_path, background=False), tiered.TieredSpMV)
+
+
+@pytest.mark.gpu
+def test_a_tuning_beside_products_plans_in_the_planner_process_and_one_waited_for_plans_here(tmp_path):
+    import tuner
+    from tuner.generators import rmat
+    from tuner.kernel import random_vector
+    big = rmat(16, edge_factor=20)
+    x = random_vector(big.shape[1], np.float32, seed=7)
+    ref = big.astype(np.float64) @ x.astype(np.float64)
+    k = tuner.compile(big, cache_dir=tmp_path / "a")
+    assert _rel_error(k(x), ref) < 1e-5
+    while not k.ready:  # products beside the tuning, as a caller makes them
+        assert _rel_error(k(x), ref) < 1e-5
+    assert "plan_share" in k.plan.seconds and k.plan.seconds["plan"] > k.plan.seconds["plan_share"] >= 0
+    assert _rel_error(k(x), ref) < 1e-5
+    waited = tuner.compile(big, cache_dir=tmp_path / "b").wait()  # nothing to protect: planned here
+    assert "plan_share" not in waited.plan.seconds
+    assert waited.plan.family == k.plan.family and waited.plan.params == k.plan.params
 
 
 @pytest.mark.gpu

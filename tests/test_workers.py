@@ -52,6 +52,18 @@ def test_a_pools_workers_start_on_the_creators_device_and_stream(monkeypatch):
     assert fresh == [(0, "null")]
 
 
+def test_with_cupy_but_no_visible_device_a_pool_is_a_plain_thread_pool(monkeypatch):
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    def no_device(i=None):
+        raise CUDARuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+    cuda = types.SimpleNamespace(Device=no_device, runtime=types.SimpleNamespace(CUDARuntimeError=CUDARuntimeError))
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    with workers.pool(2) as p:
+        assert list(p.map(lambda v: v + 1, [1, 2, 3])) == [2, 3, 4]
+
+
 @pytest.mark.gpu
 def test_a_pools_workers_queue_cupy_work_on_the_creators_stream():
     cupy = pytest.importorskip("cupy")

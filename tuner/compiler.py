@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import codegen, families, gpu, layouts, paths, planner, streaming, tiered
+from . import codegen, families, gpu, layouts, paths, plan_worker, planner, streaming, tiered
 from .cache import Cache
-from .families.base import Specialization, drop_device_copies, memo_state, ordered_matrix, restore
+from .families.base import Specialization, drop_device_copies, known_layout, memo_state, ordered_matrix, restore
 from .families.tiles import TILE_ORDER
 from .formats import device_reorder
 from .formats.reorder import relabel_bytes
@@ -337,6 +337,8 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
     if background is not False and tune == "model":
         first = tiered.stand_in(m, info.arch, cache, force=bool(background))
         if first is not None:
+            if device_reorder.usable(m.n_rows, m.n_cols, m.nnz, relabel_bytes(m)):
+                plan_worker.start()  # it loads its modules while the first products run and the GPU relabels
             return tiered.TieredSpMV(first, lambda hand_over: _tuned(m, info, cache, tune, top_k, trials, profile,
                                                                      hand_over))
     return _tuned(m, info, cache, tune, top_k, trials, profile)
@@ -346,7 +348,8 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
            hand_over=None) -> SpMV:
     """The tuned kernel of :func:`compile`: the plan from the cache or made now, its binary and layout.
     ``hand_over``: where a background tuning plans anew on a matrix relabelled on the device, it is given
-    the interim kernel (:func:`tiered.interim`) to answer the calls while the planner runs."""
+    the interim kernel (:func:`tiered.interim`) to answer the calls while the planner runs, and the planner
+    runs in a process of its own (:mod:`tuner.plan_worker`) unless the caller waits for the tuned kernel."""
     digest, relabel_s = _digest_beside_relabelling(m)
     prof = _profile(info, profile)
     if prof is None and tune != "exhaustive":
@@ -364,7 +367,9 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     interim = _interim(m, info, cache, prof) if hand_over is not None and relabel_s > 0 else None
     if interim is not None:
         hand_over(interim)
-    specs, predicted, seconds = plan_candidates(m, prof)
+    apart = hand_over is not None and relabel_s > 0 and prof is not None and not hand_over.caller_waits
+    planned = _plan_apart(m, prof) if apart else None
+    specs, predicted, seconds = planned if planned is not None else plan_candidates(m, prof)
     seconds["relabel"] += relabel_s  # made beside the digest, before the planner asked for it
     if prof and tune != "exhaustive":
         specs, predicted = predictable(specs, predicted, info.name)
@@ -405,6 +410,22 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
                             ranking=ranking, features=features.result(), seconds=seconds)
     planner.store_plan(cache, key, plan)
     return _spmv(m, best, binaries[id(best)].cubin, plan, cache, digest, (launch, how))
+
+
+def _plan_apart(m: CanonicalMatrix, profile: Profile) -> tuple[list, list, dict] | None:
+    """:func:`plan_candidates` made in the planner process (:func:`tuner.plan_worker.plan_apart`) from the
+    matrix relabelled on the GPU, as (specs, predictions, seconds: 'relabel' 0, 'plan' the wall from the
+    copies to the answer, 'plan_share' the copies, 'plan_child' the planning there); None where it cannot
+    (the caller's process plans)."""
+    view, ordering = known_layout(m, ("permuted", TILE_ORDER)), known_layout(m, ("ordering", TILE_ORDER))
+    if view is None or ordering is None:
+        return None
+    planned = plan_worker.plan_apart(m, view, ordering, profile)
+    if planned is None:
+        return None
+    specs, predicted, seconds = planned
+    return specs, predicted, {"relabel": 0.0, "plan": seconds["plan"], "plan_share": seconds["share"],
+                              "plan_child": seconds["child"]}
 
 
 def _interim(m: CanonicalMatrix, info, cache: Cache, profile):

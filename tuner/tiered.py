@@ -154,6 +154,32 @@ def interim(m: CanonicalMatrix, arch: str, cache, profile=None):
     return _untuned(m, spec, arch, binary, launch, "interim")
 
 
+class HandOver:
+    """What a :class:`TieredSpMV`'s tuning is given: called with a kernel, it lets that kernel answer the
+    calls until the tuned one does (:meth:`TieredSpMV.hand_over`); ``caller_waits`` tells whether the
+    caller has asked for the tuned kernel (:meth:`TieredSpMV.wait`), so that no products of its run beside
+    the rest of the tuning.
+
+    Example:
+        >>> class Tiers:
+        ...     _caller_waits = threading.Event()
+        ...     def hand_over(self, kernel): print("answering:", kernel)
+        >>> h = HandOver(Tiers()); h("interim"); h.caller_waits
+        answering: interim
+        False
+    """
+
+    def __init__(self, tiers):
+        self._tiers = tiers
+
+    def __call__(self, kernel) -> None:
+        self._tiers.hand_over(kernel)
+
+    @property
+    def caller_waits(self) -> bool:
+        return self._tiers._caller_waits.is_set()
+
+
 class TieredSpMV:
     """y = A @ x at once on a stand-in kernel, then on the tuned one as soon as a thread has made it.
 
@@ -161,8 +187,8 @@ class TieredSpMV:
     wait. Any other attribute is the tuned kernel's and waits for it: ``spmv.plan``, ``spmv.spec``,
     ``spmv.explain()``, ``spmv.launch``, ``spmv.time()``.
 
-    ``tune`` makes the tuned kernel; it is given :meth:`hand_over`, through which it may put an interim
-    kernel in the stand-in's place while it goes on.
+    ``tune`` makes the tuned kernel; it is given a :class:`HandOver`, through which it may put an interim
+    kernel in the stand-in's place while it goes on, and learn whether the caller waits for it.
 
     Attributes:
         shape, dtype: of the matrix.
@@ -188,6 +214,7 @@ class TieredSpMV:
         self.interim_s: float | None = None
         self._hand_lock = threading.Lock()
         self._first_answered = threading.Event()
+        self._caller_waits = threading.Event()
         self._t0 = time.perf_counter()
         # Not a daemon: the process waits for a tuning under way (its plan and binary go to the cache).
         self._thread = threading.Thread(target=self._run, args=(tune,), name="tuner-tuning")
@@ -202,7 +229,7 @@ class TieredSpMV:
             # CuPy's freed blocks rather than free them (a cudaFree waits for every stream); all of it is
             # finished before the tuned kernel, which reads what it built, takes over.
             with _side_stream(), device_reorder.releases_deferred():
-                tuned = tune(self.hand_over)
+                tuned = tune(HandOver(self))
             device_reorder.synchronize()
         except BaseException as exc:  # noqa: BLE001 - handed to wait(); calls go on on the stand-in
             self._error = exc
@@ -246,6 +273,7 @@ class TieredSpMV:
 
     def wait(self, timeout: float | None = None):
         """The tuned :class:`~tuner.kernel.SpMV`, once made; raises what the tuning raised, or TimeoutError."""
+        self._caller_waits.set()
         self._first_answered.set()  # a caller waiting for the tuning has no first product to protect
         if not self._done.wait(timeout):
             raise TimeoutError(f"the tuning did not finish within {timeout} s")

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 def pool(max_workers: int) -> ThreadPoolExecutor:
     """A thread pool of ``max_workers`` whose workers run CuPy on this thread's current device and stream
-    (a plain pool where CuPy was never imported: there is nothing to carry).
+    (a plain pool where CuPy was never imported or reaches no GPU: there is nothing to carry).
 
     Example:
         >>> with pool(2) as p:
@@ -24,7 +24,10 @@ def pool(max_workers: int) -> ThreadPoolExecutor:
     cupy = sys.modules.get("cupy")
     if cupy is None:
         return ThreadPoolExecutor(max_workers=max_workers)
-    device, stream = cupy.cuda.Device().id, cupy.cuda.get_current_stream()
+    try:
+        device, stream = cupy.cuda.Device().id, cupy.cuda.get_current_stream()
+    except cupy.cuda.runtime.CUDARuntimeError:  # CuPy installed, no device visible: the host passes run
+        return ThreadPoolExecutor(max_workers=max_workers)
 
     def carry() -> None:
         cupy.cuda.Device(device).use()

@@ -237,20 +237,26 @@ def upload(array: np.ndarray):
     return out
 
 
-def download(array) -> np.ndarray:
+def download(array, out: np.ndarray | None = None) -> np.ndarray:
     """A host copy of a CuPy array, as :func:`upload` copies (small ones directly, mid-sized ones through
     one page-locked block) or through two pinned staging buffers, each emptied by several threads while
-    the next one fills (a copy into pageable memory runs at a tenth of PCIe's rate).
+    the next one fills (a copy into pageable memory runs at a tenth of PCIe's rate). ``out``: a
+    C-contiguous host array of its shape and dtype to copy into (default: a new one).
 
     Example (on a GPU machine):
         >>> import cupy; download(cupy.arange(5)).tolist()  # doctest: +SKIP
         [0, 1, 2, 3, 4]
     """
     import cupy
-    out = np.empty(array.shape, array.dtype)
+    if out is None:
+        out = np.empty(array.shape, array.dtype)
+    elif out.shape != tuple(array.shape) or out.dtype != array.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"download into {out.dtype}{out.shape}: the array is {array.dtype}{tuple(array.shape)}, "
+                         "and the destination must be C-contiguous")
     n = out.nbytes
     if n <= PAGEABLE_MAX_BYTES:
-        return array.get()
+        np.copyto(out, array.get())
+        return out
     if n <= DIRECT_MAX_BYTES:  # one locked block of CuPy's pool, copied on the current stream
         locked = _locked_like(cupy, out)
         cupy.ascontiguousarray(array).get(stream=cupy.cuda.get_current_stream(), out=locked)
@@ -436,6 +442,22 @@ class HostMirror(np.lib.mixins.NDArrayOperatorsMixin):
                     self._host = self._fetch(self._device) if self._device is not None else self._rebuild()
                     self._device = self._rebuild = None
         return self._host
+
+    def read_into(self, out: np.ndarray) -> None:
+        """Copy the array into ``out`` (a C-contiguous host array of its shape and dtype): from the host
+        copy where one is made, else straight from the device (no host copy is kept), else rebuilt.
+
+        Example:
+            >>> out = np.empty(3, np.int64); HostMirror(np.arange(3), fetch=np.copy).read_into(out); out.tolist()
+            [0, 1, 2]
+        """
+        with self._lock:
+            device = self._device if self._host is None else None
+        if device is not None and self._fetch is _fetch:
+            with on_device():
+                download(device, out=out)
+            return
+        np.copyto(out, self.host())
 
     def detach(self) -> None:
         """Let go of the device array (its memory goes back once nothing else holds it); copied now
