@@ -3,12 +3,15 @@
 In the caller's process the planner is hundreds of NumPy and CuPy passes on threads: the caller's thread waits
 for the interpreter lock between them, and its products share the GPU with the planner's device statistics,
 so the products made while a large graph is planned take two to three times their own time. Here the
-planner runs its host path (the one machines without a GPU run: the same candidates and predictions) in a
-child interpreter that sees no GPU, on the matrix and its relabelled view handed over through files in
-``/dev/shm`` (memory, not disk); the caller's process copies them there and waits on a pipe, holding
-neither. The host path takes longer than the device one (rmat:25 on an H200's 16 cores: 1.8 s against
-0.75 s), so a compile plans here only while the caller is making products, never when it waits for the
-tuned kernel (:class:`~tuner.tiered.HandOver`).
+planner runs its host path (the one machines without a GPU run: the same candidates; where the GPU counts
+every row's tile runs, the host counts a sample of the rows, and on rmat:23, rmat:25 and two Kronecker graphs
+it picked the same plans) in a child interpreter that sees no GPU, on the row pointers, the relabelled
+matrix and its ordering, handed over through files in ``/dev/shm`` (memory, not disk; the caller's column
+indices are read through the relabelled matrix: :class:`ViewIndices`); the caller's process copies them
+there and waits on a pipe, holding neither. The host path takes longer than the device one (rmat:25 on an
+H200's 16 cores: 1.8 s against 0.75 s), so a compile plans here only while the caller is making products,
+never when it waits for the tuned kernel (:class:`~tuner.tiered.HandOver`), nor where it would take over
+half the free host memory (:func:`host_bytes`).
 
 One child serves the process's compiles one at a time; it starts with the first compile that tunes a
 matrix in the background (:func:`start`), loads its modules while the first products run and the GPU
@@ -65,22 +68,23 @@ def available() -> bool:
 
 
 def host_bytes(m: CanonicalMatrix, view: CanonicalMatrix, ordering) -> int:
-    """Host memory planning apart takes while it runs: the arrays shared with the child, and the child's
-    own passes, led by its sort of an 8-byte key per entry of the relabelled matrix (the tile counting the
-    caller's process runs on the GPU).
+    """Host memory planning apart takes while it runs: the arrays shared with the child, and as much again
+    for the child's own arrays over the same rows and entries (its lengths, classes and samples; rmat:25 with
+    the caller's indices shared too: a 9.9 GB peak in the child, 5.0 GB of it shared). The caller's column
+    indices are not shared: the child reads them through the relabelled matrix (:class:`ViewIndices`).
 
     Example:
         >>> import scipy.sparse as sp
         >>> from tuner.matrix import canonicalize
         >>> from tuner.formats.reorder import Ordering
         >>> m = canonicalize(sp.eye(4, format="csr", dtype="float32")); o = np.arange(4, dtype=np.int32)
-        >>> host_bytes(m, m, Ordering("degree", o, o, o))   # (20 + 16) x 2 + 16 x 2 + 8 x 4
-        136
+        >>> host_bytes(m, m, Ordering("degree", o, o, o))   # 2 x (20 x 2 + 16 + 16 x 2)
+        176
     """
-    arrays = [m.indptr, m.indices, view.indptr, view.indices, ordering.row_order, ordering.row_rank]
+    arrays = [m.indptr, view.indptr, view.indices, ordering.row_order, ordering.row_rank]
     arrays += [] if ordering.symmetric else [ordering.col_order]
     arrays += [] if ordering.col_lengths is None else [ordering.col_lengths]
-    return int(sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape)) for a in arrays)) + 8 * view.nnz
+    return 2 * int(sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape)) for a in arrays))
 
 
 def _child_env() -> dict:
@@ -206,16 +210,19 @@ class _SharedArrays:
                 pass
 
 
-def _matrix_request(m: CanonicalMatrix, shared: _SharedArrays) -> dict:
-    return {"indptr": shared.put(m.indptr), "indices": shared.put(m.indices), "shape": tuple(m.shape),
-            "value_dtype": np.dtype(m.value_dtype).str, "pattern_value": m.pattern_value}
+def _matrix_request(m: CanonicalMatrix, shared: _SharedArrays, indices: bool = True) -> dict:
+    """``m`` for the child; without ``indices`` its column indices stay here (the child reads them through
+    the relabelled view: :class:`ViewIndices`)."""
+    return {"indptr": shared.put(m.indptr), "shape": tuple(m.shape), "value_dtype": np.dtype(m.value_dtype).str,
+            "pattern_value": m.pattern_value,
+            "indices": shared.put(m.indices) if indices else ("view", np.dtype(m.index_dtype).str, m.nnz)}
 
 
 def plan_apart(m: CanonicalMatrix, view: CanonicalMatrix, ordering, profile, timeout_s: float = ANSWER_TIMEOUT_S):
     """Every candidate of ``m`` and its prediction, as :func:`~tuner.model.lookup.predicted_candidates`
     makes them, made in the planner process from ``m``, its relabelled matrix ``view`` and the
-    :class:`~tuner.formats.reorder.Ordering` that made it (their arrays copied to shared memory, a device
-    mirror's straight from the GPU); with what it took: 'share' (seconds copying), 'child' (seconds planning
+    :class:`~tuner.formats.reorder.Ordering` that made it (``m``'s row pointers, the view's arrays and the
+    ordering's copied to shared memory, a device mirror's straight from the GPU); with what it took: 'share' (seconds copying), 'child' (seconds planning
     there), 'plan' (seconds from the first copy to the answer), 'shared_bytes' (the copies' size) and
     'child_peak_bytes' (the planner process's peak resident memory so far). None where no planner process
     can serve (see the module docstring).
@@ -236,7 +243,7 @@ def plan_apart(m: CanonicalMatrix, view: CanonicalMatrix, ordering, profile, tim
         child = _child
         if child is None or child.poll() is not None:
             return None
-        request = {"matrix": _matrix_request(m, shared), "view": _matrix_request(view, shared),
+        request = {"matrix": _matrix_request(m, shared, indices=False), "view": _matrix_request(view, shared),
                    "order": TILE_ORDER, "ordering": _ordering_request(ordering, shared), "profile": profile}
         shared_s = time.perf_counter() - t0
         _send(child.stdin, request)
@@ -273,6 +280,48 @@ def _ordering_request(o, shared: _SharedArrays) -> dict:
 
 # The child's side.
 
+class ViewIndices:
+    """The caller's column indices, read through the relabelled matrix: row r of the caller's matrix is row
+    ``row_rank[r]`` of the view, its columns ``col_order`` of the view's, sorted. What the planner reads of
+    them (whole rows of its samples: :meth:`~tuner.matrix.CanonicalMatrix.row_entries`) comes back exactly;
+    reading all of them as one array is refused, so that the planner process never holds a third copy of
+    the entries.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> from tuner.matrix import canonicalize
+        >>> from tuner.formats.reorder import degree_ordering, permute
+        >>> m = canonicalize(sp.csr_matrix(np.array([[0, 1.0, 2.0], [3.0, 0, 0], [0, 4.0, 5.0]])))
+        >>> o = degree_ordering(m.row_lengths, m.col_lengths, m.index_dtype)
+        >>> ViewIndices(m.indptr, permute(m, o), o, m.index_dtype)[np.array([0, 1, 4])].tolist()
+        [1, 2, 2]
+    """
+
+    def __init__(self, indptr: np.ndarray, view: CanonicalMatrix, ordering, dtype):
+        self._indptr, self._view, self._ordering = indptr, view, ordering
+        self.dtype = np.dtype(dtype)
+        self.size = int(view.nnz)
+        self.shape, self.ndim, self.nbytes = (self.size,), 1, self.size * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("the planner process reads the caller's column indices row by row through the relabelled "
+                        "matrix, not as one array")
+
+    def __getitem__(self, at) -> np.ndarray:
+        at = np.asarray(at, dtype=np.int64)
+        indptr = np.asarray(self._indptr, dtype=np.int64)
+        rows = np.searchsorted(indptr, at, side="right") - 1
+        wanted, which = np.unique(rows, return_inverse=True)
+        lengths, cols = self._view.row_entries(np.asarray(self._ordering.row_rank)[wanted])
+        old = np.asarray(self._ordering.col_order)[cols].astype(np.int64)
+        segment = np.repeat(np.arange(wanted.size, dtype=np.int64), lengths)
+        old = old[np.lexsort((old, segment))]  # each row's columns in rising order, as the caller's CSR has them
+        starts = np.cumsum(lengths) - lengths
+        return old[starts[which] + (at - indptr[rows])].astype(self.dtype)
+
 def _array(desc) -> np.ndarray:
     if desc[0] == "inline":
         return desc[1]
@@ -285,11 +334,12 @@ def _array(desc) -> np.ndarray:
     return mapped
 
 
-def _matrix(desc: dict) -> CanonicalMatrix:
+def _matrix(desc: dict, indices=None) -> CanonicalMatrix:
     # Planners read structure only; the values' type is all they need of them (no array is made).
-    indices = _array(desc["indices"])
+    indptr = _array(desc["indptr"])
+    indices = _array(desc["indices"]) if indices is None else indices(indptr)
     data = np.broadcast_to(np.zeros(1, np.dtype(desc["value_dtype"])), indices.shape)
-    return CanonicalMatrix(_array(desc["indptr"]), indices, data, tuple(desc["shape"]), desc["pattern_value"])
+    return CanonicalMatrix(indptr, indices, data, tuple(desc["shape"]), desc["pattern_value"])
 
 
 def answer(request: dict) -> tuple[list, list, float, int]:
@@ -301,17 +351,22 @@ def answer(request: dict) -> tuple[list, list, float, int]:
     from .families.base import shared_layout
     from .formats.reorder import Ordering
     from .model.lookup import predicted_candidates
-    m, view = _matrix(request["matrix"]), _matrix(request["view"])
+    view = _matrix(request["view"])
     arrays = {k: None if v is None else _array(v) for k, v in request["ordering"]["arrays"].items()}
     row_order = arrays["row_order"]
     ordering = Ordering(request["ordering"]["name"], row_order,
                         row_order if arrays["col_order"] is None else arrays["col_order"], arrays["row_rank"],
                         arrays["col_lengths"])
+    desc = request["matrix"]
+    m = _matrix(desc, (lambda indptr: ViewIndices(indptr, view, ordering, desc["indices"][1]))
+                if desc["indices"][0] == "view" else None)
     if ordering.col_lengths is not None:  # counted beside the ordering on the GPU: no pass over the entries here
         view.__dict__["col_lengths"] = ordering.col_lengths
-        lengths = np.empty_like(ordering.col_lengths)
-        lengths[ordering.col_order] = ordering.col_lengths
-        m.__dict__["col_lengths"] = lengths
+    # The caller's column lengths are the view's, put back in the caller's column order.
+    view_lengths = view.col_lengths
+    lengths = np.empty_like(view_lengths)
+    lengths[ordering.col_order] = view_lengths
+    m.__dict__["col_lengths"] = lengths
     order = request["order"]
     # The relabelled view as the caller's process made it: the planner finds it instead of relabelling.
     shared_layout(m, ("ordering", order), lambda: ordering)
