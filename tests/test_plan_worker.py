@@ -140,3 +140,20 @@ def test_shared_arrays_cross_inline_and_through_files_unchanged(tmp_path, monkey
         assert back.dtype == a.dtype and back.shape == a.shape and np.array_equal(back, a)
     shared.close()
     assert os.listdir(tmp_path) == []
+
+
+class _WritesToStdout:
+    """Unpickled in the planner process, it writes to file descriptor 1, as a library's C code might."""
+
+    def __reduce__(self):
+        return (os.write, (1, b"noise on stdout\n"))
+
+
+def test_what_the_planner_process_writes_to_stdout_does_not_reach_its_answers():
+    import time
+    assert plan_worker.start()
+    child = plan_worker._child
+    plan_worker._send(child.stdin, {"noise": _WritesToStdout()})  # not a request: the child answers an error
+    reply = plan_worker._receive(child.stdout.fileno(), time.monotonic() + 60)
+    assert reply[0] == "error" and "KeyError" in reply[1]
+    assert child.poll() is None  # and serves on

@@ -383,9 +383,12 @@ def _peak_bytes() -> int:
 
 def main() -> None:
     """The child's loop: a request in on stdin, its answer out on stdout, until stdin closes."""
+    import signal
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # anything printed goes to the caller's stderr, not into the answers
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the caller's to handle; it closes the pipe
+    requests, answers = sys.stdin.buffer, os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything written to stdout, by Python or a library, goes to stderr, not into the answers
+    sys.stdout = sys.stderr
     while True:
         request = _receive(requests.fileno())
         if request is None:
