@@ -415,7 +415,7 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
 def _plan_apart(m: CanonicalMatrix, profile: Profile) -> tuple[list, list, dict] | None:
     """:func:`plan_candidates` made in the planner process (:func:`tuner.plan_worker.plan_apart`) from the
     matrix relabelled on the GPU, as (specs, predictions, seconds: 'relabel' 0, 'plan' the wall from the
-    copies to the answer, 'plan_share' the copies, 'plan_child' the planning there); None where it cannot
+    copies to the answer, 'plan_share' the copies, 'plan_child' the child's part); None where it cannot
     (the caller's process plans)."""
     view, ordering = known_layout(m, ("permuted", TILE_ORDER)), known_layout(m, ("ordering", TILE_ORDER))
     if view is None or ordering is None:

@@ -222,8 +222,8 @@ def plan_apart(m: CanonicalMatrix, view: CanonicalMatrix, ordering, profile, tim
     """Every candidate of ``m`` and its prediction, as :func:`~tuner.model.lookup.predicted_candidates`
     makes them, made in the planner process from ``m``, its relabelled matrix ``view`` and the
     :class:`~tuner.formats.reorder.Ordering` that made it (``m``'s row pointers, the view's arrays and the
-    ordering's copied to shared memory, a device mirror's straight from the GPU); with what it took: 'share' (seconds copying), 'child' (seconds planning
-    there), 'plan' (seconds from the first copy to the answer), 'shared_bytes' (the copies' size) and
+    ordering's copied to shared memory, a device mirror's straight from the GPU); with what it took: 'share' (seconds copying), 'child' (seconds from
+    the request's arrival there to its answer), 'plan' (seconds from the first copy to the answer), 'shared_bytes' (the copies' size) and
     'child_peak_bytes' (the planner process's peak resident memory so far). None where no planner process
     can serve (see the module docstring).
 
@@ -311,16 +311,18 @@ class ViewIndices:
                         "matrix, not as one array")
 
     def __getitem__(self, at) -> np.ndarray:
-        at = np.asarray(at, dtype=np.int64)
-        indptr = np.asarray(self._indptr, dtype=np.int64)
-        rows = np.searchsorted(indptr, at, side="right") - 1
+        # Positions searched in the row pointers' own type: a wider one would copy every pointer each time.
+        at = np.asarray(at).astype(self._indptr.dtype, copy=False)
+        rows = np.searchsorted(self._indptr, at, side="right") - 1
         wanted, which = np.unique(rows, return_inverse=True)
         lengths, cols = self._view.row_entries(np.asarray(self._ordering.row_rank)[wanted])
         old = np.asarray(self._ordering.col_order)[cols].astype(np.int64)
         segment = np.repeat(np.arange(wanted.size, dtype=np.int64), lengths)
         old = old[np.lexsort((old, segment))]  # each row's columns in rising order, as the caller's CSR has them
         starts = np.cumsum(lengths) - lengths
-        return old[starts[which] + (at - indptr[rows])].astype(self.dtype)
+        offsets = at.astype(np.int64) - self._indptr[rows].astype(np.int64)
+        return old[starts[which] + offsets].astype(self.dtype)
+
 
 def _array(desc) -> np.ndarray:
     if desc[0] == "inline":
@@ -351,6 +353,7 @@ def answer(request: dict) -> tuple[list, list, float, int]:
     from .families.base import shared_layout
     from .formats.reorder import Ordering
     from .model.lookup import predicted_candidates
+    t0 = time.perf_counter()
     view = _matrix(request["view"])
     arrays = {k: None if v is None else _array(v) for k, v in request["ordering"]["arrays"].items()}
     row_order = arrays["row_order"]
@@ -371,7 +374,6 @@ def answer(request: dict) -> tuple[list, list, float, int]:
     # The relabelled view as the caller's process made it: the planner finds it instead of relabelling.
     shared_layout(m, ("ordering", order), lambda: ordering)
     shared_layout(m, ("permuted", order), lambda: view)
-    t0 = time.perf_counter()
     specs, predicted = predicted_candidates(m, request["profile"])
     return specs, predicted, time.perf_counter() - t0, _peak_bytes()
 
