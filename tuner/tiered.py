@@ -161,23 +161,21 @@ class HandOver:
     the rest of the tuning.
 
     Example:
-        >>> class Tiers:
-        ...     _caller_waits = threading.Event()
-        ...     def hand_over(self, kernel): print("answering:", kernel)
-        >>> h = HandOver(Tiers()); h("interim"); h.caller_waits
+        >>> waits = threading.Event()
+        >>> h = HandOver(lambda kernel: print("answering:", kernel), waits); h("interim"); h.caller_waits
         answering: interim
         False
     """
 
-    def __init__(self, tiers):
-        self._tiers = tiers
+    def __init__(self, hand_over: Callable, caller_waits: threading.Event):
+        self._hand_over, self._caller_waits = hand_over, caller_waits
 
     def __call__(self, kernel) -> None:
-        self._tiers.hand_over(kernel)
+        self._hand_over(kernel)
 
     @property
     def caller_waits(self) -> bool:
-        return self._tiers._caller_waits.is_set()
+        return self._caller_waits.is_set()
 
 
 class TieredSpMV:
@@ -229,7 +227,7 @@ class TieredSpMV:
             # CuPy's freed blocks rather than free them (a cudaFree waits for every stream); all of it is
             # finished before the tuned kernel, which reads what it built, takes over.
             with _side_stream(), device_reorder.releases_deferred():
-                tuned = tune(HandOver(self))
+                tuned = tune(HandOver(self.hand_over, self._caller_waits))
             device_reorder.synchronize()
         except BaseException as exc:  # noqa: BLE001 - handed to wait(); calls go on on the stand-in
             self._error = exc
