@@ -101,3 +101,14 @@ def test_the_families_and_the_model_import_tuner_modules_at_the_top():
               if in_package(m, "tuner.families") or in_package(m, "tuner.model")
               for t, line, inside in es if inside]
     assert not hidden, "\n".join(hidden)
+
+
+def test_importing_the_package_leaves_out_scipys_optimize_package():
+    # A fifth of a second of every `import tuner`, and of every planner process's start
+    # (tuner.plan_worker), for a fit that only `python -m tuner profile` makes.
+    import subprocess
+    import sys
+    code = "import sys, tuner; print('scipy.optimize' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT.parent, env={**__import__("os").environ, "PYTHONPATH": str(ROOT.parent)})
+    assert out.stdout.strip() == "False"

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.optimize import nnls
 
 from ..formats.row_bins import NEVER_DENSE, caps, row_products
 from ..matrix import CanonicalMatrix
@@ -332,6 +331,7 @@ def fit_rates(runs: list[dict]) -> dict:
         >>> {k: round(v, 6) for k, v in r.items()}
         {'hash.a': 0.01, 'hash:fixed': 0.2}
     """
+    from scipy.optimize import nnls  # only the fit needs it: importing SciPy's optimize takes 0.2 s
     out = {}
     for phase in sorted({k.split(SHARE)[0] for r in runs for k in r["work"]}):
         keys = sorted({k for r in runs for k in r["work"] if k.split(SHARE)[0] == phase})
