@@ -270,6 +270,7 @@ def _stop_locked() -> None:
         child, _child = _child, None
     if child is not None and child.poll() is None:
         child.kill()
+        child.wait()  # reaped at once: SIGKILL cannot be ignored
 
 
 def _ordering_request(o, shared: _SharedArrays) -> dict:
