@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from .matrix import CanonicalMatrix
+from .staging import copy_in_parts
 
 log = logging.getLogger("tuner.plan_worker")
 
@@ -118,11 +119,18 @@ def start() -> bool:
     return True
 
 
+def _take_child() -> subprocess.Popen | None:
+    """The running child, which is no longer the module's (a later :func:`start` makes a new one)."""
+    global _child
+    with _start_lock:
+        child, _child = _child, None
+    return child if child is not None and child.poll() is None else None
+
+
 def stop() -> None:
     """End the planner process (at exit; a later :func:`start` makes a new one)."""
-    global _child
-    child, _child = _child, None
-    if child is not None and child.poll() is None:
+    child = _take_child()
+    if child is not None:
         try:
             child.stdin.close()
             child.wait(timeout=5)
@@ -195,8 +203,7 @@ class _SharedArrays:
         else:
             flat, src = out.reshape(-1), np.ascontiguousarray(array).reshape(-1)
             part = max(1 << 22, -(-flat.size // self.threads))
-            for done in [self.pool.submit(np.copyto, flat[p:p + part], src[p:p + part])
-                         for p in range(0, flat.size, part)]:
+            for done in copy_in_parts(self.pool, flat, src, part):
                 done.result()
         del out
         return ("file", path, dtype.str, shape)
@@ -214,8 +221,8 @@ def _matrix_request(m: CanonicalMatrix, shared: _SharedArrays, indices: bool = T
     """``m`` for the child; without ``indices`` its column indices stay here (the child reads them through
     the relabelled view: :class:`ViewIndices`)."""
     return {"indptr": shared.put(m.indptr), "shape": tuple(m.shape), "value_dtype": np.dtype(m.value_dtype).str,
-            "pattern_value": m.pattern_value,
-            "indices": shared.put(m.indices) if indices else ("view", np.dtype(m.index_dtype).str, m.nnz)}
+            "pattern_value": m.pattern_value, "index_dtype": np.dtype(m.index_dtype).str,
+            "indices": shared.put(m.indices) if indices else None}
 
 
 def plan_apart(m: CanonicalMatrix, view: CanonicalMatrix, ordering, profile, timeout_s: float = ANSWER_TIMEOUT_S):
@@ -265,10 +272,8 @@ def plan_apart(m: CanonicalMatrix, view: CanonicalMatrix, ordering, profile, tim
 
 
 def _stop_locked() -> None:
-    global _child
-    with _start_lock:
-        child, _child = _child, None
-    if child is not None and child.poll() is None:
+    child = _take_child()
+    if child is not None:
         child.kill()
         child.wait()  # reaped at once: SIGKILL cannot be ignored
 
@@ -362,8 +367,7 @@ def answer(request: dict) -> tuple[list, list, float, int]:
                         row_order if arrays["col_order"] is None else arrays["col_order"], arrays["row_rank"],
                         arrays["col_lengths"])
     desc = request["matrix"]
-    m = _matrix(desc, (lambda indptr: ViewIndices(indptr, view, ordering, desc["indices"][1]))
-                if desc["indices"][0] == "view" else None)
+    m = _matrix(desc, lambda indptr: ViewIndices(indptr, view, ordering, desc["index_dtype"]))
     if ordering.col_lengths is not None:  # counted beside the ordering on the GPU: no pass over the entries here
         view.__dict__["col_lengths"] = ordering.col_lengths
     # The caller's column lengths are the view's, put back in the caller's column order.
