@@ -1,4 +1,5 @@
 """The compile that tunes in the background: the stand-in's layout, the hand-over, failures, the race figure."""
+import ctypes
 import sys
 import threading
 
@@ -345,6 +346,20 @@ def test_the_interim_kernel_over_the_device_relabelled_matrix_matches_scipy(tmp_
     x = random_vector(m.n_cols, m.value_dtype, seed=6)
     ref = m.to_scipy().astype(np.float64) @ x.astype(np.float64)
     assert _rel_error(k(x), ref) < 1e-5
+
+
+@pytest.mark.gpu
+def test_the_tunings_device_work_goes_on_a_non_blocking_stream_of_the_highest_priority():
+    import cupy
+    from tuner import gpu
+    with tiered._side_stream():
+        stream = cupy.cuda.get_current_stream()
+        least, greatest, priority, flags = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_uint()
+        assert gpu._libcuda().cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)) == 0
+        assert gpu._libcuda().cuStreamGetPriority(ctypes.c_void_p(stream.ptr), ctypes.byref(priority)) == 0
+        assert gpu._libcuda().cuStreamGetFlags(ctypes.c_void_p(stream.ptr), ctypes.byref(flags)) == 0
+    assert priority.value == greatest.value < least.value and flags.value == 1  # CU_STREAM_NON_BLOCKING
+    assert cupy.cuda.get_current_stream() is not stream
 
 
 def _fake_device(monkeypatch, free_bytes):

@@ -225,7 +225,9 @@ class TieredSpMV:
             # The tuning's device work (sorts, layouts: tens of milliseconds each) goes on a stream of its
             # own, so that the caller's products run beside it rather than queue behind it, and it keeps
             # CuPy's freed blocks rather than free them (a cudaFree waits for every stream); all of it is
-            # finished before the tuned kernel, which reads what it built, takes over.
+            # finished before the tuned kernel, which reads what it built, takes over. That stream has the
+            # device's highest priority: back-to-back products fill the GPU, and the faster kernel it
+            # builds is worth more to them than the share of the GPU it takes while it builds it.
             with _side_stream(), device_reorder.releases_deferred():
                 tuned = tune(HandOver(self.hand_over, self._caller_waits))
             device_reorder.synchronize()
@@ -293,11 +295,13 @@ class TieredSpMV:
 
 @contextlib.contextmanager
 def _side_stream():
-    """CuPy's work in this thread on a stream of its own (nothing to do without CuPy and a GPU)."""
+    """CuPy's work in this thread on a stream of its own, of the device's highest priority (nothing to do
+    without CuPy and a GPU)."""
     if not device_reorder.available():
         yield
         return
-    with device_reorder.on_device() as cupy, cupy.cuda.Stream(non_blocking=True):
+    # CUDA clamps a priority past the device's range to its highest.
+    with device_reorder.on_device() as cupy, cupy.cuda.Stream(non_blocking=True, priority=-1000):
         yield
 
 
