@@ -296,12 +296,11 @@ def device_col_lengths(csr: DeviceCsr, n_cols: int):
     xp = module(csr.indices)
     if xp is np:
         return np.bincount(csr.indices, minlength=n_cols).astype(np.int64)
-    import cupyx
     # Not CuPy's bincount: its checks of the indices' least and greatest values are reductions that CuPy
     # builds as CUB kernels on first use, seconds of NVRTC each on a fresh install. A column holds at most
     # one entry per row: fewer than 2^32.
     counts = xp.zeros(n_cols, np.uint32)
-    cupyx.scatter_add(counts, csr.indices, 1)
+    xp.add.at(counts, csr.indices, np.uint32(1))
     return counts.astype(np.int64)
 
 
