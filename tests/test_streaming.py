@@ -92,6 +92,37 @@ def test_a_product_streamed_in_many_parts_equals_one_part_bit_for_bit_and_scipy(
 
 
 @pytest.mark.gpu
+def test_streamed_products_order_with_the_callers_work_before_and_after_them(tmp_path, monkeypatch):
+    import cupy
+    from tuner import gpu, staging
+    from tuner.generators import rmat
+    from tuner.kernel import random_vector
+    # Pieces of 64 KiB: NumPy vectors cross through the staging buffers on blocking streams of their own.
+    monkeypatch.setattr(gpu, "STAGED_MIN_BYTES", 1 << 16)
+    monkeypatch.setattr(staging, "STAGE_BYTES", 1 << 16)
+    m = canonicalize(rmat(16, edge_factor=20))
+    k = _streamed(m, max(int(m.row_lengths.max()), m.nnz // 40), tmp_path)
+    assert k.plan.parts > 4 * k.plan.slots
+    A = m.to_scipy().astype(np.float64)
+    xd, yd = cupy.empty(m.n_cols, m.value_dtype), cupy.empty(m.n_rows, m.value_dtype)
+    for seed in range(6):  # each product's x differs, so a product that reads or is read too early shows
+        x = random_vector(m.n_cols, m.value_dtype, seed=200 + seed)
+        ref = A @ x.astype(np.float64)
+        xd.set(x)
+        yd.fill(cupy.nan)  # queued on the default stream just before the product: its kernels must follow
+        k(xd, out=yd)
+        xd.fill(cupy.nan)  # and just after: the kernels must be done with x
+        assert _rel(yd.copy().get(), ref) < 1e-5
+        y = k(x, out=np.full(m.n_rows, np.nan, m.value_dtype))  # y read back on a staging stream at once
+        assert _rel(y, ref) < 1e-5
+
+
+def _rel(y, ref):
+    assert np.isfinite(y).all(), "a row was read before it was written"
+    return np.linalg.norm(y - ref) / np.linalg.norm(ref)
+
+
+@pytest.mark.gpu
 def test_compile_streams_a_matrix_over_its_device_memory_limit_and_takes_device_vectors(tmp_path):
     import cupy
     import tuner

@@ -320,14 +320,25 @@ def copy_to_host(array: np.ndarray, ptr: int, queued: bool = False) -> None:
         drv.memcpy_dtoh(array, ptr)
 
 
+_CU_STREAM_NON_BLOCKING = 1  # the driver's flag (PyCUDA names no stream flags)
+
+
 class Stream:
     """A CUDA stream that orders with the default stream (a blocking stream), and events on it: work queued
     here starts after what the default stream queued before, and the default stream's later work waits
-    for it, so callers who work on the default stream need no synchronisation of their own."""
+    for it, so callers who work on the default stream need no synchronisation of their own.
 
-    def __init__(self):
+    With ``blocking=False`` it orders with nothing but what it is told to :meth:`wait` for (a non-blocking
+    stream): its copies may run while the default stream's kernels do.
+    """
+
+    def __init__(self, blocking: bool = True):
         _context()
-        self.stream = drv.Stream()
+        self.stream = drv.Stream() if blocking else drv.Stream(_CU_STREAM_NON_BLOCKING)
+
+    def wait(self, event) -> None:
+        """Work queued here from now on starts after ``event`` (see :meth:`record`, :func:`default_event`)."""
+        self.stream.wait_for_event(event)
 
     def copy_to_device(self, ptr: int, array: np.ndarray) -> None:
         """Queue a copy of ``array`` (page-locked: see :class:`Pinned`) to device memory at ``ptr``."""
@@ -340,6 +351,13 @@ class Stream:
 
     def synchronize(self) -> None:
         self.stream.synchronize()
+
+
+def default_event():
+    """An event marking what the default stream (and every blocking stream, which it orders with) has queued
+    so far: a non-blocking :class:`Stream` that waits for it sees their results."""
+    _context()
+    return drv.Event().record()
 
 
 class Pinned:

@@ -6,6 +6,8 @@ the host, page-locked in place (registered with the driver, no copy). A product 
 at most ``slot_entries`` entries (balanced by non-zeros: every part full but the last) and sends each part
 into one of ``slots`` device buffers through a CUDA stream of its own: while one part crosses PCIe, the
 kernels of the parts before it run, so a product takes about its bytes over the host-to-device bandwidth.
+The first parts of the next product cross as soon as this one's kernels are done with their slots, while
+the caller works on the result.
 The kernel of a part is the ``csr_vector`` family on the slice (its row pointers and y at the part's first
 row, its indices and values through a pointer moved back by the part's first entry, so the slice is read
 with the matrix's own row pointers): row by row, so a part's rows come out exactly as the whole matrix's
@@ -212,29 +214,66 @@ class StreamedSpMV(VectorCalls):
         self._slots = [(gpu.alloc(slot * self._index_bytes),
                         gpu.alloc(slot * self._value_bytes) if self._value_bytes else None)
                        for _ in range(plan.slots)]
-        self._streams = [gpu.Stream() for _ in range(plan.slots)]
+        # The slots' streams order with nothing (non-blocking): a part's copy waits only for the kernel that
+        # used its slot before, not for the caller's work on the default stream; a part's kernel waits for
+        # that work (x, and y's readers) through an event. The default stream waits for the kernels through
+        # the join stream, a blocking one, which waits for them (PyCUDA has no wait on the default stream).
+        self._streams = [gpu.Stream(blocking=False) for _ in range(plan.slots)]
+        self._join = gpu.Stream()
+        # Parts already in their slots when a product starts: the first ones, sent after the previous
+        # product's kernels (the matrix never changes), so that the copy engine keeps busy while the caller
+        # works on a result (a PageRank's update and test between its products).
+        self._prefetched = 0
 
     def launch(self, x_ptr: int, y_ptr: int) -> None:
         """Queue one product on device pointers (no checks): every part's copy, then its kernel, each part
-        on the stream of its slot."""
+        on the stream of its slot; then the copies of the next product's first parts."""
         p = self.plan
-        ib, vb = self._index_bytes, self._value_bytes
-        indptr = int(self._indptr)
+        ready = gpu.default_event()
         for k in range(p.parts):
             s = k % p.slots
-            stream, (idx, val) = self._streams[s], self._slots[s]
+            stream = self._streams[s]
+            if k >= self._prefetched:
+                self._send(k)
+            if k < p.slots:
+                stream.wait(ready)
             r0, r1 = int(p.row_cuts[k]), int(p.row_cuts[k + 1])
-            e0, e1 = int(p.entry_cuts[k]), int(p.entry_cuts[k + 1])
-            stream.copy_to_device(int(idx), self._indices[e0:e1])
-            # The slot's pointer moved back by the part's first entry, in the GPU's 64-bit arithmetic (it
-            # wraps; the kernel only ever adds the part's own entries back).
-            args = [np.uintp(indptr + r0 * ib), np.uintp((int(idx) - e0 * ib) % _ADDRESSES)]
-            if val is not None:
-                stream.copy_to_device(int(val), self._data[e0:e1])
-                args.append(np.uintp((int(val) - e0 * vb) % _ADDRESSES))
             grid = -(-(r1 - r0) * p.threads_per_row // BLOCK)
-            self._kernel.launch(grid, BLOCK, *args, np.uintp(x_ptr), np.uintp(y_ptr + r0 * self.dtype.itemsize),
-                                np.int64(r1 - r0), self._pattern, stream=stream)
+            self._kernel.launch(grid, BLOCK, *self._part_args(k), np.uintp(x_ptr),
+                                np.uintp(y_ptr + r0 * self.dtype.itemsize), np.int64(r1 - r0), self._pattern,
+                                stream=stream)
+        for stream in self._streams[:p.parts]:
+            self._join.wait(stream.record())
+        # Work on the default stream waits for the blocking streams' (the join's waits); an event recorded
+        # there now makes every blocking stream's later work, which waits only for the default stream's, wait
+        # for them too (a staged copy of y runs on a blocking stream of its own).
+        gpu.default_event()
+        if p.parts > p.slots:  # (where every part has a slot of its own, each product still sends them all)
+            for k in range(p.slots):
+                self._send(k)
+            self._prefetched = p.slots
+
+    def _send(self, k: int) -> None:
+        """Queue part ``k``'s copy into its slot on the slot's stream."""
+        p = self.plan
+        s = k % p.slots
+        stream, (idx, val) = self._streams[s], self._slots[s]
+        e0, e1 = int(p.entry_cuts[k]), int(p.entry_cuts[k + 1])
+        stream.copy_to_device(int(idx), self._indices[e0:e1])
+        if val is not None:
+            stream.copy_to_device(int(val), self._data[e0:e1])
+
+    def _part_args(self, k: int) -> list:
+        """Part ``k``'s row pointers and its slot's pointers moved back by the part's first entry, in the GPU's
+        64-bit arithmetic (it wraps; the kernel only ever adds the part's own entries back)."""
+        p = self.plan
+        ib, vb = self._index_bytes, self._value_bytes
+        idx, val = self._slots[k % p.slots]
+        r0, e0 = int(p.row_cuts[k]), int(p.entry_cuts[k])
+        args = [np.uintp(int(self._indptr) + r0 * ib), np.uintp((int(idx) - e0 * ib) % _ADDRESSES)]
+        if val is not None:
+            args.append(np.uintp((int(val) - e0 * vb) % _ADDRESSES))
+        return args
 
     def wait(self, timeout: float | None = None) -> "StreamedSpMV":
         """This product (nothing is tuned in the background)."""
