@@ -818,7 +818,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Writes bench-stream.json after each row.")
     p.add_argument("suite", nargs="*", help=f"GRAPH@BUDGET items, e.g. rmat:25@512M (GRAPH: {MATRIX_HELP}; "
                                             "BUDGET: bytes or 512M, 2G, ...); default: rmat:23@128M, "
-                                            "rmat:25@512M and cnr-2000 Kronecker-scaled twice@256M")
+                                            "rmat:25@512M, rmat:23:64@224M and cnr-2000 Kronecker-scaled "
+                                            "twice@256M")
     p.add_argument("--op", nargs="+", choices=("spmv", "pagerank", "spgemm"), default=["spmv", "pagerank", "spgemm"],
                    help="what to stream (default all three)")
     p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
