@@ -253,6 +253,15 @@ class StreamedSpMV(VectorCalls):
                 self._send(k)
             self._prefetched = p.slots
 
+    def __del__(self):
+        # The next product's first parts may still be crossing from the page-locked pages into the slots:
+        # neither is let go before they have.
+        for stream in getattr(self, "_streams", ()):
+            try:
+                stream.synchronize()
+            except Exception:  # noqa: BLE001 - interpreter shutdown: the context is gone, and the copies with it
+                pass
+
     def _send(self, k: int) -> None:
         """Queue part ``k``'s copy into its slot on the slot's stream."""
         p = self.plan
