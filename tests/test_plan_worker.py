@@ -54,6 +54,18 @@ def test_the_planner_process_gives_the_callers_candidates_and_predictions(source
     assert os.listdir(tmp_path) == []  # the shared files go once the answer is in
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="VmHWM is Linux's")
+def test_the_planner_processs_peak_memory_is_its_own_not_the_callers_at_its_start(profile):
+    plan_worker.stop()
+    held = np.ones(384 << 20, np.uint8)  # the caller's resident memory when the child starts: 384 MiB more
+    assert plan_worker.start()
+    m, view, ordering = _relabelled(loaders.load("rmat:12"))
+    _, _, seconds = plan_worker.plan_apart(m, view, ordering, profile)
+    assert 10 << 20 < seconds["child_peak_bytes"] < held.nbytes
+    assert plan_worker._peak_bytes() > held.nbytes  # this process's own, which holds it
+    plan_worker.stop()
+
+
 @pytest.mark.parametrize("source", ["rmat:12", "rectangular"])
 def test_the_callers_indices_read_through_the_view_equal_its_own(source):
     m, view, ordering = _relabelled(_source(source))
@@ -97,8 +109,8 @@ def test_a_failing_planner_process_leaves_the_planning_to_the_caller(profile, ca
 def test_planning_apart_is_left_out_where_it_would_take_over_half_the_free_host_memory(profile, monkeypatch):
     m, view, ordering = _relabelled(loaders.load("rmat:12"))
     need = plan_worker.host_bytes(m, view, ordering)
-    assert need == 2 * sum(x.nbytes for x in (m.indptr, view.indptr, view.indices, ordering.row_order,
-                                              ordering.row_rank))
+    shared = sum(x.nbytes for x in (m.indptr, view.indptr, view.indices, ordering.row_order, ordering.row_rank))
+    assert need == plan_worker.CHILD_SHARE_FACTOR * shared + plan_worker.CHILD_BASE_BYTES
     assert plan_worker.start()
     monkeypatch.setenv("TUNER_HOST_MEMORY_LIMIT", str(2 * need - 2))
     assert plan_worker.plan_apart(m, view, ordering, profile) is None

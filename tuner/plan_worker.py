@@ -68,24 +68,30 @@ def available() -> bool:
     return os.name == "posix" and os.access(SHARED_DIR, os.W_OK)
 
 
+CHILD_SHARE_FACTOR = 4  # host memory of planning apart over the shared arrays (host_bytes)
+CHILD_BASE_BYTES = 64 << 20  # the planner process's interpreter and modules
+
+
 def host_bytes(m: CanonicalMatrix, view: CanonicalMatrix, ordering) -> int:
-    """Host memory planning apart takes while it runs: the arrays shared with the child, and as much again
-    for the child's own arrays over the same rows and entries (its lengths, classes and samples; rmat:25 with
-    the caller's indices shared too: a 9.9 GB peak in the child, 5.0 GB of it shared). The caller's column
-    indices are not shared: the child reads them through the relabelled matrix (:class:`ViewIndices`).
+    """Host memory planning apart takes while it runs: the arrays shared with the child once in the shared
+    files and the child's peak (the shared pages it reads, its interpreter and modules, and its own arrays
+    over the same rows and entries: lengths, classes, samples), which was 2.7-3.5 times the shared arrays on
+    rmat:20 to rmat:22 (:data:`CHILD_SHARE_FACTOR` over them in all). The caller's column indices are not
+    shared: the child reads them through the relabelled matrix (:class:`ViewIndices`).
 
     Example:
         >>> import scipy.sparse as sp
         >>> from tuner.matrix import canonicalize
         >>> from tuner.formats.reorder import Ordering
         >>> m = canonicalize(sp.eye(4, format="csr", dtype="float32")); o = np.arange(4, dtype=np.int32)
-        >>> host_bytes(m, m, Ordering("degree", o, o, o))   # 2 x (20 x 2 + 16 + 16 x 2)
-        176
+        >>> host_bytes(m, m, Ordering("degree", o, o, o)) - CHILD_BASE_BYTES   # 4 x (20 x 2 + 16 + 16 x 2)
+        352
     """
     arrays = [m.indptr, view.indptr, view.indices, ordering.row_order, ordering.row_rank]
     arrays += [] if ordering.symmetric else [ordering.col_order]
     arrays += [] if ordering.col_lengths is None else [ordering.col_lengths]
-    return 2 * int(sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape)) for a in arrays))
+    shared = int(sum(np.dtype(a.dtype).itemsize * int(np.prod(a.shape)) for a in arrays))
+    return CHILD_SHARE_FACTOR * shared + CHILD_BASE_BYTES
 
 
 def _child_env() -> dict:
@@ -384,6 +390,16 @@ def answer(request: dict) -> tuple[list, list, float, int]:
 
 
 def _peak_bytes() -> int:
+    """This process's peak resident bytes: Linux's VmHWM, the high-water mark of the memory it has mapped
+    since it started. Not getrusage's ru_maxrss, which Linux carries across the exec that started the
+    process, so that it would count the caller's resident memory at the fork too."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts kilobytes
 
