@@ -116,6 +116,29 @@ def test_an_interim_kernel_handed_over_answers_between_the_stand_in_and_the_tune
     assert np.allclose(k(x), A @ x) and (first.calls, middle.calls, tuned.calls) == (1, 2, 1)
 
 
+def test_the_tunings_stream_falls_back_to_the_default_priority_where_cupy_has_no_priorities(monkeypatch):
+    import contextlib
+    import types
+    from tuner.formats import device_reorder
+    made, entered = [], []
+
+    class OldStream:  # CuPy's Stream before it took a priority
+        def __init__(self, non_blocking=False):
+            made.append(non_blocking)
+
+        def __enter__(self):
+            entered.append(True)
+
+        def __exit__(self, *exc):
+            return False
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=OldStream))
+    monkeypatch.setattr(device_reorder, "available", lambda: True)
+    monkeypatch.setattr(device_reorder, "on_device", contextlib.contextmanager(lambda: (yield fake)))
+    with tiered._side_stream():
+        pass
+    assert made == [True] and entered == [True]
+
+
 def test_the_interim_kernel_is_tile_coo_in_degree_order_at_the_middle_l1_width():
     from tuner.families.tiles import widths
     m = canonicalize(sp.random(50, 400_000, density=1e-3, format="csr", dtype=np.float32, random_state=14))

@@ -300,9 +300,13 @@ def _side_stream():
     if not device_reorder.available():
         yield
         return
-    # CUDA clamps a priority past the device's range to its highest.
-    with device_reorder.on_device() as cupy, cupy.cuda.Stream(non_blocking=True, priority=-1000):
-        yield
+    with device_reorder.on_device() as cupy:
+        try:  # CUDA clamps a priority past the device's range to its highest
+            stream = cupy.cuda.Stream(non_blocking=True, priority=-1000)
+        except TypeError:  # a CuPy from before stream priorities (13.1): the default one
+            stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            yield
 
 
 def _switch_faster() -> None:
