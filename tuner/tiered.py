@@ -303,7 +303,7 @@ def _side_stream():
     with device_reorder.on_device() as cupy:
         try:  # CUDA clamps a priority past the device's range to its highest
             stream = cupy.cuda.Stream(non_blocking=True, priority=-1000)
-        except TypeError:  # a CuPy from before stream priorities (13.1): the default one
+        except TypeError:  # a CuPy from before stream priorities: the default one
             stream = cupy.cuda.Stream(non_blocking=True)
         with stream:
             yield
