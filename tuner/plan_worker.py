@@ -235,10 +235,11 @@ def plan_apart(m: CanonicalMatrix, view: CanonicalMatrix, ordering, profile, tim
     """Every candidate of ``m`` and its prediction, as :func:`~tuner.model.lookup.predicted_candidates`
     makes them, made in the planner process from ``m``, its relabelled matrix ``view`` and the
     :class:`~tuner.formats.reorder.Ordering` that made it (``m``'s row pointers, the view's arrays and the
-    ordering's copied to shared memory, a device mirror's straight from the GPU); with what it took: 'share' (seconds copying), 'child' (seconds from
-    the request's arrival there to its answer), 'plan' (seconds from the first copy to the answer), 'shared_bytes' (the copies' size) and
-    'child_peak_bytes' (the planner process's peak resident memory so far). None where no planner process
-    can serve (see the module docstring).
+    ordering's copied to shared memory, a device mirror's straight from the GPU); with what it took:
+    'share' (seconds copying), 'child' (seconds from the request's arrival there to its answer), 'plan'
+    (seconds from the first copy to the answer), 'shared_bytes' (the copies' size) and 'child_peak_bytes'
+    (the planner process's own peak resident memory so far). None where no planner process can serve (see
+    the module docstring).
 
     Example: see tests/test_plan_worker.py.
     """
