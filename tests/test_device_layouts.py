@@ -48,7 +48,8 @@ def _same(a, b, label):
             assert u == v, (label, f.name)
 
 
-def test_the_device_formulas_run_on_the_host_give_the_host_layouts(monkeypatch):
+@pytest.mark.parametrize("segments", ["search", "scan"])
+def test_the_device_formulas_run_on_the_host_give_the_host_layouts(monkeypatch, segments):
     # The searches the GPU does instead of np.repeat, run with NumPy through the same builders.
     built = {}
     for name, A in _cases().items():
@@ -59,7 +60,7 @@ def test_the_device_formulas_run_on_the_host_give_the_host_layouts(monkeypatch):
         np.int32 if p.size - 1 < np.iinfo(np.int32).max else np.int64))
     monkeypatch.setattr(tile_coo, "entry_rows", tiles.entry_rows)
     for module in (tile_composite, tile_coo):
-        monkeypatch.setattr(module, "segment_of", xp.segment_of_search)
+        monkeypatch.setattr(module, "segment_of", getattr(xp, f"segment_of_{segments}"))
     monkeypatch.setattr(tile_composite, "repeat_by", xp.repeat_by_search)
     for name, A in _cases().items():
         m = canonicalize(A)
@@ -124,6 +125,10 @@ def test_a_family_launch_built_on_the_gpu_equals_the_host_launch(monkeypatch, fa
             assert (host.scalars, host.grid, host.block, host.zero_y) == (dev.scalars, dev.grid, dev.block, dev.zero_y)
             for g in ("x_gather", "y_gather"):
                 assert np.array_equal(getattr(host, g), getattr(dev, g)), (name, g)
+            if dev.x_gather is not None:  # copies already on the device, for the kernel to use
+                on_device = dict(zip(("x_gather", "y_gather"), dev.gathers_on_device))
+                for g, copy in on_device.items():
+                    assert xp.on_device(copy) and np.array_equal(xp.host(copy), getattr(dev, g)), (name, g)
 
 
 @pytest.mark.gpu

@@ -42,7 +42,9 @@ class BenchRow:
     into a CuPy CSR, one cuSPARSE product, y back) and the products after which ours is ahead in total
     (``break_even_products``: None where ours is not faster per product; where our compile tunes in the
     background, its first products run on the stand-in, so both sides run products until ours has run 100
-    tuned ones and the running totals are compared: :func:`raced_break_even`). ``tune_s``: the first compile
+    tuned ones and the running totals are compared: :func:`raced_break_even`; ``race_min_lead_ms``: in that
+    race, the smallest lead of ours over cuSPARSE in total time after the same number of products, negative
+    where ours was behind: :func:`race_min_lead`). ``tune_s``: the first compile
     until the tuned kernel is made; ``cache_hit_ms``: a second compile of the same matrix (plan, kernels and
     layout from the cache), until its tuned kernel is ready. ``tuned_after_ms``: in the race, host matrix to
     the tuned kernel taking over the calls (None where the compile returned it), ``interim_after_ms`` to the
@@ -84,6 +86,7 @@ class BenchRow:
     cusparse_time_to_first_ms: float | None = None
     cache_hit_ms: float | None = None
     break_even_products: int | None = None
+    race_min_lead_ms: float | None = None
     tuned_after_ms: float | None = None
     interim_after_ms: float | None = None
     stand_in_products: int | None = None
@@ -286,7 +289,9 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
                     stand_in_products=stand_in_products,
                     stand_in_race=stand_in_summary(stand_in_ms),
                     break_even_products=raced_break_even(first_ms, ours_totals, ours_ms, cu_first_ms, cu_totals,
-                                                         best_cusparse), seconds=clock.rounded())
+                                                         best_cusparse),
+                    race_min_lead_ms=race_min_lead(first_ms, ours_totals, cu_first_ms, cu_totals),
+                    seconds=clock.rounded())
 
 
 def break_even(first_ms: float, per_ms: float, other_first_ms: float | None, other_per_ms: float | None) -> int | None:
@@ -331,6 +336,22 @@ def raced_break_even(first_ms: float, totals: list[float], per_ms: float, other_
         return int(behind[-1]) + 2
     rest = break_even(float(ours[-1]), per_ms, float(other[-1]), other_per_ms)
     return None if rest is None else k + rest
+
+
+def race_min_lead(first_ms: float, totals: list[float], other_first_ms: float | None,
+                  other_totals: list[float]) -> float | None:
+    """The smallest lead of ours over the other in a race (:func:`raced_break_even`'s arguments): the other's
+    total time minus ours after the same number of products, the first one included, over the products both
+    ran; negative where ours was behind. None without the other's times.
+
+    Example (ahead by 9 ms after the first product, 7 after the second, 1 after the third):
+        >>> race_min_lead(11.0, [23.0, 39.0], 20.0, [30.0, 40.0])
+        1.0
+    """
+    if other_first_ms is None:
+        return None
+    k = min(len(totals), len(other_totals))
+    return float(np.min(np.array([other_first_ms, *other_totals[:k]]) - np.array([first_ms, *totals[:k]])))
 
 
 RACE_AFTER = 100  # products of the tuned kernel a race runs on for

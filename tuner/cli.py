@@ -567,7 +567,7 @@ def _iteration_options(p) -> None:
                         "drives the loop, the product on the GPU (default with a GPU but no CuPy); scipy: on the host")
     p.add_argument("--tune", choices=COMPILE_TUNE_MODES, default="none",
                    help="how the product by A^T is compiled: none (default): the generic kernel, ready in "
-                        "milliseconds, since tuning repays itself only after hundreds to thousands of products; "
+                        "milliseconds, since a tuned kernel takes seconds of planning and layout to make; "
                         "model: the model's tuned kernel (for long runs); measure, exhaustive, optuna: as compile")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float64",
                    help="precision of the matrix and vectors on the GPU (default %(default)s; float32 moves half "

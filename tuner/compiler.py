@@ -347,11 +347,21 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
 def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials: int, profile,
            hand_over=None) -> SpMV:
     """The tuned kernel of :func:`compile`: the plan from the cache or made now, its binary and layout.
-    ``hand_over``: where a background tuning plans anew on a matrix relabelled on the device, it is given
-    the interim kernel (:func:`tiered.interim`) to answer the calls while the planner runs, and the planner
-    runs in a process of its own (:mod:`tuner.plan_worker`) unless the caller waits for the tuned kernel."""
-    digest, relabel_s = _digest_beside_relabelling(m)
+    ``hand_over``: where a background tuning relabels the matrix on the device, it is given the interim
+    kernel (:func:`tiered.interim`) as soon as the relabelled matrix is there (before the plan cache is read:
+    the digest that keys it may still be hashing) to answer the calls until the tuned kernel does, unless the
+    caller waits for that; a plan made anew there is made in a process of its own
+    (:mod:`tuner.plan_worker`) unless the caller waits for the tuned kernel."""
     prof = _profile(info, profile)
+    interim = None
+
+    def relabelled():  # the interim kernel as soon as the relabelled matrix is there, the digest perhaps not
+        nonlocal interim
+        if hand_over is not None and not hand_over.caller_waits:
+            interim = _interim(m, info, cache, prof)
+            if interim is not None:
+                hand_over(interim)
+    digest, relabel_s = _digest_beside_relabelling(m, relabelled)
     if prof is None and tune != "exhaustive":
         log.warning("no GPU profile for %s (run `python -m tuner profile`): tune=%r falls back to 'exhaustive'",
                     info.name, tune)
@@ -364,9 +374,6 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
         if binary is None:  # binary evicted or corrupt: rebuild it, keep the plan
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
         return _spmv(m, spec, binary.cubin, plan, cache, digest)
-    interim = _interim(m, info, cache, prof) if hand_over is not None and relabel_s > 0 else None
-    if interim is not None:
-        hand_over(interim)
     apart = hand_over is not None and relabel_s > 0 and prof is not None and not hand_over.caller_waits
     planned = _plan_apart(m, prof) if apart else None
     specs, predicted, seconds = planned if planned is not None else plan_candidates(m, prof)
@@ -439,19 +446,23 @@ def _interim(m: CanonicalMatrix, info, cache: Cache, profile):
         return None
 
 
-def _digest_beside_relabelling(m: CanonicalMatrix) -> tuple[str, float]:
+def _digest_beside_relabelling(m: CanonicalMatrix, relabelled=None) -> tuple[str, float]:
     """``m``'s structure digest (the plan cache's key; a hash of every index, on the host's cores) while
     this thread relabels ``m`` for the tiled candidates where that runs on the GPU (the planner starts with
     it, and the plans of large power-law graphs use it, so on a plan-cache hit it is seldom wasted; a plan
-    in the caller's order drops it with the other device copies); with the relabelling's seconds (0.0
-    where it was not made here)."""
+    in the caller's order drops it with the other device copies), then calls ``relabelled`` (if given) before
+    it waits for the digest; with the relabelling's seconds (0.0 where it was not made here, and
+    ``relabelled`` not called)."""
     if not device_reorder.usable(m.n_rows, m.n_cols, m.nnz, relabel_bytes(m)):
         return structure_digest(m), 0.0
     with thread_pool(1) as pool:
         digest = pool.submit(structure_digest, m)
         t0 = time.perf_counter()
         ordered_matrix(m, TILE_ORDER)
-        return digest.result(), time.perf_counter() - t0
+        relabel_s = time.perf_counter() - t0
+        if relabelled is not None:
+            relabelled()
+        return digest.result(), relabel_s
 
 
 def _spmv(m: CanonicalMatrix, spec, cubin: bytes, plan, cache: Cache, digest: str, layout=None) -> SpMV:

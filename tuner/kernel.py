@@ -113,9 +113,10 @@ class SpMV(VectorCalls):
         self._plan_order = False
         self._gathers = None
         if self._launch.x_gather is not None:  # a relabelled plan: gathers to and from its order
+            x_gather, y_gather = self._launch.gathers_on_device or (self._launch.x_gather, self._launch.y_gather)
             self._gathers = _Gathers(
                 self._kernel.sibling(spec.kernel_name + "_gather", "PPPq"),
-                arrays.pointer(self._launch.x_gather), arrays.pointer(self._launch.y_gather),
+                arrays.pointer(x_gather), arrays.pointer(y_gather),
                 gpu.alloc(self.shape[1] * self.dtype.itemsize), gpu.alloc(self.shape[0] * self.dtype.itemsize))
 
     def launch(self, x_ptr: int, y_ptr: int) -> None:

@@ -15,7 +15,7 @@ from ..formats import device_reorder
 from ..formats.device_reorder import DeviceCsr, device_csr, known_copy, permute_device
 from ..formats.reorder import (NONE, Ordering, Structure, check_order, col_ranks, inverse, make_ordering, permute,
                                permuted_rows, permuted_structure)
-from ..formats.xp import on_device
+from ..formats.xp import like, on_device
 from ..matrix import CanonicalMatrix
 
 # Index loads issued ahead of their gathers in each lane's loop (templates' row_dot).
@@ -45,6 +45,9 @@ class Launch:
         x_gather: column order of the plan (None: the caller's order).
         y_gather: the plan's row of each of the caller's rows (None: the caller's order).
         zero_y: the kernel adds into y (atomically), so y is zeroed before it.
+        gathers_on_device: ``x_gather`` and ``y_gather`` already on the device (CuPy) where the layout was
+            built there, used instead of copies of the host arrays (a copy from pageable memory would hold up
+            a caller's products on other threads while a background tuning makes the kernel).
     """
 
     arrays: tuple[tuple[str, np.ndarray], ...]
@@ -54,6 +57,7 @@ class Launch:
     x_gather: np.ndarray | None = None
     y_gather: np.ndarray | None = None
     zero_y: bool = False
+    gathers_on_device: tuple | None = None
 
     @property
     def nbytes(self) -> int:
@@ -356,7 +360,8 @@ def ordered_device_launch(m: CanonicalMatrix, order: str,
     built = build(m, csr, known if known is not None else device_reorder.col_lengths(csr, m.n_cols))
     if o is None:
         return built
-    return replace(built, x_gather=o.col_order, y_gather=o.row_rank)
+    copies = tuple(like(csr.indices, g) for g in (o.col_order, o.row_rank))  # on this thread's stream
+    return replace(built, x_gather=o.col_order, y_gather=o.row_rank, gathers_on_device=copies)
 
 
 def ordered_launch(m: CanonicalMatrix, order: str, build: Callable[[CanonicalMatrix], Launch]) -> Launch:

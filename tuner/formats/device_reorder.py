@@ -1,6 +1,6 @@
 """A matrix's CSR arrays on the GPU (CuPy), and the relabelled matrix B = A[row_order][:, col_order] built
-there (CUB's radix sort behind ``cupy.argsort``): the same arrays :func:`~tuner.formats.reorder.permute`
-builds on the host.
+there (one CUB radix sort of (row, new column) keys over only their bits:
+:mod:`~tuner.formats.device_sort`): the same arrays :func:`~tuner.formats.reorder.permute` builds on the host.
 
 On the host the row gather, the column relabel and the per-row sort take seconds for 100M entries; on the
 GPU they take milliseconds. The matrix crosses PCIe once (:func:`device_csr`, through pinned staging
@@ -20,14 +20,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..staging import DIRECT_MAX_BYTES, STAGE_BYTES, drain, feed
-from .xp import host, like, module
+from .device_sort import key_bits, sort
+from .xp import host, like, module, segment_of_scan
 
 # A copy between the device and pageable host memory holds up every other thread's kernel launches for its
 # whole length (an 80 MB copy down held a caller's products 20 ms each on an H200); upload and download copy
 # past this size through page-locked memory on the current stream, which holds up only that stream.
 PAGEABLE_MAX_BYTES = 1 << 18
 MIN_NNZ = 1 << 20  # below this the host permutes in tens of milliseconds: not worth two copies
-WORK_BYTES_PER_ENTRY = 64  # positions, rows, sources, columns, keys and the sort order (8 B each), inputs, outputs
+# Work of an entry being relabelled, with room to spare: its row (4 B), its key and the sort's second buffer
+# (8 B each), its value and the value's second buffer; the layout builders' per-entry arrays stay below it too.
+WORK_BYTES_PER_ENTRY = 64
 CHUNK_ENTRIES = 1 << 27  # entries relabelled at once: their work arrays (about 9 GB) and no more are live
 
 
@@ -343,22 +346,57 @@ def _permute(cupy, csr: DeviceCsr, row_order, col_rank, chunk_entries: int | Non
     cuts = cupy.searchsorted(new_ptr, cupy.arange(0, nnz, max(int(chunk_entries), 1), dtype=np.int64),
                              side="right") - 1
     cuts = np.unique(np.concatenate([[0], host(cuts), [n]]))
+    col_bits = key_bits(col_rank.size - 1)
+    starts = ptr[order]  # each new row's first entry in the source arrays
     for r0, r1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
         e0, e1 = (int(v) for v in host(new_ptr[[r0, r1]]))
         if e1 == e0:
             continue
-        row, src = _sources(cupy, ptr, order[r0:r1], new_ptr[r0:r1 + 1])
-        cols = col_rank[csr.indices[src]].astype(np.int64)
-        key = (row << 32) | cols  # rows, then columns: one radix sort orders every row of the piece
+        # Each entry's row within the piece (a running sum over the rows' starts), then its (row, new
+        # column) key and value in one pass; one radix sort of the key's bits orders every row of the piece.
+        piece_ptr = new_ptr[r0:r1 + 1] - e0
+        row = segment_of_scan(piece_ptr[:-1], e1 - e0, np.int32)
+        key = cupy.empty(e1 - e0, np.uint64)
+        vals = None if out_data is None else cupy.empty(e1 - e0, out_data.dtype)
+        args = (row, starts[r0:r1], piece_ptr, csr.indices, col_rank, np.int32(col_bits))
+        if cupy is np:  # the host's stand-in for the kernel below
+            src = starts[r0:r1][row] + (np.arange(e1 - e0) - piece_ptr[row])
+            key[:] = (row.astype(np.uint64) << np.uint64(col_bits)) | col_rank[csr.indices[src]].astype(np.uint64)
+            if vals is not None:
+                vals[:] = csr.data[src]
+            del src
+        elif vals is None:
+            _relabel_keys(cupy, False)(*args, key)
+        else:
+            _relabel_keys(cupy, True)(*args, csr.data, key, vals)
         del row
-        perm = cupy.argsort(key)
-        del key
-        out_cols[e0:e1] = cols[perm]
-        del cols
+        key, vals = sort(key, vals, key_bits(r1 - r0 - 1) + col_bits)
+        out_cols[e0:e1] = key & np.uint64((1 << col_bits) - 1)
         if out_data is not None:
-            out_data[e0:e1] = csr.data[src[perm]]
-        del src, perm
+            out_data[e0:e1] = vals
+        del key, vals
     return DeviceCsr(new_ptr.astype(index_dtype), out_cols, out_data)
+
+
+_key_kernels: dict = {}
+
+
+def _relabel_keys(cupy, valued: bool):
+    """The kernel writing each entry's sort key (row within the piece, then the new column) and, where
+    ``valued``, its value: entry i of the piece lies in piece row ``row[i]``, at ``i - piece_ptr[row]``
+    past that row's first source entry ``start[row]``."""
+    kernel = _key_kernels.get(valued)
+    if kernel is None:
+        source = ("long long s = start[row] + (i - piece_ptr[row]);\n"
+                  "key = ((unsigned long long)row << col_bits) | (unsigned long long)col_rank[indices[s]];\n")
+        params = "int32 row, raw int64 start, raw int64 piece_ptr, raw I indices, raw R col_rank, int32 col_bits"
+        if valued:
+            kernel = cupy.ElementwiseKernel(params + ", raw V data", "uint64 key, V val", source + "val = data[s];\n",
+                                            "tuner_relabel_keys_values")
+        else:
+            kernel = cupy.ElementwiseKernel(params, "uint64 key", source, "tuner_relabel_keys")
+        _key_kernels[valued] = kernel
+    return kernel
 
 
 def _sources(xp, ptr, rows, new_ptr):

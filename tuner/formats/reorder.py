@@ -61,6 +61,11 @@ def by_decreasing(lengths: np.ndarray) -> np.ndarray:
         [1, 3, 0, 2]
     """
     xp = module(lengths)
+    if xp is not np and lengths.size:  # the gap to the longest: an unsigned key of the bits it needs (CUB)
+        from .device_sort import argsort, key_bits
+        longest = int(lengths.max())
+        if longest < 1 << 32:
+            return argsort((longest - lengths).astype(np.uint32), key_bits(longest))[0]
     return stable_argsort(-xp.asarray(lengths, dtype=np.int64))
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..workers import pool as thread_pool
-from .xp import host, like, module, stable_argsort
+from .xp import host, like, module, segment_of_scan, stable_argsort
 
 
 def tile_bounds(col_lengths: np.ndarray, width: int) -> np.ndarray:
@@ -114,7 +114,11 @@ def entry_rows(indptr, positions):
     row_dtype = np.int32 if n_rows < np.iinfo(np.int32).max else np.int64
     if module(positions) is np:
         return np.repeat(np.arange(n_rows, dtype=row_dtype), np.diff(indptr))[positions]
-    return entry_rows_search(indptr, positions).astype(row_dtype)
+    ptr = like(positions, indptr)
+    if positions.size >= n_rows and int(ptr[0]) == 0:
+        # Every entry's row by one running sum, then gathered: cheaper than a search per position.
+        return segment_of_scan(ptr[:-1], int(ptr[-1]), row_dtype)[positions]
+    return entry_rows_search(ptr, positions).astype(row_dtype)
 
 
 def entry_rows_search(indptr, positions):
@@ -495,8 +499,14 @@ def tile_entries(indptr, indices, n_cols: int, bounds: np.ndarray) -> TiledEntri
     nnz = int(indptr[-1])
     tile = tile_of(indices[:nnz], bounds)
     # Stable sort of small integers is a radix sort: linear in the entries.
-    order = stable_argsort(tile)
-    tile_counts = host(xp.bincount(tile if xp is np else tile.astype(np.int32), minlength=n_tiles))
+    if xp is np:
+        order = stable_argsort(tile)
+        tile_counts = np.bincount(tile, minlength=n_tiles)
+    else:  # CUB over the tile numbers' bits; the counts from the sorted numbers (an atomic count of a few
+        # hundred bins contends)
+        from .device_sort import argsort, key_bits
+        order, tile = argsort(tile, key_bits(n_tiles - 1))
+        tile_counts = host(xp.diff(xp.searchsorted(tile, xp.arange(n_tiles + 1, dtype=np.uint32))))
     del tile
     tile_starts = np.concatenate([[0], np.cumsum(tile_counts)]).astype(np.int64)
     rows = entry_rows(indptr, order)
@@ -607,8 +617,8 @@ def grouped_tiles(indptr, indices, data, bounds: np.ndarray, col_lengths: np.nda
     for first, end in groups:
         lo, hi = int(bounds[first]), int(bounds[end])
         pos = _positions_between(indices, lo, hi)  # the group's entries, in CSR order
-        ptr = xp.zeros(n_rows + 1, np.int64)
-        xp.cumsum(xp.bincount(entry_rows_search(indptr, pos), minlength=n_rows), out=ptr[1:])
+        # The group's row pointers: its entries before each row's first (a search of the ascending positions).
+        ptr = xp.searchsorted(pos, like(pos, indptr).astype(pos.dtype), side="left").astype(np.int64)
         cols = indices[pos]
         tiled = tile_entries(ptr, cols - lo, hi - lo, bounds[first:end + 1] - lo)
         yield TileGroup(first, end, ptr, cols, None if data is None else data[pos], tiled)

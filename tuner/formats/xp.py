@@ -65,15 +65,21 @@ def like(a, values):
 
 
 def stable_argsort(a):
-    """Indices sorting ``a`` ascending, ties in index order (NumPy's radix sort for small integer types;
-    CuPy's argsort is always stable).
+    """Indices sorting ``a`` ascending, ties in index order (NumPy's radix sort for small integer types; on
+    the device CUB's radix sort over an unsigned key's own bits, :mod:`~tuner.formats.device_sort`, else
+    CuPy's argsort, which is always stable).
 
     Example:
         >>> stable_argsort(np.array([2, 1, 2, 0], np.uint16)).tolist()
         [3, 1, 0, 2]
     """
     xp = module(a)
-    return np.argsort(a, kind="stable") if xp is np else xp.argsort(a)
+    if xp is np:
+        return np.argsort(a, kind="stable")
+    if a.dtype.kind == "u" and a.dtype.itemsize <= 4:  # only the bits such keys have: CUB over 8-32 bits
+        from .device_sort import argsort
+        return argsort(a)[0]
+    return xp.argsort(a)
 
 
 def repeat_by(values, counts):
@@ -113,7 +119,7 @@ def segment_of(starts, n: int):
     """
     if module(starts) is np:
         return np.repeat(np.arange(starts.size, dtype=np.int64), np.diff(np.append(starts, n)))
-    return segment_of_search(starts, n)
+    return segment_of_scan(starts, n)
 
 
 def segment_of_search(starts, n: int):
@@ -126,6 +132,24 @@ def segment_of_search(starts, n: int):
     """
     xp = module(starts)
     return xp.searchsorted(starts, xp.arange(n, dtype=np.int64), side="right") - 1
+
+
+def segment_of_scan(starts, n: int, dtype=np.int64):
+    """:func:`segment_of` as the device computes it, in either module and as ``dtype``: each non-empty
+    segment's start marked with its distance from the previous non-empty segment, then a running sum (one
+    pass over the positions and no atomic adds, which empty segments sharing a start would contend on; a
+    search per position costs one dependent load per halving of the segments).
+
+    Example (an empty segment's start repeats the next one's; the sum lands on the last of them):
+        >>> segment_of_scan(np.array([0, 2, 2, 3]), 5).tolist()
+        [0, 0, 2, 3, 3]
+    """
+    xp = module(starts)
+    starts = starts.astype(np.int64, copy=False)
+    full = xp.flatnonzero(xp.diff(starts, append=xp.asarray([n], dtype=np.int64)) > 0)
+    marks = xp.zeros(n, dtype=dtype)
+    marks[starts[full]] = xp.diff(full, prepend=xp.zeros(1, dtype=full.dtype)).astype(dtype)
+    return xp.cumsum(marks, dtype=dtype)
 
 
 def prefix(counts, dtype=np.int64):

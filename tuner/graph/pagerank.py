@@ -225,9 +225,9 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
     device communicator; default this GPU alone). ``tune``: how the product by Aᵀ is compiled
     (:func:`tuner.compile`'s modes). The default, 'none', runs every iteration of one GPU in one launch of the
     resident kernel (:mod:`tuner.graph.resident`: no layout, ready in milliseconds; the host-driven loop on the
-    generic kernel where the graph does not fit or needs several GPUs): a tuned kernel repays its planning and
-    layout only after hundreds to thousands of products (``break_even_products`` in bench-spmv.json), more
-    than a PageRank's iterations; 'model' tunes it (for long runs; to reuse one tuned product across calls
+    generic kernel where the graph does not fit or needs several GPUs): a tuned kernel waited for takes
+    seconds of planning and layout on a large graph (``tune_s`` in bench-spmv.json), longer than an untuned
+    PageRank of it takes in all; 'model' tunes it (for long runs; to reuse one tuned product across calls
     see :func:`tuner.distributed.pagerank.pull_product`).
     On several GPUs the ranks multiply in the tiles of the model's one-GPU plan where it plans tile_composite,
     whatever ``tune`` says (:class:`~tuner.distributed.spmv.DistributedSpMV`).
