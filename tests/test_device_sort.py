@@ -11,8 +11,13 @@ from tuner.cache import Cache
 from tuner.formats import device_sort
 
 
-def test_the_sort_library_builds_for_sm_90_with_every_key_and_value_width(tmp_path):
-    lib = ctypes.CDLL(str(codegen.compile_library(device_sort.source(), "sm_90", Cache(tmp_path))))
+def test_the_sort_library_is_built_ahead_for_sm_90_with_every_key_and_value_width(tmp_path, monkeypatch):
+    monkeypatch.setattr(device_sort, "_paths", {})
+    device_sort.prebuild("sm_90", Cache(tmp_path))
+    path = device_sort._paths["sm_90"]  # where the first sort on an sm_90 device loads it from
+    monkeypatch.setattr(codegen.subprocess, "run", lambda *a, **k: pytest.fail("nvcc ran again"))
+    assert codegen.compile_library(device_sort.source(), "sm_90", Cache(tmp_path)) == path
+    lib = ctypes.CDLL(str(path))
     for key in ("u32", "u64"):
         assert hasattr(lib, f"{device_sort.LIBRARY}_keys_{key}")
         for val in ("u32", "u64"):

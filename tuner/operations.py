@@ -15,6 +15,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import bench, bench_spgemm, bench_spmm, compiler, families, spgemm, spmm
+from .formats import device_sort
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class Operation:
 REGISTRY: dict[str, Operation] = {op.name: op for op in (
     Operation("spmv", 1, lambda ops: len(ops) == 1, families.REGISTRY, compiler.compile,
               lambda A, x: A.astype(np.float64) @ np.asarray(x, np.float64),
-              "cupyx.cusparse.spmv, the faster of CSR and COO", bench.cli_run, True),
+              "cupyx.cusparse.spmv, the faster of CSR and COO", bench.cli_run, True, device_sort.prebuild),
     Operation("spgemm", 2, lambda ops: len(ops) == 2 and sp.issparse(ops[1]), spgemm.FAMILIES, spgemm.compile_spgemm,
               lambda A, B: (A.astype(np.float64) @ B.astype(np.float64)).tocsr(),
               "cupyx.scipy.sparse csr @ csr (cuSPARSE SpGEMM)", bench_spgemm.cli_run, False, spgemm.prebuild),

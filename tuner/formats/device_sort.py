@@ -1,6 +1,6 @@
 """Radix sorts of CuPy arrays over only the key bits that can be set, through CUB
-(``templates/cub_sort.cu.j2``: a shared library nvcc builds once per GPU architecture into the binary cache),
-on the current CuPy stream.
+(``templates/cub_sort.cu.j2``: a shared library nvcc builds once per GPU architecture into the binary cache,
+:func:`prebuild` ahead of use or the first sort), on the current CuPy stream.
 
 CuPy's ``argsort`` sorts every bit of its keys and carries 8-byte indices: a (row, column) key of a matrix
 with 8M rows and columns has 46 bits that can be set, and a tile number 16 or fewer, so sorting those bits
@@ -19,7 +19,8 @@ from .xp import module
 LIBRARY = "cub_sort"
 _UNSIGNED = {4: ("u32", np.uint32), 8: ("u64", np.uint64)}
 _lock = threading.Lock()
-_libraries: dict = {}
+_libraries: dict = {}  # arch -> the loaded library
+_paths: dict = {}  # arch -> where it was built (prebuild's cache, else the default one)
 
 
 def source() -> str:
@@ -42,13 +43,30 @@ def key_bits(largest: int) -> int:
     return max(int(largest).bit_length(), 1)
 
 
+def prebuild(arch: str, cache=None) -> None:
+    """Build the library for ``arch`` into ``cache`` (default: the default cache) ahead of the first sort,
+    which then loads it from there: nvcc takes about ten seconds over CUB's templates.
+
+    Example:
+        >>> import tempfile; from tuner.cache import Cache
+        >>> prebuild("sm_90", Cache(tempfile.mkdtemp()))  # doctest: +SKIP
+    """
+    from ..cache import Cache
+    path = codegen.compile_library(source(), arch, cache or Cache())
+    with _lock:
+        _paths.setdefault(arch, path)
+
+
 def _library(cupy):
     arch = f"sm_{cupy.cuda.Device().compute_capability}"
     with _lock:
         lib = _libraries.get(arch)
         if lib is None:
-            from ..cache import Cache
-            lib = _libraries[arch] = ctypes.CDLL(str(codegen.compile_library(source(), arch, Cache())))
+            path = _paths.get(arch)
+            if path is None:
+                from ..cache import Cache
+                path = _paths[arch] = codegen.compile_library(source(), arch, Cache())
+            lib = _libraries[arch] = ctypes.CDLL(str(path))
     return lib
 
 
