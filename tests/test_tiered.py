@@ -319,12 +319,12 @@ def test_a_background_compile_answers_at_once_and_hands_over_to_the_tuned_kernel
 
 @pytest.mark.gpu
 def test_a_large_matrix_tunes_in_the_background_by_default_and_a_small_one_does_not(tmp_path):
+    import cupy
     import tuner
     from tuner.generators import rmat
     from tuner.kernel import random_vector
     big = rmat(16, edge_factor=20)  # over a million entries: worth tuning in the background
     assert big.nnz >= 1 << 20
-    import cupy
     k = tuner.compile(big, cache_dir=tmp_path)
     assert isinstance(k, tiered.TieredSpMV)
     x = random_vector(big.shape[1], np.float32, seed=5)
