@@ -439,6 +439,19 @@ def test_compile_hands_a_stand_in_over_to_the_tuned_kernel_where_it_has_one(monk
     assert not isinstance(compiler.compile(A, background=False), tiered.TieredSpMV) and len(asked) == 2
 
 
+def test_a_plan_of_the_interim_kernels_own_specialisation_runs_on_its_layout():
+    # Made now or read from the plan cache: the layout built for the interim kernel is not built again.
+    m = canonicalize(power_law(300, seed=3))
+    spec = tiered.interim_spec(m)
+
+    class Interim:
+        layout = object()
+    Interim.spec = spec
+    assert compiler._interim_layout(Interim, spec) == (Interim.layout, "device")
+    assert compiler._interim_layout(Interim, tiered.stand_in_spec(m)) is None
+    assert compiler._interim_layout(None, spec) is None
+
+
 def test_the_interim_kernel_is_made_once_relabelled_before_the_digest_is_waited_for(monkeypatch):
     # The digest (a hash of every index on the host) may outlast the relabelling on the GPU: the interim
     # kernel is made in between, so products run faster while the hash ends.

@@ -373,7 +373,7 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
         spec = plan.specialization()
         if binary is None:  # binary evicted or corrupt: rebuild it, keep the plan
             binary = codegen.compile_source(families.render(spec, m), plan.arch, cache=cache)
-        return _spmv(m, spec, binary.cubin, plan, cache, digest)
+        return _spmv(m, spec, binary.cubin, plan, cache, digest, _interim_layout(interim, spec))
     apart = hand_over is not None and relabel_s > 0 and prof is not None and not hand_over.caller_waits
     planned = _plan_apart(m, prof) if apart else None
     specs, predicted, seconds = planned if planned is not None else plan_candidates(m, prof)
@@ -407,9 +407,7 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     # built, mostly on the GPU.
     with thread_pool(1) as pool:
         features = pool.submit(structure_features, m)
-        # A plan that chose the interim kernel's specialisation runs on the layout already built for it.
-        launch, how = ((interim.layout, "device") if interim is not None and interim.spec == best
-                       else layouts.launch_for(m, best, cache, digest))
+        launch, how = _interim_layout(interim, best) or layouts.launch_for(m, best, cache, digest)
         plan = planner.Plan(family=best.family, params=families.params_dict(best.params),
                             predicted_ms=chosen.predicted_ms, measured_ms=chosen.measured_ms, fingerprint=digest,
                             value_dtype=m.value_dtype.name, index_dtype=m.index_dtype.name,
@@ -433,6 +431,17 @@ def _plan_apart(m: CanonicalMatrix, profile: Profile) -> tuple[list, list, dict]
     specs, predicted, seconds = planned
     return specs, predicted, {"relabel": 0.0, "plan": seconds["plan"], "plan_share": seconds["share"],
                               "plan_child": seconds["child"]}
+
+
+def _interim_layout(interim, spec: Specialization):
+    """``(layout, 'device')`` of the interim kernel where ``spec`` is its own specialisation: a plan that chose
+    it, made now or read from the cache, runs on the layout already built for it; else None.
+
+    Example:
+        >>> _interim_layout(None, None) is None
+        True
+    """
+    return (interim.layout, "device") if interim is not None and interim.spec == spec else None
 
 
 def _interim(m: CanonicalMatrix, info, cache: Cache, profile):

@@ -12,9 +12,8 @@ replaces it, and is used only where that leaves the tuned build's work arrays ro
 
 Once the tuning has relabelled the matrix on the device (columns by decreasing length, the order every
 tiled plan needs first), and before it reads the plan cache, an interim kernel takes the calls while the
-planner runs: :mod:`tile_coo
-<tuner.families.tile_coo>` over the relabelled matrix, whose only parameter is the tile width (the middle of
-the L1 widths the planner would try). It needs no model and its layout is built on the device; on
+planner runs: :mod:`tile_coo <tuner.families.tile_coo>` over the relabelled matrix, whose only parameter is
+the tile width (the middle of the L1 widths the planner would try). It needs no model and its layout is built on the device; on
 power-law graphs it runs close to the tuned kernel (rmat:23 on the H100: 0.74 ms against the tuned 0.66 ms
 and the stand-in's 1.26 ms), so the products made while the planner runs come faster. Its build costs
 device time and memory beside the caller's products and delays the tuned kernel, unless the plan is the
