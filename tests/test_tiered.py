@@ -117,6 +117,33 @@ def test_an_interim_kernel_handed_over_answers_between_the_stand_in_and_the_tune
     assert np.allclose(k(x), A @ x) and (first.calls, middle.calls, tuned.calls) == (1, 2, 1)
 
 
+def test_while_tuning_a_call_returns_once_at_most_three_products_are_queued(monkeypatch):
+    class Event:
+        made: list = []
+
+        def __init__(self):
+            self.waited = False
+            Event.made.append(self)
+
+        def synchronize(self):
+            self.waited = True
+    monkeypatch.setattr(tiered.gpu, "available", lambda: True)
+    monkeypatch.setattr(tiered.gpu, "default_event", Event)
+    A = power_law(300, seed=5)
+    go = threading.Event()
+    tuned = FakeKernel(A, "tuned")
+    k = tiered.TieredSpMV(FakeKernel(A, "stand-in"), lambda hand_over: go.wait(10) and tuned)
+    x = np.random.default_rng(4).standard_normal(A.shape[1])
+    for _ in range(5):
+        k(x)
+    assert tiered.QUEUED_PRODUCTS == 3
+    assert [e.waited for e in Event.made] == [True, True, False, False, False]
+    go.set()
+    assert k.wait() is tuned
+    k(x)  # the tuned kernel's calls are not held back
+    assert len(Event.made) == 5 and not k._queued
+
+
 def test_the_tunings_stream_falls_back_to_the_default_priority_where_cupy_has_no_priorities(monkeypatch):
     import contextlib
     import types

@@ -240,7 +240,7 @@ def _device_build(m: CanonicalMatrix, spec: Specialization) -> Launch | None:
         return None
     try:
         launch = families.get(spec.family).device_launch(m, spec.params)
-        device_reorder.synchronize()
+        device_reorder.finish()  # this thread's stream: a caller's products queued elsewhere are not waited for
         return launch
     except MemoryError as e:  # CuPy's OutOfMemoryError is one
         log.warning("building the %s layout on the GPU ran out of memory (%s): building it on the host",

@@ -21,13 +21,16 @@ interim's own specialisation, which keeps its layout.
 
 The tuning starts when the first call has returned, when the caller waits for the tuned kernel, or
 :data:`FIRST_CALL_WAIT_S` after the compile, whichever comes first, so that it does not slow the first
-product. Calls never wait for the tuning; everything else does (``plan``, ``spec``, ``launch``, ``time`` ...:
+product. Calls never wait for the tuning (while it runs, a call returns once at most :data:`QUEUED_PRODUCTS` of
+the caller's products are queued on the GPU, so that what the tuning waits for never includes a long queue of
+them); everything else does (``plan``, ``spec``, ``launch``, ``time`` ...:
 they describe the tuned kernel), and :meth:`TieredSpMV.wait` returns the tuned :class:`~tuner.kernel.SpMV`. If
 the tuning fails, calls go on on the stand-in (its results are right, only slower) and ``wait`` raises what
 the tuning raised.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import sys
@@ -54,6 +57,11 @@ INTERIM_FAMILY = "tile_coo"
 # the planner holds it between its NumPy passes, and each of the caller's products waits for it a few
 # times, so at the default a 1 ms product could take several; at 50 us the waits stay a fraction of one.
 SWITCH_S = 0.00005
+# While the tuning runs, a call returns only once at most this many of the caller's products are queued on the
+# GPU. A caller launching products without reading them queues up to a thousand; anything in the tuning that
+# waits for the whole device (a cudaFree, a pageable copy, a module load) would then wait for all of them,
+# seconds on a large graph, and the faster kernels would come that much later. A few keep the GPU busy.
+QUEUED_PRODUCTS = 3
 # The tuning starts once the caller's first product has returned, or after this long without one: its
 # device work (the relabelling's sorts, from the first instant) would otherwise share the GPU, the copies
 # and the interpreter with the one product a caller waits for most.
@@ -104,7 +112,7 @@ def stand_in(m: CanonicalMatrix, arch: str, cache, force: bool = False):
         layout = build_flat(csr.indptr, csr.indices, csr.data, m.index_dtype)
     spec = stand_in_spec(m)
     binary = codegen.compile_source(families.render(spec, m), arch, cache=cache)
-    device_reorder.synchronize()  # the layout is complete before another thread's stream may read it
+    device_reorder.finish()  # the layout is complete before another thread's stream may read it
     return _untuned(m, spec, arch, binary, layout_launch(layout, BLOCK_SIZE), "stand-in")
 
 
@@ -145,7 +153,7 @@ def interim(m: CanonicalMatrix, arch: str, cache, profile=None):
     binary = codegen.compile_source(families.render(spec, m), arch, cache=cache)
     try:
         launch = family.device_launch(m, spec.params)
-        device_reorder.synchronize()  # complete before the caller's stream reads it
+        device_reorder.finish()  # complete before the caller's stream reads it
     except MemoryError as e:  # CuPy's OutOfMemoryError is one
         log.info("no interim kernel: its layout ran out of device memory (%s)", e)
         return None
@@ -182,7 +190,7 @@ class TieredSpMV:
     """y = A @ x at once on a stand-in kernel, then on the tuned one as soon as a thread has made it.
 
     Calls (``spmv(x)``, ``spmv(x, out=y)``, NumPy or device vectors, as :class:`~tuner.kernel.SpMV`) never
-    wait. Any other attribute is the tuned kernel's and waits for it: ``spmv.plan``, ``spmv.spec``,
+    wait for the tuning (while it runs, for at most :data:`QUEUED_PRODUCTS` products still queued). Any other attribute is the tuned kernel's and waits for it: ``spmv.plan``, ``spmv.spec``,
     ``spmv.explain()``, ``spmv.launch``, ``spmv.time()``.
 
     ``tune`` makes the tuned kernel; it is given a :class:`HandOver`, through which it may put an interim
@@ -214,6 +222,8 @@ class TieredSpMV:
         self._first_answered = threading.Event()
         self._caller_waits = threading.Event()
         self._t0 = time.perf_counter()
+        self._queued: collections.deque = collections.deque()  # events after the products still on the GPU
+        self._bounds_queue = gpu.available()
         # Not a daemon: the process waits for a tuning under way (its plan and binary go to the cache).
         self._thread = threading.Thread(target=self._run, args=(tune,), name="tuner-tuning")
         self._thread.start()
@@ -230,7 +240,7 @@ class TieredSpMV:
             # builds is worth more to them than the share of the GPU it takes while it builds it.
             with _side_stream(), device_reorder.releases_deferred():
                 tuned = tune(HandOver(self.hand_over, self._caller_waits))
-            device_reorder.synchronize()
+                device_reorder.finish()
         except BaseException as exc:  # noqa: BLE001 - handed to wait(); calls go on on the stand-in
             self._error = exc
             log.warning("tuning failed (%s: %s): products go on on the stand-in kernel", type(exc).__name__, exc)
@@ -254,12 +264,24 @@ class TieredSpMV:
 
     def __call__(self, x, out=None):
         current = self._current
-        if current is not self._tuned:
+        tuning = current is not self._tuned
+        if tuning:
             self.stand_in_products += 1
         try:
             return current(x, out)
         finally:
             self._first_answered.set()
+            if tuning and self._bounds_queue:
+                self._bound_queue()
+            elif self._queued:
+                self._queued.clear()
+
+    def _bound_queue(self) -> None:
+        """Wait until at most :data:`QUEUED_PRODUCTS` of the products answered so far are still queued (ours
+        run on the default stream, so an event there follows each)."""
+        self._queued.append(gpu.default_event())
+        while len(self._queued) > QUEUED_PRODUCTS:
+            self._queued.popleft().synchronize()
 
     @property
     def ready(self) -> bool:
