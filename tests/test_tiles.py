@@ -229,6 +229,35 @@ def test_packings_of_several_sizes_equal_each_packed_alone():
     assert many.tail_rows.tolist()[:2] == [0, 0] and pack_many(np.array([5]), np.array([3]), [10]).tail_rows[0] == 1
 
 
+def test_the_chosen_packings_flat_hold_each_tiles_packing_with_its_tile():
+    from tuner.formats.tile_composite import pack_tiles
+    rng = np.random.default_rng(23)
+    tiles, sizes = [], []
+    for k in range(30):
+        ranked = np.sort(rng.zipf(rng.uniform(1.3, 2.5), rng.integers(1, 300)) % 1500)[::-1]
+        if k % 7 == 0:
+            ranked = np.zeros(2, np.int64)  # empty rows only: no pairing has a run
+        if k % 5 == 1:
+            ranked = np.full(3, 40 + k)  # long rows only: two per workload, the last one a tail
+        lengths, counts = np.unique(ranked, return_counts=True)
+        tiles.append((lengths[::-1], counts[::-1]))
+        sizes.append(sorted({1, 32, 2 * (40 + k), int(ranked[0]) or 1, int(rng.integers(1, 4000))}))
+    offsets = np.cumsum([0] + [t[0].size for t in tiles])
+    p = pack_tiles(np.concatenate([t[0] for t in tiles]), np.concatenate([t[1] for t in tiles]), offsets, sizes)
+    starts = np.cumsum([0] + [len(s) for s in sizes])
+    best = np.array([starts[t] + int(rng.integers(len(s))) for t, s in enumerate(sizes)])
+    tailed = np.flatnonzero(p.tail_rows > 0)
+    best[p.tile[tailed]] = tailed  # a pairing with a tail wherever a tile has one
+    best[[3, 17]] = -1  # tiles without a pairing hold no runs
+    tile, flat = p.chosen(best)
+    assert p.tail_rows[best[best >= 0]].any()  # some tails are among them
+    fields = ("first", "count", "step", "length", "h", "row_major", "run")
+    for t in range(len(tiles)):
+        got = sorted(zip(*(getattr(flat, f)[tile == t].tolist() for f in fields)))
+        want = [] if best[t] < 0 else sorted(zip(*(getattr(p.shapes(int(best[t])), f).tolist() for f in fields)))
+        assert got == want
+
+
 def test_tiles_packed_together_equal_each_packed_alone():
     from tuner.formats.tile_composite import pack_many, pack_tiles
     rng = np.random.default_rng(11)

@@ -84,6 +84,21 @@ def packed(m: CanonicalMatrix, width: int, t: int, wl: int, shapes: Shapes | Non
         *ranked_tile_runs(m, width).tile(t), wl))
 
 
+def packed_tiles(m: CanonicalMatrix, width: int, workloads, chosen: tuple | None = None) -> tuple:
+    """(each run's tile, :class:`~tuner.formats.tile_composite.Shapes` of every run) of plan matrix ``m``'s
+    tiles packed at ``workloads`` (one size per tile), flat, once per matrix, width and sizes: the planner
+    hands them over as ``chosen`` (:meth:`~tuner.formats.tile_composite.Packings.chosen`) while choosing the
+    sizes; else each tile is packed (:func:`packed`). The model sums all tiles from them at once."""
+    def build():
+        if chosen is not None:
+            return chosen
+        shapes = [packed(m, width, t, wl) for t, wl in enumerate(workloads)]
+        tile = np.repeat(np.arange(len(shapes)), [s.length.size for s in shapes])
+        return tile, Shapes(*(np.concatenate([getattr(s, a) for s in shapes] or [np.zeros(0, np.int64)])
+                              for a in ("first", "count", "step", "length", "h", "row_major", "run")))
+    return shared_layout(m, ("packed_tiles", width, tuple(int(w) for w in workloads)), build)
+
+
 def fill_workload(longest: int, entries: int, active_warps: int) -> int:
     """Algorithm 2's bounds without a model: the largest multiple of the tile's ``longest`` row that is at
     most its ``entries`` over the GPU's resident warps (so the tile still fills the GPU), at least that row.

@@ -164,6 +164,33 @@ class Packings:
             h, row_major = np.append(h, self.tail_rows[c]), np.append(row_major, True)
         return Shapes(first, count, self.step[e], self.lengths[e], h, row_major, self.run[e])
 
+    def chosen(self, pairings: np.ndarray) -> tuple[np.ndarray, Shapes]:
+        """The packings of ``pairings`` (one index per tile, -1 where a tile has none) as one flat
+        :class:`Shapes` of every tile's runs, with each run's tile: what :meth:`shapes` gives tile by tile,
+        the tails after all the other runs.
+
+        Example (two tiles at WL = 4 and 2; the first one's packing as :func:`pack_many`'s example):
+            >>> p = pack_tiles(np.array([3, 2, 1, 5]), np.array([1, 2, 4, 1]), np.array([0, 3, 4]), [[4], [2]])
+            >>> tile, s = p.chosen(np.array([0, 1]))
+            >>> tile.tolist(), s.first.tolist(), s.length.tolist()
+            ([0, 0, 0, 1], [0, 1, 3, 0], [3, 2, 1, 5])
+        """
+        pairings = np.asarray(pairings, dtype=np.int64)
+        tiles = np.flatnonzero(pairings >= 0)
+        c = pairings[tiles]
+        lo, n = self.bounds[c], self.bounds[c + 1] - self.bounds[c]
+        e = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+        keep = self.count[e] > 0
+        e, tile = e[keep], np.repeat(tiles, n)[keep]
+        tails = np.flatnonzero(self.tail_rows[c] > 0)
+        t_e = self.tail_entry[c[tails]]
+        every = np.concatenate([e, t_e])
+        return np.concatenate([tile, tiles[tails]]), Shapes(
+            np.concatenate([self.first[e], self.tail_first[c[tails]]]),
+            np.concatenate([self.count[e], np.ones(tails.size, np.int64)]), self.step[every], self.lengths[every],
+            np.concatenate([self.step[e], self.tail_rows[c[tails]]]),
+            np.concatenate([self.row_major[e], np.ones(tails.size, bool)]), self.run[every])
+
 
 def pack_many(lengths: np.ndarray, counts: np.ndarray, wls) -> Packings:
     """Algorithm 3's partition (lines 7-16) of one tile at each workload size of ``wls``: :func:`pack_tiles`

@@ -41,9 +41,15 @@ def tile_bounds(col_lengths: np.ndarray, width: int) -> np.ndarray:
     if width == 0 or width >= n:
         return np.array([0, n], dtype=np.int64)
     full = n // width
-    longest = np.maximum.reduceat(col_lengths[:full * width], np.arange(0, full * width, width))
-    stop = np.flatnonzero(longest <= 1)
-    n_tiles = int(stop[0]) if stop.size else full
+    n_tiles, at, step = full, 0, 16
+    while at < full:  # tiles a growing batch at a time: the first of one entry ends them, often early on
+        end = min(full, at + step)
+        longest = np.maximum.reduceat(col_lengths[at * width:end * width], np.arange(0, (end - at) * width, width))
+        stop = np.flatnonzero(longest <= 1)
+        if stop.size:
+            n_tiles = at + int(stop[0])
+            break
+        at, step = end, 2 * step
     bounds = np.arange(n_tiles + 1, dtype=np.int64) * width
     if bounds[-1] < n:
         bounds = np.append(bounds, n)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..families.tile_composite import BLOCK_SIZE, packed, set_partition
+from ..families.tile_composite import BLOCK_SIZE, packed_tiles, set_partition
 from ..formats.tile_composite import Packings, col_shape_height, pack_many, pack_tiles
 from ..matrix import CanonicalMatrix
 from .tables import blended, blended_alone, height_curve, height_table, row_heights, table_for
@@ -160,7 +160,7 @@ def partition_tiles(plan: CanonicalMatrix, width: int, runs, profile: Profile | 
     """Algorithms 1-2: every tile's workload size by the model, from the tiles' :class:`RankedRuns`
     (None when there is no profile or it lacks the tile_composite tables: the family then falls back on
     Algorithm 2's bounds alone). The chosen packings are kept for the model's warps of the plan
-    (:func:`~tuner.families.tile_composite.packed`). Every tile's lengths are looked up, and every tile
+    (:func:`~tuner.families.tile_composite.packed_tiles`). Every tile's lengths are looked up, and every tile
     packed and timed at every candidate size, at once, each tile with its own gather shares."""
     timed = timed_partition(plan, width, runs, profile)
     return None if timed is None else timed[0]
@@ -179,9 +179,9 @@ def timed_partition(plan, width: int, runs, profile: Profile | None) -> tuple[tu
     rates = length_rates(runs.lengths, profile, keys, tile_fractions(plan, profile, width)[tile])
     wls, times, (packings, best) = _partition(runs.lengths, runs.counts, runs.offsets, rates,
                                               profile.max_active_warps(keys["row"]))
-    for t in np.flatnonzero(best >= 0).tolist():
-        packed(plan, width, t, int(wls[t]), packings.shapes(int(best[t])))
-    return tuple(int(w) for w in wls), float(np.sum(times))
+    chosen = tuple(int(w) for w in wls)
+    packed_tiles(plan, width, chosen, packings.chosen(best))
+    return chosen, float(np.sum(times))
 
 
 # The family's space reads a profile through this Algorithm 2: the family does not import the model.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..families.base import plan_matrix, shared_layout
-from ..families.tile_composite import TileCompositeParams, packed
+from ..families.tile_composite import TileCompositeParams, packed_tiles
 from ..families.tile_coo import TileCooParams
 from ..families.tiles import bounds, ranked_tile_runs
 from ..matrix import CanonicalMatrix
@@ -102,14 +102,11 @@ def tile_composite_sums(m: CanonicalMatrix, p: TileCompositeParams, profile: Pro
 
     Example: see tests/test_tiles.py (needs a profile).
     """
-    plan = plan_matrix(m)
-    shapes = [packed(plan, p.tile_width, t, wl) for t, wl in enumerate(p.workloads)]
-    n_tiles = len(shapes)
-    tile = np.repeat(np.arange(n_tiles), [s.length.size for s in shapes])
-    length, size, rounds, count, row_major, h = (np.concatenate([getattr(s, a) for s in shapes] or [np.zeros(0)])
-                                                 for a in ("length", "size", "rounds", "count", "row_major", "h"))
-    row_major = row_major.astype(bool)
-    count = count.astype(np.float64)
+    tile, shapes = packed_tiles(plan_matrix(m), p.tile_width, p.workloads)
+    n_tiles = len(p.workloads)
+    length, size, rounds, h = shapes.length, shapes.size, shapes.rounds, shapes.h
+    row_major = shapes.row_major.astype(bool)
+    count = shapes.count.astype(np.float64)
     seg = 2 * tile + (~row_major)  # a tile's row-major segment, then its column-major one
     resident = profile.max_active_warps(table_for(profile, kernel_key("tile_composite", "row", p.block_size,
                                                                       m.value_free))[0])
