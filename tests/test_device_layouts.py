@@ -179,6 +179,22 @@ def test_the_gpu_counts_tile_runs_as_the_host_does(piece):
             _same_runs(u, v, (name, k, piece))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int64, np.bool_])
+def test_the_devices_own_largest_and_tally_equal_numpys_max_and_bincount(dtype):
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(3)
+    values = (rng.zipf(1.6, 300_000) % 200).astype(dtype)  # hot low values: the atomic adds contend
+    weights = rng.random(values.size)
+    d = cupy.asarray(values)
+    assert xp.largest(d) == int(values.max()) and xp.largest(d[:0]) == 0 and xp.largest(d[1::2]) == int(values[1::2].max())
+    if dtype is not np.bool_:
+        n = int(values.max()) + 3
+        assert cupy.asnumpy(xp.tally(d, n)).tolist() == np.bincount(values, minlength=n).astype(float).tolist()
+        assert np.allclose(cupy.asnumpy(xp.tally(d, n, cupy.asarray(weights))),
+                           np.bincount(values, weights=weights, minlength=n), rtol=1e-12)
+
+
 def test_a_small_matrix_is_transposed_on_the_host_like_scipy():
     A = power_law(300, n_cols=500, seed=96).tocsr()
     assert not transpose.on_device(A)

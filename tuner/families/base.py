@@ -15,7 +15,7 @@ from ..formats import device_reorder
 from ..formats.device_reorder import DeviceCsr, device_csr, known_copy, permute_device
 from ..formats.reorder import (NONE, Ordering, Structure, check_order, col_ranks, inverse, make_ordering, permute,
                                permuted_rows, permuted_structure)
-from ..formats.xp import like, on_device
+from ..formats.xp import largest, like, on_device
 from ..matrix import CanonicalMatrix
 
 # Index loads issued ahead of their gathers in each lane's loop (templates' row_dot).
@@ -203,7 +203,7 @@ def longest_row(m: CanonicalMatrix) -> int:
         try:
             with device_row_lengths(m) as lengths:
                 if lengths is not None:
-                    return int(lengths.max())
+                    return largest(lengths)
         except MemoryError:  # CuPy's OutOfMemoryError is one: the host counts the lengths instead
             pass
     return int(m.row_lengths.max())

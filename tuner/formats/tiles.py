@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..workers import pool as thread_pool
-from .xp import host, like, module, segment_of_scan, stable_argsort
+from .xp import host, largest, like, module, segment_of_scan, stable_argsort
 
 
 def tile_bounds(col_lengths: np.ndarray, width: int) -> np.ndarray:
@@ -314,7 +314,7 @@ def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | 
     piece = SORTED_PIECE_ENTRIES if piece_entries is None else max(int(piece_entries), 1)
     ptr = like(indices, indptr).astype(np.int64)  # where the entries are: only a few numbers come back
     n_rows = int(ptr.size) - 1
-    span = (int(xp.diff(ptr).max()) if n_rows else 0) + 1  # longer than any run: every piece's keys agree
+    span = (largest(xp.diff(ptr)) if n_rows else 0) + 1  # longer than any run: every piece's keys agree
     # Row cuts at about every piece's worth of entries.
     cuts = np.unique(np.concatenate([[0], host(xp.searchsorted(ptr, xp.arange(0, nnz, piece, dtype=np.int64),
                                                                side="right") - 1), [n_rows]]))

@@ -152,6 +152,83 @@ def segment_of_scan(starts, n: int, dtype=np.int64):
     return xp.cumsum(marks, dtype=dtype)
 
 
+# CuPy's reductions (max, any, all, bincount's checks of its input, and user ReductionKernels alike) build a
+# CUB kernel per type on first use: seconds of NVRTC each on a fresh install, in the middle of a first plan.
+# The device passes use these instead: a kernel and atomic adds of their own, built in a tenth of a second.
+_kernels: dict = {}
+
+_LARGEST = r"""
+template <typename T>
+__global__ void tuner_largest(const T* a, long long n, unsigned long long* out) {
+    unsigned long long best = 0;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        best = max(best, (unsigned long long)a[i]);
+    for (int o = 16; o > 0; o >>= 1)  // every lane of every warp is here: whole blocks of warps
+        best = max(best, __shfl_down_sync(0xffffffffu, best, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(out, best);
+}
+"""
+_C_TYPES = {"uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
+            "uint64": "unsigned long long", "int8": "signed char", "int16": "short", "int32": "int",
+            "int64": "long long"}
+
+
+def _kernel(name: str, make):
+    k = _kernels.get(name)
+    if k is None:
+        k = _kernels[name] = make()
+    return k
+
+
+def largest(a) -> int:
+    """The largest of the non-negative integers or booleans ``a`` (0 for none), in ``a``'s module (see above
+    for why not CuPy's ``max``).
+
+    Example:
+        >>> largest(np.array([3, 9, 4])), largest(np.zeros(0, np.int32)), largest(np.array([False, True]))
+        (9, 0, 1)
+    """
+    if a.size == 0:
+        return 0
+    if a.dtype == np.bool_:
+        a = a.view(np.uint8)
+    xp = module(a)
+    if xp is np:
+        return int(a.max())
+    a = xp.ascontiguousarray(a)
+    name = f"tuner_largest<{_C_TYPES[a.dtype.name]}>"
+    module_ = _kernel("largest", lambda: xp.RawModule(code=_LARGEST, name_expressions=[
+        f"tuner_largest<{t}>" for t in _C_TYPES.values()]))
+    out = xp.zeros(1, np.uint64)
+    block = 256
+    grid = int(min(-(-a.size // block), 2048))
+    module_.get_function(name)((grid,), (block,), (a, np.int64(a.size), out))
+    return int(out.get()[0])
+
+
+def tally(values, n: int, weights=None):
+    """float64 counts of each of 0 .. ``n`` - 1 among the non-negative integers ``values`` (each below
+    ``n``: :func:`largest` + 1 is enough), or the sums of their ``weights``: np.bincount of a given length,
+    in ``values``' module (on the device by atomic adds, without CuPy's bincount: see above).
+
+    Example:
+        >>> tally(np.array([2, 0, 2]), 4).tolist(), tally(np.array([1, 1]), 2, np.array([0.5, 2.0])).tolist()
+        ([1.0, 0.0, 2.0, 0.0], [0.0, 2.5])
+    """
+    xp = module(values)
+    if xp is np:
+        return np.bincount(values, weights=weights, minlength=n)[:n].astype(np.float64)
+    out = xp.zeros(n, np.float64)
+    if weights is None:
+        _kernel("tally", lambda: xp.ElementwiseKernel(
+            "T v", "raw float64 out", "atomicAdd(&out[v], 1.0)", "tuner_tally"))(values, out)
+    else:
+        _kernel("weighed", lambda: xp.ElementwiseKernel(
+            "T v, float64 w", "raw float64 out", "atomicAdd(&out[v], w)", "tuner_weighed_tally"))(
+            values, weights.astype(np.float64, copy=False), out)
+    return out
+
+
 def prefix(counts, dtype=np.int64):
     """``[0, counts[0], counts[0] + counts[1], ...]`` in ``counts``' module (len(counts) + 1 values).
 

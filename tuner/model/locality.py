@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.xp import host, module, on_device
+from ..formats.xp import host, largest, module, on_device
 
 SECTOR_BYTES = 32
 NOMINAL_SHARE = 0.5  # of a cache left to x when its effective capacity was not measured
@@ -150,7 +150,7 @@ def sorted_slice_groups(sectors, cuts: np.ndarray) -> SliceGroups:
     # The slice of each sector in use: a search of the slices' ends (the sectors run from cuts[0] = 0).
     which = xp.searchsorted(xp.asarray(cuts[1:]), live, side="right")
     held = counts[live]
-    scale = int(held.max()) + 1
+    scale = largest(held) + 1
     key = xp.sort(which * scale + held)
     starts = xp.flatnonzero(xp.concatenate([xp.ones(1, bool), key[1:] != key[:-1]]))
     mult = host(xp.diff(xp.concatenate([starts, xp.asarray([key.size], dtype=starts.dtype)]))).astype(np.float64)

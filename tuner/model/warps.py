@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..families.aligned_coo import AlignedCooParams
-from ..families.base import device_row_lengths, known_layout, shared_layout
+from ..families.base import device_row_lengths, known_layout, longest_row, shared_layout
 from ..families.binned import BinnedParams
 from ..families.csr_vector import CsrVectorParams
 from ..families.tile_composite import TileCompositeParams
@@ -26,7 +26,7 @@ from ..families.tile_coo import TileCooParams
 from ..families.tiles import bounds
 from ..formats.aligned_coo import sizes, split_lengths
 from ..formats.reorder import Structure
-from ..formats.xp import host, module, on_device
+from ..formats.xp import host, largest, module, on_device, tally
 from ..matrix import CanonicalMatrix
 from ..workers import pool as thread_pool
 from .profile_data import kernel_key
@@ -66,12 +66,10 @@ class WarpHistogram:
             if rounds is not None or count is not None:
                 w, size, rounds, count = (None if a is None else host(a) for a in (w, size, rounds, count))
             else:
-                xp = module(w)
-                w = w.astype(np.int64)
-                warps = xp.bincount(w)
-                keep = xp.flatnonzero(warps)
-                total = xp.bincount(w, weights=size.astype(np.float64))
-                return cls(host(keep), host(warps[keep]).astype(np.float64), host(total[keep])) if keep.size else EMPTY
+                n = largest(w) + 1
+                warps, total = host(tally(w, n)), host(tally(w, n, size))
+                keep = np.flatnonzero(warps)
+                return cls(keep, warps[keep], total[keep]) if keep.size else EMPTY
         w = np.asarray(w, dtype=np.int64)
         if w.size == 0:
             return EMPTY
@@ -154,7 +152,7 @@ def row_histogram(m: CanonicalMatrix) -> tuple[np.ndarray, np.ndarray]:
     :func:`device_row_lengths` has the lengths)."""
     def build():
         with device_row_lengths(m) as dev:
-            count = np.bincount(m.row_lengths) if dev is None else host(module(dev).bincount(dev))
+            count = np.bincount(m.row_lengths) if dev is None else host(tally(dev, longest_row(m) + 1))
         count = count.astype(np.float64)
         return count, count * np.arange(count.size)
     return shared_layout(m, ("row_histogram",), build)
@@ -182,7 +180,7 @@ def group_histograms(lengths: np.ndarray, groups=None) -> dict[int, WarpHistogra
     # The narrowest types that hold a warp's longest row and its total: half or an eighth of the memory.
     if lengths.dtype == np.uint8:
         kinds = np.uint8, np.uint16
-    elif int(lengths.max()) < (1 << 31) // WARP:
+    elif largest(lengths) < (1 << 31) // WARP:
         kinds = np.int32, np.int32
     else:
         kinds = np.int64, np.int64
@@ -495,7 +493,7 @@ def rows_descending(m: CanonicalMatrix) -> bool:
     def check():
         with device_row_lengths(m) as dev:
             L = m.row_lengths if dev is None else dev
-            return bool((L[1:] <= L[:-1]).all())
+            return largest(L[1:] > L[:-1]) == 0
     return shared_layout(m, ("rows_descending",), check)
 
 
