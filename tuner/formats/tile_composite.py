@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .tiles import TiledEntries
-from .xp import host, like, module, repeat_by, segment_of, stable_argsort
+from .xp import host, largest, like, module, repeat_by, segment_of, stable_argsort
 
 WARP = 32
 CAMPING_PERIOD = 512  # entries of 4 bytes: the paper's 2048-byte partition stride
@@ -390,7 +390,7 @@ def tile_ranks(tiled: TiledEntries) -> tuple:
     if n_runs == 0:
         z = xp.zeros(0, dtype=np.int64)
         return z, z
-    longest = int(lengths.max())
+    longest = largest(lengths)
     key = (longest - lengths).astype(np.uint16 if longest < 1 << 16 else np.uint32)
     by_length = stable_argsort(key)
     del key
@@ -478,9 +478,9 @@ def build_tile_composite(indices, data, tiled: TiledEntries, workload_sizes: tup
     h_run = like(k, h)[wl_of_run]
     stride = xp.where(rm, 1, h_run).astype(np.int64)
     base = like(k, wl_slot[:-1])[wl_of_run] + xp.where(rm, k * like(k, w)[wl_of_run], k) - tiled.run_starts * stride
-    all_row_major = bool(rm.all())
+    all_row_major = largest(~rm) == 0
     del rm, h_run, k, wl_of_run
-    slot = xp.arange(int(tiled.run_lengths.sum()), dtype=np.int64)
+    slot = xp.arange(tiled.order.size, dtype=np.int64)  # the runs cover the tiling's entries
     if all_row_major:  # row-major only (a tile of long rows): consecutive slots within each run
         slot += repeat_by(base, tiled.run_lengths)
     else:
@@ -503,7 +503,7 @@ def _workload_of(rank, start: np.ndarray, tile_warps: np.ndarray, tile_of_run):
     """Index, within its tile's workloads, of the workload holding each run (its rank's last start)."""
     # Offsetting every tile's ranks past the previous tiles' makes one global sorted search serve all.
     n_tiles = tile_warps.size - 1
-    span = int(max(int(rank.max()) if rank.size else 0, start.max(initial=0))) + 1
+    span = int(max(largest(rank), start.max(initial=0))) + 1
     tile_of_wl = np.repeat(np.arange(n_tiles, dtype=np.int64), np.diff(tile_warps))
     keys = like(rank, tile_of_wl * span + start)
     found = module(rank).searchsorted(keys, tile_of_run * span + rank, side="right") - 1

@@ -657,7 +657,7 @@ def tile_runs(tiled: TiledEntries) -> RankedRuns:
     xp = module(tiled.run_lengths)
     n_tiles = tiled.n_tiles
     tile = np.repeat(np.arange(n_tiles, dtype=np.int64), np.diff(tiled.tile_runs))
-    span = int(xp.max(tiled.run_lengths)) + 1 if tiled.run_lengths.size else 1
+    span = largest(tiled.run_lengths) + 1
     keys, counts = xp.unique(like(tiled.run_lengths, tile) * span + tiled.run_lengths.astype(np.int64),
                              return_counts=True)
     return _runs_from_keys(host(keys), host(counts).astype(np.int64), span, n_tiles)
