@@ -190,8 +190,9 @@ class TieredSpMV:
     """y = A @ x at once on a stand-in kernel, then on the tuned one as soon as a thread has made it.
 
     Calls (``spmv(x)``, ``spmv(x, out=y)``, NumPy or device vectors, as :class:`~tuner.kernel.SpMV`) never
-    wait for the tuning (while it runs, for at most :data:`QUEUED_PRODUCTS` products still queued). Any other attribute is the tuned kernel's and waits for it: ``spmv.plan``, ``spmv.spec``,
-    ``spmv.explain()``, ``spmv.launch``, ``spmv.time()``.
+    wait for the tuning (while it runs, they wait for all but :data:`QUEUED_PRODUCTS` of their products
+    queued on the GPU). Any other attribute is the tuned kernel's and waits for it: ``spmv.plan``,
+    ``spmv.spec``, ``spmv.explain()``, ``spmv.launch``, ``spmv.time()``.
 
     ``tune`` makes the tuned kernel; it is given a :class:`HandOver`, through which it may put an interim
     kernel in the stand-in's place while it goes on, and learn whether the caller waits for it.
