@@ -229,8 +229,15 @@ def test_packings_of_several_sizes_equal_each_packed_alone():
     assert many.tail_rows.tolist()[:2] == [0, 0] and pack_many(np.array([5]), np.array([3]), [10]).tail_rows[0] == 1
 
 
-def test_the_chosen_packings_flat_hold_each_tiles_packing_with_its_tile():
+def _packed_together(tiles, sizes):
+    """Tiles given as (lengths, counts) pairs packed at once, at their ``sizes``: (run offsets, Packings)."""
     from tuner.formats.tile_composite import pack_tiles
+    offsets = np.cumsum([0] + [t[0].size for t in tiles])
+    return offsets, pack_tiles(np.concatenate([t[0] for t in tiles]), np.concatenate([t[1] for t in tiles]),
+                               offsets, sizes)
+
+
+def test_the_chosen_packings_flat_hold_each_tiles_packing_with_its_tile():
     rng = np.random.default_rng(23)
     tiles, sizes = [], []
     for k in range(30):
@@ -242,8 +249,7 @@ def test_the_chosen_packings_flat_hold_each_tiles_packing_with_its_tile():
         lengths, counts = np.unique(ranked, return_counts=True)
         tiles.append((lengths[::-1], counts[::-1]))
         sizes.append(sorted({1, 32, 2 * (40 + k), int(ranked[0]) or 1, int(rng.integers(1, 4000))}))
-    offsets = np.cumsum([0] + [t[0].size for t in tiles])
-    p = pack_tiles(np.concatenate([t[0] for t in tiles]), np.concatenate([t[1] for t in tiles]), offsets, sizes)
+    _, p = _packed_together(tiles, sizes)
     starts = np.cumsum([0] + [len(s) for s in sizes])
     best = np.array([starts[t] + int(rng.integers(len(s))) for t, s in enumerate(sizes)])
     tailed = np.flatnonzero(p.tail_rows > 0)
@@ -259,7 +265,7 @@ def test_the_chosen_packings_flat_hold_each_tiles_packing_with_its_tile():
 
 
 def test_tiles_packed_together_equal_each_packed_alone():
-    from tuner.formats.tile_composite import pack_many, pack_tiles
+    from tuner.formats.tile_composite import pack_many
     rng = np.random.default_rng(11)
     tiles, sizes = [], []
     for k in range(40):
@@ -269,9 +275,8 @@ def test_tiles_packed_together_equal_each_packed_alone():
         lengths, counts = np.unique(ranked, return_counts=True)
         tiles.append((lengths[::-1], counts[::-1]))  # zero-length runs last, as in a ranking
         sizes.append(sorted({1, 32, int(ranked[0]) or 1, int(rng.integers(1, 5000))}))
-    offsets = np.cumsum([0] + [t[0].size for t in tiles])
+    offsets, together = _packed_together(tiles, sizes)
     rates = {k: (rng.uniform(1e5, 1e6, offsets[-1]), rng.uniform(1e-4, 1e-2, offsets[-1])) for k in ("row", "col")}
-    together = pack_tiles(np.concatenate([t[0] for t in tiles]), np.concatenate([t[1] for t in tiles]), offsets, sizes)
     times = tc_model.tile_times(together, rates, max_active_warps=50)
     c = 0
     for t, ((lengths, counts), wls) in enumerate(zip(tiles, sizes)):

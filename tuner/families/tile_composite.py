@@ -9,6 +9,7 @@ alone (the largest multiple of the tile's longest row that still fills the GPU o
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -94,8 +95,8 @@ def packed_tiles(m: CanonicalMatrix, width: int, workloads, chosen: tuple | None
             return chosen
         shapes = [packed(m, width, t, wl) for t, wl in enumerate(workloads)]
         tile = np.repeat(np.arange(len(shapes)), [s.length.size for s in shapes])
-        return tile, Shapes(*(np.concatenate([getattr(s, a) for s in shapes] or [np.zeros(0, np.int64)])
-                              for a in ("first", "count", "step", "length", "h", "row_major", "run")))
+        return tile, Shapes(*(np.concatenate([getattr(s, f.name) for s in shapes] or [np.zeros(0, np.int64)])
+                              for f in dataclasses.fields(Shapes)))
     return shared_layout(m, ("packed_tiles", width, tuple(int(w) for w in workloads)), build)
 
 

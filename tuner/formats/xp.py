@@ -9,6 +9,8 @@ Example:
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -154,9 +156,7 @@ def segment_of_scan(starts, n: int, dtype=np.int64):
 
 # CuPy's reductions (max, any, all, bincount's checks of its input, and user ReductionKernels alike) build a
 # CUB kernel per type on first use: seconds of NVRTC each on a fresh install, in the middle of a first plan.
-# The device passes use these instead: a kernel and atomic adds of their own, built in a tenth of a second.
-_kernels: dict = {}
-
+# The device passes use these instead: a kernel of their own, and atomic adds (``add.at``).
 _LARGEST = r"""
 template <typename T>
 __global__ void tuner_largest(const T* a, long long n, unsigned long long* out) {
@@ -173,11 +173,9 @@ _C_TYPES = {"uint8": "unsigned char", "uint16": "unsigned short", "uint32": "uns
             "int64": "long long"}
 
 
-def _kernel(name: str, make):
-    k = _kernels.get(name)
-    if k is None:
-        k = _kernels[name] = make()
-    return k
+@functools.cache
+def _largest_module(cupy):
+    return cupy.RawModule(code=_LARGEST, name_expressions=[f"tuner_largest<{t}>" for t in _C_TYPES.values()])
 
 
 def largest(a) -> int:
@@ -196,20 +194,18 @@ def largest(a) -> int:
     if xp is np:
         return int(a.max())
     a = xp.ascontiguousarray(a)
-    name = f"tuner_largest<{_C_TYPES[a.dtype.name]}>"
-    module_ = _kernel("largest", lambda: xp.RawModule(code=_LARGEST, name_expressions=[
-        f"tuner_largest<{t}>" for t in _C_TYPES.values()]))
     out = xp.zeros(1, np.uint64)
     block = 256
     grid = int(min(-(-a.size // block), 2048))
-    module_.get_function(name)((grid,), (block,), (a, np.int64(a.size), out))
+    _largest_module(xp).get_function(f"tuner_largest<{_C_TYPES[a.dtype.name]}>")(
+        (grid,), (block,), (a, np.int64(a.size), out))
     return int(out.get()[0])
 
 
 def tally(values, n: int, weights=None):
     """float64 counts of each of 0 .. ``n`` - 1 among the non-negative integers ``values`` (each below
     ``n``: :func:`largest` + 1 is enough), or the sums of their ``weights``: np.bincount of a given length,
-    in ``values``' module (on the device by atomic adds, without CuPy's bincount: see above).
+    in ``values``' module (on the device by ``add.at``'s atomic adds, without CuPy's bincount: see above).
 
     Example:
         >>> tally(np.array([2, 0, 2]), 4).tolist(), tally(np.array([1, 1]), 2, np.array([0.5, 2.0])).tolist()
@@ -219,13 +215,8 @@ def tally(values, n: int, weights=None):
     if xp is np:
         return np.bincount(values, weights=weights, minlength=n)[:n].astype(np.float64)
     out = xp.zeros(n, np.float64)
-    if weights is None:
-        _kernel("tally", lambda: xp.ElementwiseKernel(
-            "T v", "raw float64 out", "atomicAdd(&out[v], 1.0)", "tuner_tally"))(values, out)
-    else:
-        _kernel("weighed", lambda: xp.ElementwiseKernel(
-            "T v, float64 w", "raw float64 out", "atomicAdd(&out[v], w)", "tuner_weighed_tally"))(
-            values, weights.astype(np.float64, copy=False), out)
+    xp.add.at(out, values.astype(np.int64, copy=False),
+              1.0 if weights is None else weights.astype(np.float64, copy=False))
     return out
 
 
