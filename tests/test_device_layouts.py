@@ -196,6 +196,20 @@ def test_the_devices_own_largest_and_tally_equal_numpys_max_and_bincount(dtype):
                            np.bincount(values, weights=weights, minlength=n), rtol=1e-12)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_devices_own_float64_sum_equals_numpys_and_repeats_bit_for_bit(dtype):
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(4)
+    a, b = rng.random(1_000_003).astype(dtype), rng.random(1_000_003).astype(dtype)
+    da, db = cupy.asarray(a), cupy.asarray(b)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert abs(float(xp.sum64(da, db).get()[0]) - exact) <= 1e-12 * exact
+    assert abs(float(xp.sum64(da).get()[0]) - a.astype(np.float64).sum()) <= 1e-12 * a.sum()
+    assert float(xp.sum64(da[:0]).get()[0]) == 0.0
+    assert xp.sum64(da, db).get()[0] == xp.sum64(da, db).get()[0]
+
+
 def test_a_small_matrix_is_transposed_on_the_host_like_scipy():
     A = power_law(300, n_cols=500, seed=96).tocsr()
     assert not transpose.on_device(A)

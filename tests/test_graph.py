@@ -165,6 +165,29 @@ def test_pagerank_on_the_device_iterates_in_a_relabelled_plans_order_and_answers
 
 
 @pytest.mark.gpu
+def test_the_device_loop_stops_at_the_same_iteration_however_far_behind_the_host_reads():
+    from tuner.distributed.nccl import SoloDevice
+    from tuner.distributed.pagerank import pagerank_on_devices, pull_product
+    from tuner.graph.pagerank import ConvergenceError
+    A = graph_with_dangling(3000, 69, 12)
+    solo = SoloDevice()
+    spmv = pull_product(A, solo, dtype=np.float64, family="csr_vector",
+                        params={"threads_per_row": 4, "block_size": 128, "order": "none"})
+    p = np.random.default_rng(6).uniform(0.1, 1.0, 3000)
+    runs = [pagerank_on_devices(A, solo, personalization=p, tol=1e-12, tol_rule="per_node", max_iter=500,
+                                dtype=np.float64, product=spmv, check_every=k, return_info=True) for k in (0, 1, 7)]
+    # iterations queued past the one that met the tolerance change nothing: the same stop, the same ranks
+    assert len({info.iterations for _, info in runs}) == 1 and runs[0][1].iterations > 10
+    assert all(np.array_equal(runs[0][0], x) for x, _ in runs[1:])
+    assert all(info.error < 1e-12 for _, info in runs)
+    host = tuner.pagerank(A, personalization=p, tol=1e-12, tol_rule="per_node", max_iter=500, backend="scipy")
+    assert np.abs(runs[0][0] - host).max() <= 1e-11
+    with pytest.raises(ConvergenceError, match="did not converge in 5 iterations"):
+        pagerank_on_devices(A, solo, personalization=p, tol=1e-12, tol_rule="per_node", max_iter=5,
+                            dtype=np.float64, product=spmv, check_every=3)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("tol_rule", ["per_node", "networkx"])
 def test_rwr_of_many_seed_sets_walks_them_together_and_equals_each_walk_alone(tol_rule):
     A = graph_with_dangling(2000, 68, 5)

@@ -6,8 +6,12 @@
 2. NCCL's all-gather of the cache, then the rank's tuned SpMV of its rows of Aᵀ;
 3. the update x_new = alpha (pulled + dangling d) + (1 - alpha) p, the next cache, the change (L1 or max)
    and the next dangling sum in one pass (templates/pagerank_step.cu.j2);
-4. every rank's [dangling sum, change] gathered in one collective and combined on each GPU; the host reads
-   the change every ``check_every`` iterations.
+4. every rank's [dangling sum, change] gathered in one collective and combined on each GPU, which records
+   there the first iteration whose change meets the tolerance; the iterations queued after it change
+   nothing. The host reads that record ``check_every`` iterations behind the device (page-locked, copied
+   as the iteration ends), so it never waits for the iteration it has just queued: the GPU goes from one
+   product to the next without idling, and stops at the same iteration, with the same ranks, whatever
+   ``check_every`` is (at most that many products are queued past it).
 
 With one GPU (:class:`~tuner.distributed.nccl.SoloDevice`) the same loop runs without the exchanges.
 Semantics, tolerance rules and errors are :func:`tuner.graph.pagerank`'s.
@@ -19,6 +23,7 @@ import time
 import numpy as np
 
 from .. import codegen, gpu
+from ..formats import xp
 from ..formats.transpose import transpose
 from ..graph.device_pull import pull_on_device
 from ..graph.pagerank import (TOL_RULES, ConvergenceError, IterationInfo, _node_vector, edge_weights,
@@ -38,24 +43,62 @@ class _Step:
         name = f"pagerank_step_{dtype.name}"
         source = codegen.render("pagerank_step.cu.j2", dict(VAL=_CTYPES[dtype], block_size=STEP_BLOCK,
                                                              kernel_name=name))
-        self.update = gpu.Kernel(codegen.compile_source(source, info.arch).cubin, name, "PPPPPPPPPPqdi")
-        self.finish = self.update.sibling(name + "_finish", "PPqqPi")
+        self.update = gpu.Kernel(codegen.compile_source(source, info.arch).cubin, name, "PPPPPPPPPPPqdi")
+        self.finish = self.update.sibling(name + "_finish", "PPqqPiPdq")
         self.grid = 4 * info.sm_count  # fixed for the device: the order of the sums, and so the run, repeats
         self.partials = cupy.zeros(2 * self.grid, np.float64)
+        # [iteration that met the tolerance, its change]; 0 until one does (templates/pagerank_step.cu.j2)
+        self.status = cupy.zeros(2, np.float64)
 
     def __call__(self, pulled, d, p, inverse, dangling, x_old, sums, x_new, cache, mine, alpha: float,
                  max_rule: int) -> None:
         ptr = lambda a: int(a.data.ptr)  # noqa: E731
         self.update.launch(self.grid, STEP_BLOCK, ptr(pulled), ptr(d), ptr(p), ptr(inverse), ptr(dangling),
-                           ptr(x_old), ptr(sums), ptr(x_new), ptr(cache), ptr(self.partials),
+                           ptr(x_old), ptr(sums), ptr(x_new), ptr(cache), ptr(self.partials), ptr(self.status),
                            np.int64(pulled.size), np.float64(alpha), np.int32(max_rule))
         self.finish.launch(1, STEP_BLOCK, ptr(self.partials), ptr(self.partials) + 8 * self.grid,
-                           np.int64(self.grid), np.int64(1), ptr(mine), np.int32(max_rule))
+                           np.int64(self.grid), np.int64(1), ptr(mine), np.int32(max_rule), ptr(self.status),
+                           np.float64(-1.0), np.int64(0))  # a rank's pair alone never meets the tolerance
 
-    def combine(self, parts, sums, max_rule: int) -> None:
-        """The whole graph's [dangling sum, change] from every rank's pair."""
+    def combine(self, parts, sums, max_rule: int, limit: float = -1.0, iteration: int = 0) -> None:
+        """The whole graph's [dangling sum, change] from every rank's pair; where the change is below
+        ``limit``, ``iteration`` is recorded in :attr:`status` as the one that met the tolerance."""
         self.finish.launch(1, STEP_BLOCK, int(parts.data.ptr), int(parts.data.ptr) + 8, np.int64(parts.size // 2),
-                           np.int64(2), int(sums.data.ptr), np.int32(max_rule))
+                           np.int64(2), int(sums.data.ptr), np.int32(max_rule), int(self.status.data.ptr),
+                           np.float64(limit), np.int64(iteration))
+
+
+class _StatusReader:
+    """The host's view of the device's convergence record (:attr:`_Step.status`): a page-locked copy queued
+    as each iteration ends, read once that of ``behind`` iterations earlier has arrived."""
+
+    def __init__(self, status):
+        import cupy
+        import cupyx
+        self.status, self.host = status, cupyx.empty_pinned(2, np.float64)
+        self.host[:] = 0.0
+        self.events: list = []
+        self._copy = lambda: cupy.cuda.runtime.memcpyAsync(  # noqa: E731
+            self.host.ctypes.data, status.data.ptr, status.nbytes, cupy.cuda.runtime.memcpyDeviceToHost, 0)
+        self._event = cupy.cuda.Event
+
+    def queued(self, behind: int) -> bool:
+        """Queue the copy of the iteration just queued; True once a copy ``behind`` iterations back shows
+        the tolerance met (the record only ever goes from 0 to an iteration, so a later copy that has landed
+        too tells the same)."""
+        self._copy()
+        event = self._event(disable_timing=True)
+        event.record()
+        self.events.append(event)
+        if len(self.events) <= behind:
+            return False
+        self.events.pop(0).synchronize()
+        return self.host[0] != 0.0
+
+    def final(self) -> tuple[int, float]:
+        """(the iteration that met the tolerance, 0 if none; its change), after the device has finished."""
+        met, change = (float(v) for v in self.status.get())
+        return int(met), change
 
 
 def pull_product(A, comm, dtype=np.float32, weighted: bool = True, overlap: bool = True,
@@ -95,7 +138,10 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     no ``product``, the generic kernel (``tune='none'``) and no ``device_memory_limit``. Returns the whole
     rank vector (float64, A's order) on every rank, and with ``return_info`` an
     :class:`~tuner.graph.pagerank.IterationInfo` whose ``seconds`` split setup (partition, compile, upload)
-    from the iterations. Other arguments: :func:`tuner.graph.pagerank`.
+    from the iterations (which include the at most ``check_every`` products queued past the last one).
+    ``check_every``: how many iterations behind the device the host reads whether the tolerance is met (the
+    module docstring; 0: after each iteration, the GPU idling while the host queues the next). Other
+    arguments: :func:`tuner.graph.pagerank`.
 
     Example (on a GPU machine):
         >>> from tuner.distributed.nccl import SoloDevice                   # doctest: +SKIP
@@ -112,8 +158,9 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if tol_rule not in TOL_RULES:
         raise ValueError(f"tol_rule must be one of {TOL_RULES}, got {tol_rule!r}")
-    if max_iter < 1 or tol <= 0 or check_every < 1:
-        raise ValueError(f"max_iter, tol and check_every must be positive, got {max_iter}, {tol}, {check_every}")
+    if max_iter < 1 or tol <= 0 or check_every < 0:
+        raise ValueError(f"max_iter and tol must be positive and check_every at least 0, got {max_iter}, {tol}, "
+                         f"{check_every}")
     alone = comm.size == 1 and product is None and A is not None
     if resident is None:
         resident = alone and options.get("tune") == "none" and options.get("device_memory_limit") is None
@@ -169,7 +216,7 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     parts = cupy.zeros(2 * comm.size, np.float64)
     mine = parts[2 * comm.rank:2 * comm.rank + 2]
     sums = cupy.zeros(2, np.float64)  # [dangling sum, change] of the whole graph
-    mine[0] = cupy.sum(x * dangling_l, dtype=np.float64)
+    mine[0:1] = xp.sum64(x, dangling_l)  # not CuPy's sum: its CUB kernel takes seconds to build on first use
     comm.allgather_into(mine, parts)
     step, max_rule = _Step(dtype), int(tol_rule == "per_node")
     step.combine(parts, sums, max_rule)
@@ -177,22 +224,23 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     cupy.cuda.Device().synchronize()
     t1 = time.perf_counter()
 
-    error, iteration = float("inf"), 0
+    seen = _StatusReader(step.status)
     for iteration in range(1, max_iter + 1):
         multiply(cache, pulled)
         step(pulled, d_l, p_l, inv_l, dangling_l, x, sums, x_new, cache, mine, alpha, max_rule)
         comm.allgather_into(mine, parts)
-        step.combine(parts, sums, max_rule)
+        step.combine(parts, sums, max_rule, limit, iteration)
         x, x_new = x_new, x
-        if iteration % check_every == 0 or iteration == max_iter:
-            error = float(sums[1].get())
-            if error < limit:
-                break
-    else:
-        raise ConvergenceError(f"PageRank did not converge in {max_iter} iterations (last change {error:.3g}, "
-                               f"rule {tol_rule!r}, tol {tol})")
+        if seen.queued(check_every):  # an iteration at least check_every behind met the tolerance
+            break
     cupy.cuda.Device().synchronize()
     t2 = time.perf_counter()
+    met, error = seen.final()
+    if not met:
+        error = float(sums[1].get())
+        raise ConvergenceError(f"PageRank did not converge in {max_iter} iterations (last change {error:.3g}, "
+                               f"rule {tol_rule!r}, tol {tol})")
+    iteration = met
     if in_plan is not None:
         ranks = np.empty(n)
         ranks[rows] = cupy.asnumpy(x)

@@ -202,6 +202,67 @@ def largest(a) -> int:
     return int(out.get()[0])
 
 
+_SUM64 = r"""
+#define BLOCK 256
+__device__ double block_sum(double s) {  // thread 0 gets the block's sum, in a fixed order
+    __shared__ double warps[BLOCK / 32];
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) warps[threadIdx.x >> 5] = s;
+    __syncthreads();
+    s = threadIdx.x < BLOCK / 32 ? warps[threadIdx.x] : 0.0;
+    if (threadIdx.x < 32)
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    return s;
+}
+template <typename T>
+__global__ void tuner_dot64(const T* a, const T* b, int times, long long n, double* partials) {
+    double s = 0.0;
+    for (long long i = blockIdx.x * (long long)BLOCK + threadIdx.x; i < n; i += (long long)gridDim.x * BLOCK)
+        s += times ? (double)a[i] * (double)b[i] : (double)a[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+__global__ void tuner_sum_partials(const double* partials, int count, double* out) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += BLOCK) s += partials[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) *out = s;
+}
+"""
+_SUM64_GRID = 1024  # fixed: the order of the additions, and so the sum, is the same at every call
+
+
+@functools.cache
+def _sum64_module(cupy):
+    return cupy.RawModule(code=_SUM64, name_expressions=["tuner_dot64<float>", "tuner_dot64<double>",
+                                                         "tuner_sum_partials"])
+
+
+def sum64(a, b=None):
+    """The float64 sum of the float32 or float64 ``a`` (times ``b``, of the same dtype, entry by entry), in
+    ``a``'s module: on the device a one-element array (nothing waits for it), added in the same order at
+    every call (see above for why not CuPy's ``sum``).
+
+    Example:
+        >>> float(sum64(np.array([1.5, 2.0], np.float32), np.array([2.0, 3.0], np.float32)))
+        9.0
+    """
+    xp = module(a)
+    if xp is np:
+        a64 = a.astype(np.float64, copy=False)
+        return np.asarray(a64.sum() if b is None else a64 @ b.astype(np.float64, copy=False))
+    kind = {"float32": "float", "float64": "double"}[a.dtype.name]
+    a = xp.ascontiguousarray(a)
+    b = None if b is None else xp.ascontiguousarray(b.astype(a.dtype, copy=False))
+    partials, out = xp.empty(_SUM64_GRID, np.float64), xp.empty(1, np.float64)
+    grid = int(max(1, min(-(-a.size // 256), _SUM64_GRID)))
+    module_ = _sum64_module(xp)
+    module_.get_function(f"tuner_dot64<{kind}>")((grid,), (256,), (a, a if b is None else b, np.int32(b is not None),
+                                                                 np.int64(a.size), partials))
+    module_.get_function("tuner_sum_partials")((1,), (256,), (partials, np.int32(grid), out))
+    return out
+
+
 def tally(values, n: int, weights=None):
     """float64 counts of each of 0 .. ``n`` - 1 among the non-negative integers ``values`` (each below
     ``n``: :func:`largest` + 1 is enough), or the sums of their ``weights``: np.bincount of a given length,

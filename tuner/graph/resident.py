@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import codegen
+from ..formats import xp
 from .device_pull import cupy_function, pull_arrays
 from .pagerank import ConvergenceError, IterationInfo, _node_vector, check_node_size, check_node_values
 
@@ -240,7 +241,9 @@ def node_vector(values, n: int, what: str, dtype):
         return cupy.asarray(_node_vector(values, n, what).astype(dtype))
     check_node_size(what, values.size, n)
     v = device_reorder.upload(np.ascontiguousarray(values).reshape(-1)).astype(np.float64, copy=False)
-    bad, total = (float(f) for f in cupy.stack([cupy.any(~cupy.isfinite(v) | (v < 0)), v.sum()]).get())
+    # Kernels of our own (CuPy's any and sum build CUB kernels, seconds each, on a machine's first use)
+    bad = xp.largest(~cupy.isfinite(v) | (v < 0))
+    total = float(xp.sum64(v).get()[0])
     check_node_values(what, bool(bad), total)
     return (v / total).astype(dtype, copy=False)
 
