@@ -7,8 +7,7 @@ import pytest
 import scipy.sparse as sp
 
 from tuner import families
-from tuner.families import tile_composite as tc_family
-from tuner.formats import device_reorder, reorder, tile_composite, tile_coo, tiles, transpose, xp
+from tuner.formats import aligned_coo, device_reorder, reorder, tile_composite, tile_coo, tiles, transpose, xp
 from tuner.formats.tile_composite import build_tile_composite
 from tuner.formats.tile_coo import build_tile_coo
 from tuner.formats.tiles import tile_bounds, tile_entries
@@ -106,7 +105,8 @@ def test_the_gpu_builds_the_same_tiled_layouts_as_the_host():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family,group_entries", [("tile_composite", None), ("tile_composite", 3000),
-                                                  ("tile_coo", None), ("tile_coo", 3000)])
+                                                  ("tile_coo", None), ("tile_coo", 3000), ("aligned_coo", None),
+                                                  ("binned", None), ("csr_vector", None)])
 def test_a_family_launch_built_on_the_gpu_equals_the_host_launch(monkeypatch, family, group_entries):
     pytest.importorskip("cupy")
     from tuner.formats import tiles
@@ -132,17 +132,30 @@ def test_a_family_launch_built_on_the_gpu_equals_the_host_launch(monkeypatch, fa
 
 
 @pytest.mark.gpu
-def test_a_compile_builds_its_tiled_layout_on_the_gpu_and_multiplies_right(monkeypatch, tmp_path):
+@pytest.mark.parametrize("family", ["tile_composite", "aligned_coo", "binned", "csr_vector"])
+def test_a_compile_builds_its_layout_on_the_gpu_and_multiplies_right(monkeypatch, tmp_path, family):
     pytest.importorskip("cupy")
     import tuner
     monkeypatch.setattr(device_reorder, "MIN_NNZ", 0)
     A = power_law(20000, seed=95)
-    params = tc_family.space(canonicalize(A), None)[0]
-    spmv = tuner.compile(A, family="tile_composite", params=families.params_dict(params), cache_dir=tmp_path)
+    params = families.get(family).candidates(canonicalize(A), None)[0]
+    spmv = tuner.compile(A, family=family, params=families.params_dict(params), cache_dir=tmp_path)
     assert spmv.layout_source == "device" and all(xp.on_device(a) for _, a in spmv._launch.arrays)
     x = np.random.default_rng(4).uniform(-1, 1, A.shape[1]).astype(np.float32)
     expected = A.astype(np.float64) @ x.astype(np.float64)
     assert np.abs(spmv(x) - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("layout", aligned_coo.LAYOUTS)
+def test_the_aligned_coo_built_piece_by_piece_as_on_the_gpu_equals_the_host_build(layout):
+    for name, A in _cases().items():
+        for index_dtype in (None, np.int64):
+            m = canonicalize(A, index_dtype=index_dtype)
+            data = None if m.value_free else m.data
+            whole = aligned_coo.build_aligned_coo(m.indptr, m.indices, data, layout, m.index_dtype)
+            for piece in (7, 1000, aligned_coo.PIECE):
+                _same(whole, aligned_coo.build_aligned_coo_pieces(m.indptr, m.indices, data, layout, m.index_dtype,
+                                                                   piece), (name, index_dtype, layout, piece))
 
 
 def _tilings(m):

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.aligned_coo import LAYOUTS, AlignedCoo, Sizes, build_aligned_coo, evaluate_aligned_coo
+from ..formats.aligned_coo import (LAYOUTS, AlignedCoo, Sizes, aligned_coo_bytes, build_aligned_coo,
+                                   evaluate_aligned_coo)
 from ..formats.reorder import NONE, ORDERINGS
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, check_launch, ceil_div, longest_row, ordered_launch, shared_layout
+from .base import (UNROLL, Family, Launch, check_launch, ceil_div, longest_row, ordered_device_launch, ordered_launch,
+                   shared_layout)
 
 BLOCK_SIZE = 256
 
@@ -54,6 +56,21 @@ def layout_of(m: CanonicalMatrix, layout: str) -> AlignedCoo:
     """The layout of ``m``, built once per matrix and layout."""
     return shared_layout(m, ("aligned_coo", layout), lambda: build_aligned_coo(
         m.indptr, m.indices, None if m.value_free else m.data, layout, m.index_dtype))
+
+
+def device_launch(m: CanonicalMatrix, p: AlignedCooParams) -> Launch:
+    """:func:`launch` built on the GPU from the relabelled matrix's device arrays
+    (:func:`~tuner.formats.aligned_coo.build_aligned_coo_pieces`): the same arrays, as CuPy arrays."""
+    def build(m, csr, col_lengths):
+        return layout_launch(build_aligned_coo(csr.indptr, csr.indices, csr.data, p.layout, m.index_dtype),
+                             p.block_size)
+    return ordered_device_launch(m, p.order, build)
+
+
+def device_bytes(m: CanonicalMatrix) -> int:
+    """Device memory :func:`device_launch` needs beyond the relabelled matrix (the layout and a piece's
+    work: :func:`~tuner.formats.aligned_coo.aligned_coo_bytes`)."""
+    return aligned_coo_bytes(m.n_rows, m.nnz, m.index_dtype.itemsize, 0 if m.value_free else m.value_dtype.itemsize)
 
 
 def grid(s: Sizes, block: int) -> tuple[int, int]:
@@ -95,4 +112,5 @@ def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
 
 
 FAMILY = Family(name="aligned_coo", template="aligned_coo.cu.j2", params_type=AlignedCooParams, space=space,
-                launch=launch, context=context, evaluate=evaluate)
+                launch=launch, context=context, evaluate=evaluate, device_launch=device_launch,
+                device_bytes=device_bytes)

@@ -155,6 +155,13 @@ def csr_arrays(m: CanonicalMatrix) -> tuple[tuple[str, np.ndarray], ...]:
     return tuple(arrays)
 
 
+def device_csr_arrays(csr) -> tuple[tuple[str, object], ...]:
+    """:func:`csr_arrays` of a matrix's device copy (:class:`~tuner.formats.device_reorder.DeviceCsr`, whose
+    ``data`` is None for a pattern matrix)."""
+    return (("indptr", csr.indptr), ("indices", csr.indices)) + ((("data", csr.data),) if csr.data is not None
+                                                                 else ())
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -15,8 +15,8 @@ import numpy as np
 from ..formats.binned import BinnedFormat, build_binned, evaluate_binned
 from ..formats.reorder import NONE, ORDERINGS
 from ..matrix import CanonicalMatrix
-from .base import (UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, longest_row, ordered_launch,
-                   shared_layout)
+from .base import (UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, device_csr_arrays, longest_row,
+                   ordered_device_launch, ordered_launch, shared_layout)
 
 SMALL_MAX = (4, 8)
 MEDIUM_MAX = (16, 32, 96)
@@ -82,13 +82,33 @@ def launch(m: CanonicalMatrix, p: BinnedParams) -> Launch:
 def _launch(m: CanonicalMatrix, p: BinnedParams) -> Launch:
     fmt = shared_layout(m, ("binned", p.small_max, p.medium_max, p.huge_min),
                         lambda: build_binned(m.row_lengths, p.small_max, p.medium_max, p.huge_min, m.index_dtype))
+    return _classes_launch(csr_arrays(m), fmt, p)
+
+
+def device_launch(m: CanonicalMatrix, p: BinnedParams) -> Launch:
+    """:func:`launch` built on the GPU from the relabelled matrix's device arrays (its row lengths read
+    from its row pointers there): the same arrays, as CuPy arrays."""
+    def build(m, csr, col_lengths):
+        fmt = build_binned(csr.indptr[1:] - csr.indptr[:-1], p.small_max, p.medium_max, p.huge_min, m.index_dtype)
+        return _classes_launch(device_csr_arrays(csr), fmt, p)
+    return ordered_device_launch(m, p.order, build)
+
+
+def device_bytes(m: CanonicalMatrix) -> int:
+    """Device memory :func:`device_launch` needs beyond the relabelled matrix: per row its length, its class,
+    its place in the class's list (int64 each) and its id in the layout."""
+    return (3 * 8 + 1 + m.index_dtype.itemsize) * (m.n_rows + 1)
+
+
+def _classes_launch(arrays: tuple, fmt: BinnedFormat, p: BinnedParams) -> Launch:
+    """The launch of the CSR ``arrays`` read through the class lists ``fmt``: a block index range per class."""
     n_small, n_medium, n_large, n_huge = fmt.counts
     medium0 = ceil_div(n_small, p.block_size)
     large0 = medium0 + ceil_div(n_medium * p.medium_lanes, p.block_size)
     huge0 = large0 + ceil_div(n_large * 32, p.block_size)
     scalars = (("n_small", n_small), ("n_medium", n_medium), ("n_large", n_large), ("n_huge", n_huge),
                ("medium_block0", medium0), ("large_block0", large0), ("huge_block0", huge0))
-    return Launch(arrays=csr_arrays(m) + (("row_ids", fmt.row_ids),), scalars=scalars, grid=huge0 + n_huge,
+    return Launch(arrays=tuple(arrays) + (("row_ids", fmt.row_ids),), scalars=scalars, grid=huge0 + n_huge,
                   block=p.block_size)
 
 
@@ -105,4 +125,5 @@ def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
 
 
 FAMILY = Family(name="binned", template="binned.cu.j2", params_type=BinnedParams, space=space,
-                launch=launch, context=context, evaluate=evaluate)
+                launch=launch, context=context, evaluate=evaluate, device_launch=device_launch,
+                device_bytes=device_bytes)

@@ -11,7 +11,8 @@ import numpy as np
 from ..formats.csr import row_sums
 from ..formats.reorder import NONE, ORDERINGS
 from ..matrix import CanonicalMatrix
-from .base import UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, longest_row, ordered_launch
+from .base import (UNROLL, Family, Launch, check_launch, ceil_div, csr_arrays, device_csr_arrays, longest_row,
+                   ordered_device_launch, ordered_launch)
 
 THREADS_PER_ROW = (1, 2, 4, 8, 16, 32)
 BLOCK_SIZES = (128, 256)
@@ -46,9 +47,17 @@ def space(m: CanonicalMatrix) -> list[CsrVectorParams]:
 
 
 def launch(m: CanonicalMatrix, p: CsrVectorParams) -> Launch:
-    return ordered_launch(m, p.order, lambda b: Launch(
-        arrays=csr_arrays(b), scalars=(("n_rows", b.n_rows),),
-        grid=ceil_div(b.n_rows * p.threads_per_row, p.block_size), block=p.block_size))
+    return ordered_launch(m, p.order, lambda b: _launch(csr_arrays(b), b.n_rows, p))
+
+
+def device_launch(m: CanonicalMatrix, p: CsrVectorParams) -> Launch:
+    """:func:`launch` on the relabelled matrix's device arrays (relabelled there: no layout beyond them)."""
+    return ordered_device_launch(m, p.order, lambda m, csr, col_lengths: _launch(device_csr_arrays(csr), m.n_rows, p))
+
+
+def _launch(arrays: tuple, n_rows: int, p: CsrVectorParams) -> Launch:
+    return Launch(arrays=arrays, scalars=(("n_rows", n_rows),), grid=ceil_div(n_rows * p.threads_per_row, p.block_size),
+                  block=p.block_size)
 
 
 def context(m: CanonicalMatrix, p: CsrVectorParams) -> dict:
@@ -62,4 +71,5 @@ def evaluate(m: CanonicalMatrix, built: Launch, x: np.ndarray) -> np.ndarray:
 
 
 FAMILY = Family(name="csr_vector", template="csr_vector.cu.j2", params_type=CsrVectorParams, space=space,
-                launch=launch, context=context, evaluate=evaluate)
+                launch=launch, context=context, evaluate=evaluate, device_launch=device_launch,
+                device_bytes=lambda m: 0)  # the kernel reads the (relabelled) CSR itself

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .xp import largest, module, prefix
+
 WARP = 32
 LAYOUTS = ("hybrid", "seg", "flat")
 
@@ -154,7 +156,8 @@ class AlignedCoo:
 
 def build_aligned_coo(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray | None, layout: str,
                       index_dtype=np.int32) -> AlignedCoo:
-    """The ALIGNED_COO layout of a CSR matrix (vectorised: a few passes over the entries).
+    """The ALIGNED_COO layout of a CSR matrix (vectorised: a few passes over the entries), from NumPy
+    arrays or, through :func:`build_aligned_coo_pieces`, CuPy arrays.
 
     Example (paper 004's Fig. 2 matrix, 0-based):
         >>> import scipy.sparse as sp
@@ -166,6 +169,8 @@ def build_aligned_coo(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray 
         >>> f.seg_vals.reshape(3, 4).tolist()
         [[2.0, 1.0, 7.0, 10.0], [4.0, 3.0, 8.0, 0.0], [5.0, 6.0, 9.0, 0.0]]
     """
+    if module(indices) is not np:  # on the device: a piece of the entries at a time
+        return build_aligned_coo_pieces(indptr, indices, data, layout, index_dtype)
     indptr = np.asarray(indptr)
     lengths = np.diff(indptr).astype(np.int64)
     flat_len, _ = split_lengths(lengths, layout)
@@ -183,6 +188,79 @@ def build_aligned_coo(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray 
                              None if data is None else data[mask], slots, where, index_dtype))
     (sr, sc, sv), (fr, fc, fv) = parts
     return AlignedCoo(sr, sc, sv, fr, fc, fv, geometry, layout)
+
+
+PIECE = 1 << 24  # entries placed at once by :func:`build_aligned_coo_pieces`: bounds its work arrays
+
+
+def build_aligned_coo_pieces(indptr, indices, data, layout: str, index_dtype=np.int32,
+                             piece: int = PIECE) -> AlignedCoo:
+    """:func:`build_aligned_coo` from CSR arrays of either module (NumPy or CuPy), as the GPU builds it:
+    the same arrays, each entry's place found from its row (a search of the row pointers) and its offset in
+    the row, ``piece`` entries at a time, so that the work beside the layout is a few arrays of one piece.
+
+    Example (the matrix of :func:`build_aligned_coo`'s example, two entries at a time):
+        >>> import scipy.sparse as sp
+        >>> A = sp.csr_matrix(np.array([[0, 2, 0, 4, 5], [1, 0, 0, 0, 0], [0, 3, 6, 0, 0], [0, 7, 0, 8, 0],
+        ...                             [0, 0, 0, 9, 0], [10, 0, 0, 0, 0]], dtype=np.float32))
+        >>> f = build_aligned_coo_pieces(A.indptr, A.indices, A.data, "hybrid", piece=2)
+        >>> f.seg_rows.reshape(3, 4).tolist()
+        [[0, 1, 3, 5], [0, 2, 3, -1], [0, 2, 4, -1]]
+    """
+    xp = module(indices)
+    starts = indptr[:-1].astype(np.int64)
+    lengths = indptr[1:].astype(np.int64) - starts
+    flat_len = {"hybrid": lengths - lengths % WARP, "seg": xp.zeros_like(lengths), "flat": lengths}.get(layout)
+    if flat_len is None:
+        raise ValueError(f"unknown ALIGNED_COO layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    seg_len_of = lengths - flat_len
+    flat_start, seg_start = prefix(flat_len), prefix(seg_len_of)  # each row's first place in each part
+    n_flat, n_seg = int(flat_start[-1]), int(seg_start[-1])
+    seg_len = largest(seg_len_of) if n_seg else 0
+    g = Sizes(seg_len, -(-n_seg // seg_len) if seg_len else 0, n_seg, n_flat)
+    nnz = int(indptr[-1]) if indptr.size else 0
+
+    def empty(slots, dtype, fill):
+        return xp.full(slots, fill, dtype=dtype)
+    seg_r, seg_c = empty(g.lanes * g.seg_len, index_dtype, -1), empty(g.lanes * g.seg_len, index_dtype, -1)
+    flat_r, flat_c = empty(g.chunks * WARP, index_dtype, -1), empty(g.chunks * WARP, index_dtype, -1)
+    seg_v = flat_v = None
+    if data is not None:
+        seg_v, flat_v = empty(g.lanes * g.seg_len, data.dtype, 0), empty(g.chunks * WARP, data.dtype, 0)
+    ends = indptr[1:]
+    for lo in range(0, nnz, max(int(piece), 1)):
+        hi = min(lo + int(piece), nnz)
+        e = xp.arange(lo, hi, dtype=np.int64)
+        row = xp.searchsorted(ends, e, side="right")
+        offset = e - starts[row]
+        flat = offset < flat_len[row]
+        cols = indices[lo:hi].astype(index_dtype, copy=False)
+        rows = row.astype(index_dtype)
+        f = xp.flatnonzero(flat)
+        at = flat_start[row[f]] + offset[f]
+        flat_r[at], flat_c[at] = rows[f], cols[f]
+        if data is not None:
+            flat_v[at] = data[lo:hi][f]
+        s = xp.flatnonzero(~flat)
+        i = seg_start[row[s]] + offset[s] - flat_len[row[s]]  # the entry's number in the seg part
+        at = (i % max(g.seg_len, 1)) * g.lanes + i // max(g.seg_len, 1)
+        seg_r[at], seg_c[at] = rows[s], cols[s]
+        if data is not None:
+            seg_v[at] = data[lo:hi][s]
+    return AlignedCoo(seg_r, seg_c, seg_v, flat_r, flat_c, flat_v, g, layout)
+
+
+def aligned_coo_bytes(n_rows: int, nnz: int, index_bytes: int, value_bytes: int, piece: int = PIECE) -> int:
+    """Device memory :func:`build_aligned_coo_pieces` needs for a matrix of ``n_rows`` rows and ``nnz``
+    entries (value_bytes 0: a pattern matrix): the layout (a lane's and a warp's padding at most beyond the
+    entries), six int64 arrays per row, and a piece's work (about 64 bytes an entry).
+
+    Example:
+        >>> aligned_coo_bytes(10, 100, 4, 4, piece=50)
+        5696
+    """
+    layout = (nnz + 2 * WARP) * (2 * index_bytes + value_bytes)
+    return layout + 6 * 8 * (n_rows + 1) + 64 * min(nnz, piece)
 
 
 def _column_major(g: Sizes):

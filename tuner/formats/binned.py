@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .csr import row_sums
+from .xp import module
 
 CLASSES = ("small", "medium", "large", "huge")
 
@@ -32,7 +33,8 @@ class BinnedFormat:
 
 def build_binned(row_lengths: np.ndarray, small_max: int, medium_max: int, huge_min: int | None = None,
                  dtype=np.int32) -> BinnedFormat:
-    """Group rows by length: < small_max small, < medium_max medium, < huge_min large, the rest huge.
+    """Group rows by length: < small_max small, < medium_max medium, < huge_min large, the rest huge; the
+    row lengths a NumPy or a CuPy array (the row ids then in the same module).
 
     ``huge_min`` None means no huge class (every long row is large).
 
@@ -44,11 +46,13 @@ def build_binned(row_lengths: np.ndarray, small_max: int, medium_max: int, huge_
     huge = np.iinfo(np.int64).max if huge_min is None else huge_min
     if not 0 < small_max <= medium_max <= huge:
         raise ValueError(f"need 0 < small_max <= medium_max <= huge_min, got {small_max}, {medium_max}, {huge_min}")
-    bounds = np.array([small_max, medium_max, huge], dtype=np.int64)
-    cls = np.searchsorted(bounds, row_lengths, side="right").astype(np.int8)
-    order = np.argsort(cls, kind="stable").astype(dtype, copy=False)
-    counts = np.bincount(cls, minlength=len(CLASSES))
-    return BinnedFormat(row_ids=order, counts=tuple(int(c) for c in counts))
+    xp = module(row_lengths)
+    bounds = xp.asarray(np.array([small_max, medium_max, huge], dtype=np.int64))
+    cls = xp.searchsorted(bounds, row_lengths, side="right").astype(np.int8)
+    # A stable partition by class: each class's rows in order, one pass per class (no sort)
+    groups = [xp.flatnonzero(cls == k) for k in range(len(CLASSES))]
+    order = xp.concatenate(groups).astype(dtype, copy=False)
+    return BinnedFormat(row_ids=order, counts=tuple(int(g.size) for g in groups))
 
 
 def evaluate_binned(fmt: BinnedFormat, indptr, indices, data, x, n_rows: int, pattern_value: float = 1.0):
