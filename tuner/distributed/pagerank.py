@@ -70,30 +70,32 @@ class _Step:
 
 class _StatusReader:
     """The host's view of the device's convergence record (:attr:`_Step.status`): a page-locked copy queued
-    as each iteration ends, read once that of ``behind`` iterations earlier has arrived."""
+    as each iteration ends, into a slot of its own, read once that of ``behind`` iterations earlier has
+    arrived. Each read is of exactly that iteration's record, so every rank of a communicator stops after
+    queueing the same iterations (their collectives match)."""
 
-    def __init__(self, status):
+    def __init__(self, status, behind: int):
         import cupy
         import cupyx
-        self.status, self.host = status, cupyx.empty_pinned(2, np.float64)
-        self.host[:] = 0.0
+        self.status, self.behind = status, behind
+        self.slots = cupyx.empty_pinned((behind + 1, 2), np.float64)  # iteration i's copy in slot i % (behind + 1)
+        self.slots[:] = 0.0
         self.events: list = []
-        self._copy = lambda: cupy.cuda.runtime.memcpyAsync(  # noqa: E731
-            self.host.ctypes.data, status.data.ptr, status.nbytes, cupy.cuda.runtime.memcpyDeviceToHost, 0)
+        self._copy = lambda slot: cupy.cuda.runtime.memcpyAsync(  # noqa: E731
+            self.slots[slot].ctypes.data, status.data.ptr, status.nbytes, cupy.cuda.runtime.memcpyDeviceToHost, 0)
         self._event = cupy.cuda.Event
 
-    def queued(self, behind: int) -> bool:
-        """Queue the copy of the iteration just queued; True once a copy ``behind`` iterations back shows
-        the tolerance met (the record only ever goes from 0 to an iteration, so a later copy that has landed
-        too tells the same)."""
-        self._copy()
+    def queued(self, iteration: int) -> bool:
+        """Queue the copy of ``iteration``'s record (the iteration just queued); True once the record of
+        ``behind`` iterations back shows the tolerance met."""
+        self._copy(iteration % (self.behind + 1))
         event = self._event(disable_timing=True)
         event.record()
         self.events.append(event)
-        if len(self.events) <= behind:
+        if len(self.events) <= self.behind:
             return False
         self.events.pop(0).synchronize()
-        return self.host[0] != 0.0
+        return self.slots[(iteration - self.behind) % (self.behind + 1), 0] != 0.0
 
     def final(self) -> tuple[int, float]:
         """(the iteration that met the tolerance, 0 if none; its change), after the device has finished."""
@@ -224,14 +226,14 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     cupy.cuda.Device().synchronize()
     t1 = time.perf_counter()
 
-    seen = _StatusReader(step.status)
+    seen = _StatusReader(step.status, check_every)
     for iteration in range(1, max_iter + 1):
         multiply(cache, pulled)
         step(pulled, d_l, p_l, inv_l, dangling_l, x, sums, x_new, cache, mine, alpha, max_rule)
         comm.allgather_into(mine, parts)
         step.combine(parts, sums, max_rule, limit, iteration)
         x, x_new = x_new, x
-        if seen.queued(check_every):  # an iteration at least check_every behind met the tolerance
+        if seen.queued(iteration):  # the iteration check_every behind this one met the tolerance, or an earlier one
             break
     cupy.cuda.Device().synchronize()
     t2 = time.perf_counter()
