@@ -220,13 +220,12 @@ def build_aligned_coo_pieces(indptr, indices, data, layout: str, index_dtype=np.
     g = Sizes(seg_len, -(-n_seg // seg_len) if seg_len else 0, n_seg, n_flat)
     nnz = int(indptr[-1]) if indptr.size else 0
 
-    def empty(slots, dtype, fill):
-        return xp.full(slots, fill, dtype=dtype)
-    seg_r, seg_c = empty(g.lanes * g.seg_len, index_dtype, -1), empty(g.lanes * g.seg_len, index_dtype, -1)
-    flat_r, flat_c = empty(g.chunks * WARP, index_dtype, -1), empty(g.chunks * WARP, index_dtype, -1)
+    seg_slots, flat_slots = g.lanes * g.seg_len, g.chunks * WARP  # padding: row and column -1, value 0
+    seg_r, seg_c = xp.full(seg_slots, -1, index_dtype), xp.full(seg_slots, -1, index_dtype)
+    flat_r, flat_c = xp.full(flat_slots, -1, index_dtype), xp.full(flat_slots, -1, index_dtype)
     seg_v = flat_v = None
     if data is not None:
-        seg_v, flat_v = empty(g.lanes * g.seg_len, data.dtype, 0), empty(g.chunks * WARP, data.dtype, 0)
+        seg_v, flat_v = xp.zeros(seg_slots, data.dtype), xp.zeros(flat_slots, data.dtype)
     ends = indptr[1:]
     for lo in range(0, nnz, max(int(piece), 1)):
         hi = min(lo + int(piece), nnz)
