@@ -239,19 +239,21 @@ def _sum64_module(cupy):
 
 
 def sum64(a, b=None):
-    """The float64 sum of the float32 or float64 ``a`` (times ``b``, of the same dtype, entry by entry), in
-    ``a``'s module: on the device a one-element array (nothing waits for it), added in the same order at
+    """The float64 sum of the float32 or float64 ``a`` (times ``b``, of the same dtype, entry by entry) as a
+    one-element array of ``a``'s module (on the device nothing waits for it), added in the same order at
     every call (see above for why not CuPy's ``sum``).
 
     Example:
-        >>> float(sum64(np.array([1.5, 2.0], np.float32), np.array([2.0, 3.0], np.float32)))
-        9.0
+        >>> sum64(np.array([1.5, 2.0], np.float32), np.array([2.0, 3.0], np.float32)).tolist()
+        [9.0]
     """
+    kind = {"float32": "float", "float64": "double"}.get(a.dtype.name)
+    if kind is None:
+        raise ValueError(f"sum64 adds float32 or float64 values, got {a.dtype}")
     xp = module(a)
     if xp is np:
         a64 = a.astype(np.float64, copy=False)
-        return np.asarray(a64.sum() if b is None else a64 @ b.astype(np.float64, copy=False))
-    kind = {"float32": "float", "float64": "double"}[a.dtype.name]
+        return np.array([a64.sum() if b is None else a64 @ b.astype(np.float64, copy=False)])
     a = xp.ascontiguousarray(a)
     b = None if b is None else xp.ascontiguousarray(b.astype(a.dtype, copy=False))
     partials, out = xp.empty(_SUM64_GRID, np.float64), xp.empty(1, np.float64)
