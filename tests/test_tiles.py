@@ -1,5 +1,7 @@
 """TILE-COO and TILE-Composite (paper 003): tiling rule, workload packing, layouts against SciPy, and
 Algorithms 2-3 over a profile."""
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -10,7 +12,7 @@ from tuner.families.base import Specialization, ordered_matrix
 from tuner.families.tile_composite import TileCompositeParams, fill_workload
 from tuner.families.tile_coo import TileCooParams
 from tuner.families.tiles import tiling
-from tuner.formats.tile_composite import CAMPING_PAD, build_tile_composite, evaluate_tile_composite, pack
+from tuner.formats.tile_composite import CAMPING_PAD, Shapes, build_tile_composite, evaluate_tile_composite, pack
 from tuner.formats.tile_coo import build_tile_coo
 from tuner.formats.aligned_coo import evaluate_aligned_coo
 from tuner.formats.tiles import tile_bounds, tile_widths
@@ -181,8 +183,7 @@ def test_packed_runs_spelt_out_are_the_workloads_of_the_ranked_rows(wl):
     rng = np.random.default_rng(wl)
     for _ in range(20):
         ranked = np.sort(np.concatenate([rng.zipf(1.6, rng.integers(1, 400)) % 500, [0] * 3]))[::-1]
-        lengths, counts = np.unique(ranked, return_counts=True)
-        s = pack_runs(lengths[::-1], counts[::-1], wl)
+        s = pack_runs(*_runs_of(ranked), wl)
         p = pack(ranked, wl)
         n = s.count
         assert s.workloads == p.count
@@ -229,6 +230,15 @@ def test_packings_of_several_sizes_equal_each_packed_alone():
     assert many.tail_rows.tolist()[:2] == [0, 0] and pack_many(np.array([5]), np.array([3]), [10]).tail_rows[0] == 1
 
 
+SHAPE_FIELDS = tuple(f.name for f in dataclasses.fields(Shapes))
+
+
+def _runs_of(ranked):
+    """A tile's rows ranked by decreasing length as runs: (distinct lengths descending, rows of each)."""
+    lengths, counts = np.unique(ranked, return_counts=True)
+    return lengths[::-1], counts[::-1]
+
+
 def _packed_together(tiles, sizes):
     """Tiles given as (lengths, counts) pairs packed at once, at their ``sizes``: (run offsets, Packings)."""
     from tuner.formats.tile_composite import pack_tiles
@@ -246,8 +256,7 @@ def test_the_chosen_packings_flat_hold_each_tiles_packing_with_its_tile():
             ranked = np.zeros(2, np.int64)  # empty rows only: no pairing has a run
         if k % 5 == 1:
             ranked = np.full(3, 40 + k)  # long rows only: two per workload, the last one a tail
-        lengths, counts = np.unique(ranked, return_counts=True)
-        tiles.append((lengths[::-1], counts[::-1]))
+        tiles.append(_runs_of(ranked))
         sizes.append(sorted({1, 32, 2 * (40 + k), int(ranked[0]) or 1, int(rng.integers(1, 4000))}))
     _, p = _packed_together(tiles, sizes)
     starts = np.cumsum([0] + [len(s) for s in sizes])
@@ -257,10 +266,9 @@ def test_the_chosen_packings_flat_hold_each_tiles_packing_with_its_tile():
     best[[3, 17]] = -1  # tiles without a pairing hold no runs
     tile, flat = p.chosen(best)
     assert p.tail_rows[best[best >= 0]].any()  # some tails are among them
-    fields = ("first", "count", "step", "length", "h", "row_major", "run")
     for t in range(len(tiles)):
-        got = sorted(zip(*(getattr(flat, f)[tile == t].tolist() for f in fields)))
-        want = [] if best[t] < 0 else sorted(zip(*(getattr(p.shapes(int(best[t])), f).tolist() for f in fields)))
+        got = sorted(zip(*(getattr(flat, f)[tile == t].tolist() for f in SHAPE_FIELDS)))
+        want = [] if best[t] < 0 else sorted(zip(*(getattr(p.shapes(int(best[t])), f).tolist() for f in SHAPE_FIELDS)))
         assert got == want
 
 
@@ -272,8 +280,7 @@ def test_tiles_packed_together_equal_each_packed_alone():
         ranked = np.sort(rng.zipf(rng.uniform(1.3, 2.5), rng.integers(1, 400)) % 2000)[::-1]
         if k % 9 == 0:
             ranked = np.zeros(int(rng.integers(1, 5)), np.int64)  # a tile of empty rows only
-        lengths, counts = np.unique(ranked, return_counts=True)
-        tiles.append((lengths[::-1], counts[::-1]))  # zero-length runs last, as in a ranking
+        tiles.append(_runs_of(ranked))  # zero-length runs last, as in a ranking
         sizes.append(sorted({1, 32, int(ranked[0]) or 1, int(rng.integers(1, 5000))}))
     offsets, together = _packed_together(tiles, sizes)
     rates = {k: (rng.uniform(1e5, 1e6, offsets[-1]), rng.uniform(1e-4, 1e-2, offsets[-1])) for k in ("row", "col")}
@@ -285,8 +292,7 @@ def test_tiles_packed_together_equal_each_packed_alone():
         assert times[c:c + len(wls)].tolist() == pytest.approx(tc_model.tile_times(alone, own, 50).tolist(), rel=1e-12)
         for j in range(len(wls)):
             a, b = together.shapes(c + j), alone.shapes(j)
-            assert all(getattr(a, f).tolist() == getattr(b, f).tolist()
-                       for f in ("first", "count", "step", "length", "h", "row_major", "run"))
+            assert all(getattr(a, f).tolist() == getattr(b, f).tolist() for f in SHAPE_FIELDS)
         c += len(wls)
     empty = [len(wls) for (lengths, _), wls in zip(tiles, sizes) if not lengths.any()]
     assert len(empty) == 5 and (times == 0).sum() == sum(empty)  # the empty tiles cost nothing
