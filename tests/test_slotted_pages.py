@@ -133,6 +133,16 @@ def test_slotted_product_pages_sum_to_the_product_and_each_fits_the_budget(budge
     assert abs(C - ref).max() < 1e-12 * abs(ref).max()
 
 
+@pytest.mark.parametrize("budget", [200_000, 400_000])
+def test_pages_fill_the_budget_so_a_product_takes_about_its_working_set_over_the_budget(budget):
+    from tuner.spgemm.slotted import SORT_COPIES
+    A = power_law(600, seed=21)
+    plan, pages, _ = slotted(A, A.T.tocsr(), budget)
+    fewest = int(np.ceil(pages.products.sum() * SORT_COPIES * 16 / budget))  # float64 pairs, all in use
+    assert fewest <= pages.pages <= 1.25 * fewest + 1
+    assert plan.heaviest_need_bytes <= budget
+
+
 def test_a_larger_budget_takes_fewer_larger_pages():
     A = power_law(600, seed=22)
     small, _, _ = slotted(A, A, 60_000)
@@ -183,18 +193,33 @@ def test_a_product_over_the_device_budget_streams_slotted_pages_and_matches_scip
         f(out="device")
 
 
+def test_filling_by_products_takes_slots_until_the_next_would_pass_the_bound():
+    from tuner.formats.slotted_pages import _fill_by_products
+    rng = np.random.default_rng(3)
+    products = rng.integers(0, 40, 2000)
+    given = rng.random(2000) < 0.02
+    given[0] = True
+    new = _fill_by_products(given, products, 100)
+    assert np.all(new[given])
+    starts = np.flatnonzero(new)
+    ends = np.append(starts[1:], products.size)
+    sums = np.add.reduceat(products, starts)
+    assert np.all((sums <= 100) | (ends - starts == 1))  # over the bound only as a slot alone
+    added = ~given[starts[1:]]  # pages that end where filling, not a given start, cut them
+    assert np.all(sums[:-1][added] + products[ends[:-1][added]] > 100)
+
+
 @pytest.mark.parametrize("max_products", [50, 400])
 def test_a_products_bound_packs_light_slots_into_pages_of_like_work(max_products):
     A = power_law(500, seed=24)
     a, b = operands(A, A.T)
-    per_slot = np.diff(a.indptr) * np.diff(b.indptr)
     pages = slotted_pages(a.indptr, b.indptr, 64, max_products)
-    light = ~pages.large & (pages.slot_end - pages.slot_begin > 1)
-    assert light.any()
-    # A shared page holds under max_products beyond its last slot's own products.
-    last = per_slot[pages.slot_end[light] - 1]
-    assert np.all(pages.products[light] < max_products + last)
-    assert pages.pages > slotted_pages(a.indptr, b.indptr, 64).pages
+    shared = ~pages.large & (pages.slot_end - pages.slot_begin > 1)
+    assert shared.any()
+    assert np.all(pages.products[shared] <= max_products)  # a shared page holds at most the bound
+    plain = slotted_pages(a.indptr, b.indptr, 64)
+    over = (~plain.large & (plain.slot_end - plain.slot_begin > 1) & (plain.products > max_products)).any()
+    assert pages.pages > plain.pages if over else pages.pages == plain.pages
     C = product_by_pages(pages, a.indptr, a.indices, a.data, b.indptr, b.indices, b.data, A.shape)
     assert abs(C - a @ b).max() < 1e-12 * abs(a @ b).max()
 
@@ -261,3 +286,4 @@ def test_partials_of_a_product_without_rows_or_entries_assemble_to_an_empty_matr
     for shape in ((0, 5), (4, 5)):
         got = assemble(empty, [np.zeros(0, np.float32)], shape, np.float32, 10, lambda *a: pytest.fail("merged"))
         assert got.shape == shape and got.nnz == 0 and got.dtype == np.float32 and got.indptr.size == shape[0] + 1
+

@@ -236,8 +236,7 @@ def spgemm_row(source: str, op: str, h2d: float, repeats: int = SPGEMM_REPEATS) 
     the slotted product at half and a quarter of the chosen page size are timed in turns
     (:func:`_interleaved_medians`) after two calls each."""
     from .spgemm import compile_spgemm
-    from .spgemm.slotted import SlottedProduct
-    from .formats.slotted_pages import slotted_pages
+    from .spgemm.slotted import SlottedProduct, pages_at
     A = loaders.load(source).tocsr()
     B = A if op == "AA" else A.T.tocsr()
     in_memory = compile_spgemm(A, B)
@@ -256,9 +255,9 @@ def spgemm_row(source: str, op: str, h2d: float, repeats: int = SPGEMM_REPEATS) 
         gpu.synchronize()
         calls.append(time.perf_counter() - t0)
     chosen = f.plan.page_entries
-    others = {entries: SlottedProduct(f.a, f.b, slotted_pages(f.ops.a_colptr, f.ops.b_rowptr, entries,
-                                                              f.pages.max_products), f.cache,
-                                      nnz_c=f.nnz_c, budget_bytes=f.budget_bytes)
+    others = {entries: SlottedProduct(f.a, f.b, pages_at(f.ops.a_colptr, f.ops.b_rowptr, entries, f.plan.budget_bytes,
+                                                         f.a.n_rows, f.dtype.itemsize, f.a.index_dtype.itemsize)[0],
+                                      f.cache, nnz_c=f.nnz_c, budget_bytes=f.budget_bytes)
               for entries in (chosen // 2, chosen // 4) if entries in f.plan.predicted_s}
     for g in others.values():
         g(), g()

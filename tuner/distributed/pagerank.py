@@ -80,22 +80,25 @@ class _StatusReader:
         self.status, self.behind = status, behind
         self.slots = cupyx.empty_pinned((behind + 1, 2), np.float64)  # iteration i's copy in slot i % (behind + 1)
         self.slots[:] = 0.0
-        self.events: list = []
+        # One event per slot, made once rather than one per iteration: the slot iteration i records into was
+        # last recorded at iteration i - behind - 1 and waited for at iteration i - 1.
+        self.events = [cupy.cuda.Event(disable_timing=True) for _ in range(behind + 1)]
+        self.calls = 0
         self._copy = lambda slot: cupy.cuda.runtime.memcpyAsync(  # noqa: E731
             self.slots[slot].ctypes.data, status.data.ptr, status.nbytes, cupy.cuda.runtime.memcpyDeviceToHost, 0)
-        self._event = cupy.cuda.Event
 
     def queued(self, iteration: int) -> bool:
         """Queue the copy of ``iteration``'s record (the iteration just queued); True once the record of
         ``behind`` iterations back shows the tolerance met."""
-        self._copy(iteration % (self.behind + 1))
-        event = self._event(disable_timing=True)
-        event.record()
-        self.events.append(event)
-        if len(self.events) <= self.behind:
+        slot = iteration % (self.behind + 1)
+        self._copy(slot)
+        self.events[slot].record()
+        self.calls += 1
+        if self.calls <= self.behind:
             return False
-        self.events.pop(0).synchronize()
-        return self.slots[(iteration - self.behind) % (self.behind + 1), 0] != 0.0
+        earlier = (iteration - self.behind) % (self.behind + 1)
+        self.events[earlier].synchronize()
+        return self.slots[earlier, 0] != 0.0
 
     def final(self) -> tuple[int, float]:
         """(the iteration that met the tolerance, 0 if none; its change), after the device has finished."""

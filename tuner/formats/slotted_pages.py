@@ -36,7 +36,7 @@ class SlottedPages:
         large: whether the page holds part of one heavy slot.
         products: the page's scalar products (int64): the work of its partial C.
         page_entries: the most entries a page holds.
-        max_products: the running products at which light slots start a new page (None: entries alone).
+        max_products: the most products a page of several light slots holds (None: entries alone).
     """
 
     slot_begin: np.ndarray
@@ -75,13 +75,38 @@ def _pieces(length: np.ndarray, size: np.ndarray) -> np.ndarray:
     return np.maximum(-(-length // np.maximum(size, 1)), 1)
 
 
+def _fill_by_products(new: np.ndarray, products: np.ndarray, max_products: int) -> np.ndarray:
+    """``new`` (where a page must start) with more starts, so that each page of several slots holds at most
+    ``max_products`` products: from each start, a page takes slots while their products stay within the
+    bound (a slot over it alone gets a page of its own). Every page between two given starts is filled in
+    turn, all such stretches at once (a pass a page, not a slot).
+
+    Example (slots of 3, 3, 3, 5, 1 products, bound 6; one stretch):
+        >>> _fill_by_products(np.array([1, 0, 0, 0, 0], bool), np.array([3, 3, 3, 5, 1]), 6).astype(int).tolist()
+        [1, 0, 1, 1, 0]
+    """
+    before = np.zeros(products.size + 1, np.int64)  # products of the slots before each one
+    np.cumsum(products, out=before[1:])
+    at = np.flatnonzero(new)
+    stop = np.append(at[1:], products.size)  # each stretch ends where the next given start is
+    out = new.copy()
+    bound = max(int(max_products), 1)
+    while at.size:
+        # the page from slot `at` ends before the first slot that would take it over the bound (at least one slot)
+        end = np.maximum(np.searchsorted(before, before[at] + bound, side="right") - 1, at + 1)
+        more = end < stop
+        at, stop = end[more], stop[more]
+        out[at] = True
+    return out
+
+
 def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int,
                   max_products: int | None = None) -> SlottedPages:
     """The pages of C = A B for A's column pointer and B's row pointer (see the module docstring); pages
     without products are left out. ``page_entries`` must be at least 2 (a page holds an entry of each).
-    ``max_products``: light slots also start a new page where their running products pass a multiple of it,
-    so that pages of a device-memory budget carry like work (a light slot of more products still gets a
-    page to itself, bounded by its entries).
+    ``max_products``: a page of several light slots also holds at most this many products (pages filled in
+    order), so that pages of a device-memory budget carry like work (a light slot of more products still
+    gets a page to itself, bounded by its entries).
 
     Example (one slot of 10 x 2: a column cut in pieces of 4 beside the whole row):
         >>> p = slotted_pages(np.array([0, 10]), np.array([0, 2]), 6)
@@ -106,10 +131,7 @@ def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int,
     new = np.ones(a_len.size, dtype=bool)
     new[1:] = heavy[1:] | heavy[:-1] | (window[1:] != window[:-1])
     if max_products:
-        done = np.zeros(a_len.size, np.int64)  # products of the slots before each one
-        np.cumsum((a_len * b_len)[:-1], out=done[1:])
-        work = done // max(int(max_products), 1)
-        new[1:] |= work[1:] != work[:-1]
+        new = _fill_by_products(new, a_len * b_len, int(max_products))
     first = np.flatnonzero(new)
     last = np.append(first[1:], a_len.size)
     keep = ~heavy[first]

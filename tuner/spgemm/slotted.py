@@ -14,7 +14,8 @@ the partials' keys and C's pattern are the same at every call: the second call k
 down without waiting for each page, the kept keys with the new values up to the blocks, C's values down.
 
 The page size is the model's: among powers of two whose heaviest page fits the budget (:func:`page_need`),
-light slots sharing a page up to half the budget's worth of products, the one with the lowest predicted
+light slots sharing a page up to what the budget holds (:func:`pages_at`: pages of like work, each about a
+budget's worth, so a product a few times its budget takes few pages), the one with the lowest predicted
 time, each page predicted by the outer_product model (its fixed cost and rates, :mod:`tuner.model.spgemm`)
 plus its copies at the H100's page-locked rates (:data:`H2D_GBS`, :data:`D2H_GBS`; a call's uploads come
 from the pages' arrays, page-locked in place at the first call, its partials back into page-locked arrays
@@ -143,9 +144,43 @@ def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
     return int(partials * (8 + value_bytes) + 2 * nnz_c * (4 + value_bytes) + 4 * nnz_c)
 
 
+def pages_at(a_colptr: np.ndarray, b_rowptr: np.ndarray, size: int, budget_bytes: int, n_rows: int,
+             value_bytes: int, index_bytes: int) -> tuple[SlottedPages, int]:
+    """The pages :func:`plan_pages` weighs at ``size`` entries a page, and what the heaviest of them needs
+    (:func:`page_need`). Light slots fill pages up to a bound on their products (:func:`slotted_pages`'
+    ``max_products``): first what the budget holds beside C's row pointer; where the pages' operands then
+    take the heaviest over the budget, that bound less the excess (up to three tries); else half the
+    budget's worth, which leaves room for the operands of any page that fits at all.
+
+    Example (a 200 x 200 matrix of 2,000 entries times itself):
+        >>> A = sp.random(200, 200, density=0.05, format="csr", random_state=0)
+        >>> p, need = pages_at(A.tocsc().indptr, A.indptr, 4096, 200_000, 200, 8, 4)
+        >>> p.pages, need <= 200_000   # 20,093 products, 5,555 in the budget's worth
+        (4, True)
+    """
+    pair_bytes = SORT_COPIES * (8 + value_bytes)
+    half = max(int(budget_bytes // 2 // pair_bytes), 1)
+
+    def packed(bound: int) -> tuple[SlottedPages, int]:
+        pages = slotted_pages(a_colptr, b_rowptr, size, bound)
+        need = page_need(pages.products, pages.entries, pages.slot_end - pages.slot_begin, n_rows, value_bytes,
+                         index_bytes)
+        return pages, int(need.max(initial=0))
+    bound = int((budget_bytes - 8 * (n_rows + 2)) // pair_bytes)
+    for _ in range(3):
+        if bound <= half:
+            break
+        pages, heaviest = packed(bound)
+        if heaviest <= budget_bytes:
+            return pages, heaviest
+        bound -= int(np.ceil((heaviest - budget_bytes) / pair_bytes))
+    return packed(half)
+
+
 def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats: model.ProductStats,
                rates: model.Rates, reason: str = "") -> tuple[SlottedPlan, SlottedPages]:
-    """The page size of C = A B under ``budget_bytes`` (see the module docstring) and its pages.
+    """The page size of C = A B under ``budget_bytes`` (see the module docstring) and its pages, light slots
+    packed as fully as the budget allows (:func:`pages_at`).
 
     Raises :class:`~tuner.spgemm.base.DeviceMemoryError` when even the smallest page does not fit, naming
     what it needs and the budget.
@@ -155,7 +190,7 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
         >>> s = model.ProductStats(200, 200, 4000, 3000.0, 0, 0, 8, 4, 16, 0)
         >>> plan, pages = plan_pages(A, A, 200_000, s, model.rates_from(None))
         >>> plan.heaviest_need_bytes <= 200_000, plan.page_entries, pages.pages
-        (True, 4096, 8)
+        (True, 2048, 4)
     """
     a_colptr = np.zeros(a.n_cols + 1, np.int64)  # A by columns needs only its column pointer here
     np.cumsum(a.col_lengths, out=a_colptr[1:])
@@ -164,13 +199,8 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
     vb, ib = a.value_dtype.itemsize, a.index_dtype.itemsize
     fits, smallest = {}, None
     size = SMALLEST_PAGE
-    # Light slots share a page up to half the budget's worth of products (the other half for the slot that
-    # ends it, the operands and the row pointer): pages of like work rather than of like entries.
-    max_products = max(int(budget_bytes // 2 // (SORT_COPIES * (8 + vb))), 1)
     while True:
-        pages = slotted_pages(a_colptr, b_rowptr, size, max_products)
-        need = page_need(pages.products, pages.entries, pages.slot_end - pages.slot_begin, a.n_rows, vb, ib)
-        heaviest = int(need.max(initial=0))
+        pages, heaviest = pages_at(a_colptr, b_rowptr, size, budget_bytes, a.n_rows, vb, ib)
         smallest = heaviest if smallest is None else min(smallest, heaviest)
         if heaviest <= budget_bytes:
             fits[size] = (pages, heaviest, predict_pages(pages, stats, rates, budget_bytes=budget_bytes))
