@@ -286,4 +286,3 @@ def test_partials_of_a_product_without_rows_or_entries_assemble_to_an_empty_matr
     for shape in ((0, 5), (4, 5)):
         got = assemble(empty, [np.zeros(0, np.float32)], shape, np.float32, 10, lambda *a: pytest.fail("merged"))
         assert got.shape == shape and got.nnz == 0 and got.dtype == np.float32 and got.indptr.size == shape[0] + 1
-
