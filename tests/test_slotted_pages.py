@@ -199,7 +199,7 @@ def test_filling_by_products_takes_slots_until_the_next_would_pass_the_bound():
     products = rng.integers(0, 40, 2000)
     given = rng.random(2000) < 0.02
     given[0] = True
-    new = _fill_by_products(given, products, 100)
+    new = _fill_by_products(given, np.concatenate(([0], np.cumsum(products))), 100)
     assert np.all(new[given])
     starts = np.flatnonzero(new)
     ends = np.append(starts[1:], products.size)

@@ -75,20 +75,19 @@ def _pieces(length: np.ndarray, size: np.ndarray) -> np.ndarray:
     return np.maximum(-(-length // np.maximum(size, 1)), 1)
 
 
-def _fill_by_products(new: np.ndarray, products: np.ndarray, max_products: int) -> np.ndarray:
+def _fill_by_products(new: np.ndarray, before: np.ndarray, max_products: int) -> np.ndarray:
     """``new`` (where a page must start) with more starts, so that each page of several slots holds at most
-    ``max_products`` products: from each start, a page takes slots while their products stay within the
-    bound (a slot over it alone gets a page of its own). Every page between two given starts is filled in
-    turn, all such stretches at once (a pass a page, not a slot).
+    ``max_products`` products (``before``: the products of the slots before each slot, and of all of them
+    last): from each start, a page takes slots while their products stay within the bound (a slot over it
+    alone gets a page of its own). Every page between two given starts is filled in turn, all such stretches
+    at once (a pass a page, not a slot).
 
     Example (slots of 3, 3, 3, 5, 1 products, bound 6; one stretch):
-        >>> _fill_by_products(np.array([1, 0, 0, 0, 0], bool), np.array([3, 3, 3, 5, 1]), 6).astype(int).tolist()
+        >>> _fill_by_products(np.array([1, 0, 0, 0, 0], bool), np.array([0, 3, 6, 9, 14, 15]), 6).astype(int).tolist()
         [1, 0, 1, 1, 0]
     """
-    before = np.zeros(products.size + 1, np.int64)  # products of the slots before each one
-    np.cumsum(products, out=before[1:])
     at = np.flatnonzero(new)
-    stop = np.append(at[1:], products.size)  # each stretch ends where the next given start is
+    stop = np.append(at[1:], new.size)  # each stretch ends where the next given start is
     out = new.copy()
     bound = max(int(max_products), 1)
     while at.size:
@@ -130,14 +129,14 @@ def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int,
     window = start // max(page - largest, 1)
     new = np.ones(a_len.size, dtype=bool)
     new[1:] = heavy[1:] | heavy[:-1] | (window[1:] != window[:-1])
+    per_slot = np.zeros(a_len.size + 1, np.int64)  # products of the slots before each one
+    np.cumsum(a_len * b_len, out=per_slot[1:])
     if max_products:
-        new = _fill_by_products(new, a_len * b_len, int(max_products))
+        new = _fill_by_products(new, per_slot, int(max_products))
     first = np.flatnonzero(new)
     last = np.append(first[1:], a_len.size)
     keep = ~heavy[first]
     light_begin, light_end = first[keep], last[keep]
-    per_slot = np.zeros(a_len.size + 1, np.int64)
-    np.cumsum(a_len * b_len, out=per_slot[1:])
     light_products = per_slot[light_end] - per_slot[light_begin]
     # Heavy slots: one page when they fit, else pieces of A's column and of B's row, every pair a page.
     k = slots[heavy]
