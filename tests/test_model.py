@@ -211,6 +211,16 @@ def test_candidates_and_predictions_built_together_equal_those_built_in_turn(pro
     assert len({s.family for s in specs}) == 5
 
 
+@pytest.mark.parametrize("names", [["tile_coo"], ["csr_vector", "binned"], []])
+def test_candidates_of_some_families_are_those_families_alone(profile, names):
+    from tuner.model import predicted_candidates
+    m = canonicalize(power_law(5000, seed=23))
+    specs, predicted = predicted_candidates(m, profile, names)
+    assert sorted({s.family for s in specs}) == sorted(names)
+    assert [s.label() for s in specs] == [s.label() for s in families.specializations(m, names, profile=profile)]
+    assert len(predicted) == len(specs) and all(p > 0 for p in predicted)
+
+
 def test_a_layout_asked_for_on_many_threads_at_once_is_built_once():
     import threading
     import time

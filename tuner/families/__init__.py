@@ -34,7 +34,7 @@ def specializations(m: CanonicalMatrix, families: list[str] | None = None, profi
         4
     """
     out = []
-    for name in families or list(REGISTRY):
+    for name in list(REGISTRY) if families is None else families:
         fam = get(name)
         out.extend(Specialization(name, p, m.value_dtype, m.index_dtype, m.value_free)
                    for p in fam.candidates(m, profile))
