@@ -100,7 +100,9 @@ class CanonicalMatrix(Shaped):
             [[1, 2], [1, 0, 2]]
         """
         rows = np.asarray(rows, dtype=np.int64)
-        start, lengths = self.indptr[rows].astype(np.int64), self.row_lengths[rows]
+        # From the rows' pointers: a few rows' lengths, not a count of every row's.
+        start = self.indptr[rows].astype(np.int64)
+        lengths = self.indptr[rows + 1].astype(np.int64) - start
         offsets = np.cumsum(lengths) - lengths
         at = np.repeat(start - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
         return lengths, self.indices[at]

@@ -26,7 +26,7 @@ import numpy as np
 from ..families.base import UNROLL, device_row_lengths, shared_layout
 from ..formats.xp import host, module
 from .locality import SECTOR_BYTES, distinct_counts
-from .warps import ALIGNED_PARTS, NARROW, SegmentSpec, WarpHistogram, narrow_lengths, row_histogram
+from .warps import ALIGNED_PARTS, NARROW, SegmentSpec, WarpHistogram, narrow_lengths, row_histogram, row_lengths_at
 
 SAMPLE_ENTRIES = 1 << 14  # entries of sampled blocks per segment: the shares to a few percent
 # A block of more entries than this (a degree-ordered graph's hub rows) is not counted: its distinct sectors
@@ -136,7 +136,6 @@ def block_fractions(m, lo: int, hi: int | None, rows_per_block: int, hits: tuple
 
 def _sampled_blocks(m, lo: int, hi: int | None, rows_per_block: int, hits: tuple) -> tuple[Touches, float]:
     """:func:`block_fractions`' sample counted, and the entries of the sampled blocks it leaves out."""
-    L = m.row_lengths
     size_of_class, entries = class_size(m, lo, hi)
     blocks = -(-size_of_class // rows_per_block)
     # Every k-th block, so that the sample spans the whole class (degree-ordered views put their
@@ -147,7 +146,7 @@ def _sampled_blocks(m, lo: int, hi: int | None, rows_per_block: int, hits: tuple
     rows = class_rows_at(m, lo, hi, at)
     # Blocks numbered in the sample: their sums stay as small as the sample, whatever the class's size.
     local = np.repeat(np.arange(picked.size), rows_per_block)[:at.size]
-    size = np.bincount(local, weights=L[rows], minlength=picked.size)
+    size = np.bincount(local, weights=row_lengths_at(m, rows), minlength=picked.size)
     big = float(size[size > BLOCK_ENTRIES].sum())
     small = (size <= BLOCK_ENTRIES)[local]
     lengths, cols = m.row_entries(rows[small])
@@ -214,15 +213,14 @@ def class_rows_at(m, lo: int, hi: int | None, positions: np.ndarray) -> np.ndarr
         [3, 5, 7]
     """
     positions = np.asarray(positions, dtype=np.int64)
-    L = m.row_lengths
     if lo <= 0 and hi is None:
         return positions
     per_chunk = rows_at_least(m, lo) - (0 if hi is None else rows_at_least(m, hi))
     through = np.cumsum(per_chunk)
     chunks = distinct_counts(np.searchsorted(through, positions, side="right"))[0]
     rows = chunks[:, None] * CHUNK_ROWS + np.arange(CHUNK_ROWS)
-    length = L[np.minimum(rows, L.size - 1)]
-    inside = (rows < L.size) & (length >= lo) & ((length < hi) if hi is not None else True)
+    length = row_lengths_at(m, np.minimum(rows, m.n_rows - 1))
+    inside = (rows < m.n_rows) & (length >= lo) & ((length < hi) if hi is not None else True)
     # A member's position: the class's rows before its chunk, then its rank among its chunk's members.
     position = (through[chunks] - per_chunk[chunks])[:, None] + np.cumsum(inside, axis=1) - 1
     return rows[inside][np.searchsorted(position[inside], positions)]
@@ -253,7 +251,6 @@ def run_fractions(m, entries_per_block: int, hits: tuple, block_sectors: float =
 
 def _sampled_runs(m, entries_per_block: int, hits: tuple) -> tuple[Touches, float]:
     """:func:`run_fractions`' sample counted, and the entries of the sampled runs it leaves out."""
-    L = m.row_lengths
     ends = row_ends(m)
     total = int(ends[-1]) if ends.size else 0
     runs = -(-total // entries_per_block)
@@ -268,12 +265,12 @@ def _sampled_runs(m, entries_per_block: int, hits: tuple) -> tuple[Touches, floa
     # reading such rows whole would cost more than the rest of the sample, and a relabelled view's
     # rows are sorted only once built.
     owner = np.repeat(np.arange(picked.size), span)
-    big = np.bincount(owner, weights=L[rows] > entries_per_block, minlength=picked.size) > 0
+    big = np.bincount(owner, weights=row_lengths_at(m, rows) > entries_per_block, minlength=picked.size) > 0
     take = ~big[owner]
     rows = rows[take]
     lengths, cols = m.row_entries(rows)
     # Each entry's place in the whole matrix, and the run it was sampled for.
-    position = (np.repeat(ends[rows] - L[rows], lengths) + np.arange(int(lengths.sum()))
+    position = (np.repeat(ends[rows] - lengths, lengths) + np.arange(int(lengths.sum()))
                 - np.repeat(np.cumsum(lengths) - lengths, lengths))
     run = np.repeat(owner[take], lengths)
     keep = (position >= picked[run]) & (position < picked[run] + entries_per_block)

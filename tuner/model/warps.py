@@ -463,11 +463,29 @@ def row_sample(m: CanonicalMatrix):
             return (None,)
         run = SAMPLE_ROWS // SAMPLE_RUNS
         starts = np.linspace(0, n - run, SAMPLE_RUNS).astype(np.int64)
-        lengths = m.row_lengths[(starts[:, None] + np.arange(run)).ravel()]
+        rows = (starts[:, None] + np.arange(run)).ravel()
+        lengths = row_lengths_at(m, rows)
         return (Structure(shape=(lengths.size, m.n_cols), nnz=int(lengths.sum()), index_dtype=m.index_dtype,
                           value_dtype=m.value_dtype, value_free=m.value_free, row_lengths=lengths,
                           col_lengths=np.zeros(0, np.int64)),)
     return shared_layout(m, ("row_sample", SAMPLE_ROWS, SAMPLE_RUNS), build)[0]
+
+
+def row_lengths_at(m, rows: np.ndarray) -> np.ndarray:
+    """The lengths (int64) of ``m``'s ``rows``: from its row lengths where they are at hand (a lengths-only
+    view's, or a matrix's once counted), else from the rows' pointers alone: the model's samples of a 30M-row
+    matrix need not count, and hold, every row's length (8 bytes a row) first.
+
+    Example:
+        >>> import scipy.sparse as sp; from tuner.matrix import canonicalize
+        >>> m = canonicalize(sp.csr_matrix(np.tril(np.ones((5, 5), np.float32))))
+        >>> row_lengths_at(m, np.array([4, 1])).tolist(), "row_lengths" in m.__dict__
+        ([5, 2], False)
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    if not isinstance(m, CanonicalMatrix) or "row_lengths" in m.__dict__:
+        return m.row_lengths[rows]
+    return (m.indptr[rows + 1] - m.indptr[rows]).astype(np.int64, copy=False)
 
 
 def class_rows(m: CanonicalMatrix, lo: int, hi: int | None) -> float:
