@@ -1033,3 +1033,22 @@ def test_sector_statistics_fall_back_to_the_host_when_the_gpu_runs_out_of_memory
         got = tables.sector_groups(m, np.array([0, m.n_cols]))
     assert got.value.tolist() == expected.value.tolist() and got.mult.tolist() == expected.mult.tolist()
     assert "out of memory" in caplog.text
+
+
+def test_a_profile_is_read_once_per_version_of_its_file(tmp_path):
+    import json
+    import os
+    f = tmp_path / "profile.json"
+    f.write_text(fake_profile_json())
+    first = load_profile(path=f)
+    assert load_profile(path=f) is first
+    raw = json.loads(fake_profile_json())
+    raw["constants"]["copy_bandwidth_gbs"] = 1234.5
+    f.write_text(json.dumps(raw))
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))  # a rewrite within the clock's tick
+    again = load_profile(path=f)
+    assert again is not first and again.constants["copy_bandwidth_gbs"] == 1234.5
+    f.write_text("{")
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 2 * 10**9))
+    with pytest.raises(ValueError, match="not a usable GPU profile"):
+        load_profile(path=f)
