@@ -84,6 +84,19 @@ def test_inner_dimensions_must_agree():
         pair_products(np.ones(3), np.ones(4))
 
 
+def test_compile_names_disagreeing_inner_dimensions_before_asking_for_a_gpu(monkeypatch):
+    import tuner
+    from tuner import gpu
+
+    def no_gpu():
+        raise gpu.NoDeviceError("no CUDA GPU present")
+    monkeypatch.setattr(gpu, "device_info", no_gpu)
+    with pytest.raises(MatrixError, match="A has 5 columns but B has 7 rows"):
+        tuner.compile(sp.random(5, 5, density=0.5, format="csr"), sp.random(7, 4, density=0.5, format="csr"))
+    with pytest.raises(gpu.NoDeviceError):  # agreeing operands go on to ask for the GPU
+        tuner.compile(sp.random(5, 5, density=0.5, format="csr"), sp.random(5, 4, density=0.5, format="csr"))
+
+
 def test_counts_past_int32_stay_exact():
     t = workload_table(np.array([0, 70_000]), np.array([0, 70_000]), threads=256, split=1 << 20)
     assert t.products == 4_900_000_000 and t.offset.dtype == np.int64

@@ -20,7 +20,7 @@ from ..formats.row_bins import dense_from
 from ..matrix import CanonicalMatrix, canonicalize, structure_digest
 from ..model import spgemm as model
 from . import outer_product, row_hash
-from .base import DeviceCSR, DeviceMemoryError, Product
+from .base import DeviceCSR, DeviceMemoryError, Product, check_shapes
 from .outer_product import OuterProduct, OuterProductParams, device_bytes, key_bits, operands
 from .row_hash import RowHash, RowHashParams, dense_widths, geometry, shared_limit
 
@@ -350,6 +350,7 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
     wide = np.result_type(a.value_dtype, b.value_dtype) if dtype is None else np.dtype(dtype)
     index = np.result_type(a.index_dtype, b.index_dtype)
     a, b = canonicalize(a, wide, index), canonicalize(b, wide, index)
+    check_shapes(a, b)  # a problem with the operands is named before the GPU is asked for
     info = gpu.device_info()  # raises NoDeviceError before any work that needs the GPU
     cache = Cache(cache_dir)
     if params is not None:

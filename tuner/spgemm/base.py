@@ -66,6 +66,22 @@ def empty_product(shape: tuple[int, int], dtype) -> DeviceCSR:
     return DeviceCSR(indptr, gpu.device_vector(0, index), gpu.device_vector(0, dtype), shape)
 
 
+def check_shapes(a, b) -> None:
+    """MatrixError unless A B is defined: A's columns as many as B's rows.
+
+    Example:
+        >>> import numpy as np
+        >>> check_shapes(np.ones((2, 3)), np.ones((3, 4))) is None
+        True
+        >>> check_shapes(np.ones((2, 3)), np.ones((2, 4)))
+        Traceback (most recent call last):
+        ...
+        tuner.matrix.MatrixError: A has 3 columns but B has 2 rows: A B needs them equal
+    """
+    if a.shape[1] != b.shape[0]:
+        raise MatrixError(f"A has {a.shape[1]} columns but B has {b.shape[0]} rows: A B needs them equal")
+
+
 class Product:
     """C = A B on the GPU for fixed structures of A and B; ``product()`` returns C as SciPy CSR.
 
@@ -78,8 +94,7 @@ class Product:
     family = ""
 
     def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, params):
-        if a.n_cols != b.n_rows:
-            raise MatrixError(f"A has {a.n_cols} columns but B has {b.n_rows} rows: A B needs them equal")
+        check_shapes(a, b)
         self.a, self.b, self.params = a, b, params
         self.dtype = a.value_dtype
         self.shape = (a.n_rows, b.n_cols)

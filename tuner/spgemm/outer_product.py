@@ -21,7 +21,7 @@ from ..cache import Cache
 from ..families.base import CTYPES
 from ..formats.wlt import WorkloadTable, workload_table
 from ..matrix import INT32_MAX, CanonicalMatrix, MatrixError, canonicalize  # noqa: F401 - examples
-from .base import DeviceCSR, Product, empty_product
+from .base import DeviceCSR, Product, check_shapes, empty_product
 
 
 @dataclass(frozen=True)
@@ -71,8 +71,7 @@ def operands(a: CanonicalMatrix, b: CanonicalMatrix) -> Operands:
         >>> o.a_colptr.tolist(), o.a_rows.tolist(), o.a_values.tolist(), o.a_order.tolist()
         ([0, 1, 3], [0, 0, 1], [1.0, 2.0, 3.0], [0, 1, 2])
     """
-    if a.n_cols != b.n_rows:
-        raise MatrixError(f"A has {a.n_cols} columns but B has {b.n_rows} rows: A B needs them equal")
+    check_shapes(a, b)
     if a.n_rows * b.n_cols > 1 << 64:
         raise MatrixError(f"C would be {a.n_rows} x {b.n_cols}: its (row, column) keys need more than 64 bits")
     order = np.argsort(a.indices, kind="stable")
