@@ -110,6 +110,23 @@ def test_bad_source_on_the_command_line_ends_in_one_line(case, make, error, word
     assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("limit, words", [("abc", "'abc' is not a byte figure"), (-1, "must be positive"),
+                                          ("0", "must be positive")])
+@pytest.mark.parametrize("op", ["spmv", "spgemm"])
+def test_a_device_memory_limit_it_cannot_read_is_named_before_the_gpu_is_asked_for(monkeypatch, op, limit, words):
+    from tuner import gpu
+
+    def no_gpu():
+        raise gpu.NoDeviceError("no CUDA GPU present")
+    monkeypatch.setattr(gpu, "device_info", no_gpu)
+    A = sp.random(6, 6, density=0.5, format="csr", random_state=1)
+    operands = (A,) if op == "spmv" else (A, A)
+    with pytest.raises(ValueError, match=words):
+        tuner.compile(*operands, device_memory_limit=limit)
+    with pytest.raises(gpu.NoDeviceError):  # a limit it reads goes on to ask for the GPU
+        tuner.compile(*operands, device_memory_limit="1G")
+
+
 def test_vectors_of_the_wrong_length_or_dtype_are_refused():
     with pytest.raises(MatrixError, match="x has length 4, but the matrix needs 3"):
         check_vector_shape((4,), 3)

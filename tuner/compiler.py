@@ -323,6 +323,8 @@ def compile(A, *, dtype=None, index_dtype=None, tune: str = "model", top_k: int 
     if background and (tune != "model" or family is not None):
         raise ValueError("background= tunes in model mode: the other modes time candidates on the GPU, and "
                          "family= needs no tuning")
+    if device_memory_limit is not None:
+        streaming.budget_of(device_memory_limit, 0)  # a limit it cannot read is named before the GPU is asked for
     cache = Cache(cache_dir)
     m = canonicalize(A, dtype, index_dtype)
     info = gpu.device_info()  # raises NoDeviceError before any work that needs the GPU

@@ -350,7 +350,10 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
     wide = np.result_type(a.value_dtype, b.value_dtype) if dtype is None else np.dtype(dtype)
     index = np.result_type(a.index_dtype, b.index_dtype)
     a, b = canonicalize(a, wide, index), canonicalize(b, wide, index)
-    check_shapes(a, b)  # a problem with the operands is named before the GPU is asked for
+    check_shapes(a, b)  # a problem with the operands or the limit is named before the GPU is asked for
+    if device_memory_limit is not None:
+        from ..streaming import budget_of
+        budget_of(device_memory_limit, 0)
     info = gpu.device_info()  # raises NoDeviceError before any work that needs the GPU
     cache = Cache(cache_dir)
     if params is not None:
