@@ -99,6 +99,7 @@ def test_pagerank_refuses_bad_input_with_the_reason():
         (dict(A=A, personalization=np.zeros(50)), ValueError, "sums to zero"),
         (dict(A=A, nstart=np.ones(7)), ValueError, "7 entries, the graph 50 nodes"),
         (dict(A=A, backend="torch"), ValueError, "backend"),
+        (dict(A=A, dtype=np.int32), ValueError, "dtype must be float32 or float64, got int32"),
     ]
     for kwargs, error, message in cases:
         with pytest.raises(error, match=message):
@@ -237,6 +238,8 @@ def test_hits_options_and_bad_input():
         tuner.hits(sp.csr_matrix((5, 5)), backend="scipy")
     with pytest.raises(MatrixError, match="square"):
         tuner.hits(sp.random(4, 5, density=0.5, format="csr"), backend="scipy")
+    with pytest.raises(ValueError, match="dtype must be float32 or float64, got float16"):
+        tuner.hits(A, dtype=np.float16, backend="scipy")
 
 
 @pytest.mark.gpu
