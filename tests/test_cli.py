@@ -295,3 +295,15 @@ def test_rwr_command_takes_seed_nodes_and_refuses_others(no_gpu, capsys, tmp_pat
 def test_a_sharded_walk_without_several_ranks_is_a_clear_error(capsys, command):
     assert cli.main(command + ["--sharded"]) == 2
     assert "--sharded splits the graph among several GPUs: give --gpus N" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["pagerank", "rmat:8"], ["simrank", "rmat:8"], ["spgemm", "rmat:8"]])
+def test_an_out_file_in_a_missing_folder_is_refused_before_the_run(command, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(command + ["--out", str(tmp_path / "missing" / "x.npy")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"the folder {tmp_path / 'missing'} does not exist" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        cli.main(command + ["--out", str(tmp_path)])
+    assert "is a folder, not a file to write" in capsys.readouterr().err

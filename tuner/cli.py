@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -601,11 +602,32 @@ def _memory_option(p) -> None:
                         "it is streamed from host memory every iteration (on the GPU backends)")
 
 
+def output_file(text: str) -> str:
+    """An --out file whose folder exists and may be written, checked as the command starts: a result is not
+    computed only to be refused at the end.
+
+    Example:
+        >>> output_file("/no/such/folder/x.npy")
+        Traceback (most recent call last):
+        ...
+        argparse.ArgumentTypeError: /no/such/folder/x.npy: the folder /no/such/folder does not exist
+    """
+    path = Path(text).expanduser()
+    folder = path.absolute().parent
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a folder, not a file to write")
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: the folder {folder} cannot be written")
+    return str(path)
+
+
 def _results_options(p, printed: str, written: str, func) -> None:
     """What every graph command ends with: how many of its ``printed`` results to show, the file its whole
     result is ``written`` to, and its handler."""
     p.add_argument("--top", type=int, default=10, help=f"{printed} printed (default %(default)s)")
-    p.add_argument("--out", default=None, help=written)
+    p.add_argument("--out", default=None, type=output_file, help=written)
     p.set_defaults(func=func)
 
 
@@ -657,7 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, help="GPU profile (default: models/<gpu-slug>/profile.json)")
     p.add_argument("--gpu", default=OFFLINE_GPU, help="without a GPU: whose profile the model predicts for "
                                                        "(default %(default)r)")
-    p.add_argument("--out", default=None, help="write C here (SciPy .npz)")
+    p.add_argument("--out", default=None, type=output_file, help="write C here (SciPy .npz)")
     p.add_argument("--cache-dir", default=None,
                    help="binary and plan cache (default: $TUNER_CACHE_DIR, cache/ of a checkout, or "
                         "~/.cache/sparse-tuner)")
