@@ -874,3 +874,63 @@ def test_pagerank_set_up_on_the_device_equals_the_host_iteration(tune):
     unweighted = tuner.pagerank(A, weighted=False, dtype=np.float32, tol=1e-9, tol_rule="per_node")
     expected = tuner.pagerank(A, weighted=False, backend="scipy", tol=1e-12, tol_rule="per_node")
     assert np.abs(unweighted - expected).max() <= 1e-6 * expected.max()
+
+
+def _edge_case_graphs():
+    """(name, A, weighted) of the small graphs the algorithms must treat as NetworkX does: nodes without any
+    edge, a self-loop, one weighted and its pattern, and a graph with nodes but no edge."""
+    A = graph(120, 91).tolil()
+    A[[3, 40, 119], :] = 0
+    A[:, [3, 40, 119]] = 0  # three isolated nodes, the last node among them
+    A[7, 7] = 2.5  # a self-loop
+    A = A.tocsr()
+    A.eliminate_zeros()
+    return [("isolated nodes and a self-loop", A, True), ("the same as a pattern", A, False),
+            ("no edges", sp.csr_matrix((9, 9)), True)]
+
+
+@pytest.mark.parametrize("name, A, weighted", _edge_case_graphs(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_algorithm_equals_networkx_on_isolated_nodes_a_self_loop_patterns_and_no_edges(name, A, weighted):
+    n = A.shape[0]
+    G = as_networkx(A, weighted)
+    G.add_nodes_from(range(n))  # nodes without edges stay in NetworkX's graph
+    x = tuner.pagerank(A, weighted=weighted, tol=1e-10, backend="scipy")
+    assert np.abs(x - ranks(nx.pagerank(G, tol=1e-10), n)).max() <= 1e-10
+    seed = 7 if A.nnz else 2
+    walk = tuner.rwr(A, [seed], restart=0.2, tol=1e-12, weighted=weighted, backend="scipy")
+    expected = nx.pagerank(G, alpha=0.8, personalization={seed: 1.0}, tol=1e-12, max_iter=1000)
+    assert np.abs(walk - ranks(expected, n)).max() <= 1e-9
+    G_paths = as_networkx(A, weighted=False)
+    G_paths.add_nodes_from(range(n))
+    b = tuner.betweenness(A)
+    assert np.abs(b - ranks(nx.betweenness_centrality(G_paths), n)).max() <= 1e-12
+    S = tuner.simrank(A if weighted else (A != 0).astype(np.float64)).toarray()
+    sim = nx.simrank_similarity(G_paths if not weighted else G)
+    assert np.abs(S - np.array([[sim[i][j] for j in range(n)] for i in range(n)])).max() <= 1e-4
+    if A.nnz:  # NetworkX's hits needs an edge (ARPACK on an empty matrix); ours refuses such a graph
+        h, a = tuner.hits(A if weighted else (A != 0).astype(np.float64), backend="scipy")
+        hubs, authorities = nx.hits(G)
+        assert np.abs(h - ranks(hubs, n)).max() <= 1e-8 and np.abs(a - ranks(authorities, n)).max() <= 1e-8
+    else:
+        with pytest.raises(MatrixError, match="at least two nodes and one edge"):
+            tuner.hits(A, backend="scipy")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, A, weighted", _edge_case_graphs(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_algorithm_on_the_gpu_equals_its_host_result_on_the_same_edge_cases(name, A, weighted):
+    pytest.importorskip("cupy")
+    run = dict(weighted=weighted, tol=1e-12, tol_rule="per_node", max_iter=500)
+    host = tuner.pagerank(A, backend="scipy", **run)
+    assert np.abs(tuner.pagerank(A, **run) - host).max() <= 1e-11  # the resident kernel
+    seed = 7 if A.nnz else 2
+    walk = tuner.rwr(A, [seed], restart=0.2, tol=1e-12, weighted=weighted, backend="scipy")
+    assert np.abs(tuner.rwr(A, [seed], restart=0.2, tol=1e-12, weighted=weighted) - walk).max() <= 1e-11
+    b = tuner.betweenness(A, backend="scipy")
+    assert np.abs(tuner.betweenness(A, backend="device") - b).max() <= 1e-12 * max(1.0, b.max())
+    M = A if weighted else (A != 0).astype(np.float64)
+    assert abs(tuner.simrank(M, backend="tuned") - tuner.simrank(M)).max() <= 1e-12
+    if A.nnz:
+        h, a = tuner.hits(M, backend="scipy")
+        h_gpu, a_gpu = tuner.hits(M)
+        assert np.abs(h_gpu - h).max() <= 1e-8 and np.abs(a_gpu - a).max() <= 1e-8
