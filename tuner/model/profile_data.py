@@ -247,10 +247,9 @@ _loaded: dict[str, tuple[tuple, Profile]] = {}  # resolved path -> (its (mtime, 
 
 
 def load_profile(gpu_name: str | None = None, path: str | Path | None = None) -> Profile:
-    """The profile of a GPU by name, or from a file: read once per version of the file in a process (every
-    compile reads it, and parsing a measured profile of 350 KB takes 4 ms, as long as a small product's
-    whole compile otherwise), read again once the file changes (``python -m tuner profile`` resuming).
-    The profile is shared: read it, never change it.
+    """The profile of a GPU by name, or from a file: parsed once per version of the file in a process (every
+    compile asks for it, and parsing a measured profile of 350 KB takes about 4 ms), again once the file
+    changes (``python -m tuner profile`` resuming). The profile is shared: read it, never change it.
 
     Raises FileNotFoundError naming the expected path and the command that makes it.
 
