@@ -538,6 +538,17 @@ def test_betweenness_on_the_gpu_equals_the_host_one(endpoints):
     assert np.abs(ours - host).max() <= 1e-12 * max(1.0, host.max())
 
 
+def test_betweenness_refuses_a_batch_too_large_for_host_memory_before_it_allocates(monkeypatch):
+    from tuner.memory import InsufficientMemoryError
+    A = abs(tuner.load("rmat:10"))
+    expected = tuner.betweenness(A, k=20, seed=2)
+    monkeypatch.setenv("TUNER_HOST_MEMORY_LIMIT", "10M")
+    with pytest.raises(InsufficientMemoryError, match="batches of 1,000 sources would need about 57.3 MB.*smaller batch"):
+        tuner.betweenness(A, batch=1000)
+    # a batch larger than the sources holds only the sources: 20 of them fit
+    assert np.array_equal(tuner.betweenness(A, k=20, seed=2, batch=1000), expected)
+
+
 def test_betweenness_refuses_an_unknown_backend():
     with pytest.raises(ValueError, match="backend must be one of"):
         tuner.betweenness(graph(50, 2), backend="tuned")

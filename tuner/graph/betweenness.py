@@ -17,9 +17,11 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from ..memory import check_fits
 from .pagerank import IterationInfo, adjacency
 
 BATCH_BYTES = 1 << 30  # memory of one batch's n x b arrays (seven of them, float64 or int32)
+NODE_SOURCE_BYTES = 56  # a batch's bytes per node and source: its seven n x b arrays at 8 bytes
 BACKENDS = ("device", "scipy")
 
 
@@ -117,9 +119,14 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     PT = P.T.tocsr()
     sources, sampled = _sources(n, k, seed)
     if batch is None:
-        batch = max(1, min(sources.size, BATCH_BYTES // (56 * n)))
+        batch = max(1, min(sources.size, BATCH_BYTES // (NODE_SOURCE_BYTES * n)))
     elif batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
+    batch = min(batch, max(sources.size, 1))
+    if backend == "scipy":
+        check_fits(NODE_SOURCE_BYTES * n * batch, f"betweenness with batches of {batch:,} sources",
+                   f"{NODE_SOURCE_BYTES} B per node and source of a batch x {n:,} nodes x {batch:,}",
+                   hint="pass a smaller batch=")
     bc, deepest = xp.zeros(n), 0
     starts = range(0, sources.size, batch)
     picked = xp.asarray(sources)
