@@ -126,6 +126,23 @@ def _largest_integer(data: np.ndarray) -> int:
     return max(-int(data.min()), int(data.max()))
 
 
+def check_value_dtype(dtype) -> np.dtype:
+    """``dtype`` as a NumPy dtype if kernels compute in it (float32 or float64), else MatrixError naming it.
+
+    Example:
+        >>> check_value_dtype("float32")
+        dtype('float32')
+        >>> check_value_dtype(np.int32)
+        Traceback (most recent call last):
+        ...
+        tuner.matrix.MatrixError: dtype must be float32 or float64, got int32
+    """
+    d = np.dtype(dtype)
+    if d not in (np.float32, np.float64):
+        raise MatrixError(f"dtype must be float32 or float64, got {d}")
+    return d
+
+
 def _value_dtype(dtype: np.dtype, data: np.ndarray, requested) -> np.dtype:
     """The kernel's value type for values ``data`` of ``dtype``: float32 or float64, chosen so that integer
     values are not rounded unasked."""
@@ -133,9 +150,7 @@ def _value_dtype(dtype: np.dtype, data: np.ndarray, requested) -> np.dtype:
         raise MatrixError(f"complex matrices are not supported (got {dtype})")
     integral = np.issubdtype(dtype, np.integer) or dtype == np.bool_
     if requested is not None:
-        req = np.dtype(requested)
-        if req not in (np.float32, np.float64):
-            raise MatrixError(f"dtype must be float32 or float64, got {req}")
+        req = check_value_dtype(requested)
         if integral:
             big = _largest_integer(data)
             if big > (FLOAT32_EXACT if req == np.float32 else FLOAT64_EXACT):

@@ -18,8 +18,8 @@ import numpy as np
 import scipy.sparse as sp  # noqa: F401 - the example uses it
 
 from ..formats.transpose import transpose
-from ..matrix import MatrixError
-from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, adjacency, check_float_dtype
+from ..matrix import MatrixError, check_value_dtype
+from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, adjacency
 
 
 def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: bool = True,
@@ -46,7 +46,7 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     """
     if max_iter < 1 or tol < 0:
         raise ValueError(f"max_iter must be positive and tol non-negative, got {max_iter} and {tol}")
-    check_float_dtype(dtype)
+    check_value_dtype(dtype)
     from ..compiler import check_tune
     tune = check_tune(tune)
     W = adjacency(A)

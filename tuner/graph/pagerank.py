@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..formats.transpose import transpose
-from ..matrix import MatrixError, all_finite, extrema, row_blocks
+from ..matrix import MatrixError, all_finite, check_value_dtype, extrema, row_blocks
 
 TOL_RULES = ("networkx", "per_node")
 
@@ -64,23 +64,6 @@ def _node_vector(values, n: int, what: str) -> np.ndarray:
     total = v.sum()
     check_node_values(what, not np.all(np.isfinite(v)) or bool(np.any(v < 0)), total)
     return v / total
-
-
-def check_float_dtype(dtype) -> np.dtype:
-    """``dtype`` as a NumPy dtype if the products can run in it (float32 or float64), else ValueError naming it.
-
-    Example:
-        >>> check_float_dtype("float32")
-        dtype('float32')
-        >>> check_float_dtype(np.int32)
-        Traceback (most recent call last):
-        ...
-        ValueError: dtype must be float32 or float64, got int32
-    """
-    d = np.dtype(dtype)
-    if d not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {d}")
-    return d
 
 
 def check_node_size(what: str, size: int, n: int) -> None:
@@ -263,7 +246,7 @@ def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, 
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if tol_rule not in TOL_RULES:
         raise ValueError(f"tol_rule must be one of {TOL_RULES}, got {tol_rule!r}")
-    check_float_dtype(dtype)
+    check_value_dtype(dtype)
     if max_iter < 1 or tol <= 0:
         raise ValueError(f"max_iter must be positive and tol positive, got {max_iter} and {tol}")
     from ..compiler import check_tune
