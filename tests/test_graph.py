@@ -528,14 +528,36 @@ def test_betweenness_on_a_real_graph_equals_networkx_and_batches_do_not_matter(p
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("endpoints", [False, True])
-def test_betweenness_on_the_gpu_equals_the_host_one(endpoints):
+@pytest.mark.parametrize("batch", [64, 37, 150])  # whole warps of sources, a ragged last one, three per node
+def test_betweenness_on_the_gpu_equals_the_host_one(endpoints, batch):
     pytest.importorskip("cupy")
     A = abs(tuner.load("rmat:10"))
-    host = tuner.betweenness(A, k=300, seed=4, endpoints=endpoints, backend="scipy", batch=64)
-    ours, info = tuner.betweenness(A, k=300, seed=4, endpoints=endpoints, batch=64, backend="device",
+    host, host_info = tuner.betweenness(A, k=300, seed=4, endpoints=endpoints, backend="scipy", batch=64,
+                                        return_info=True)
+    ours, info = tuner.betweenness(A, k=300, seed=4, endpoints=endpoints, batch=batch, backend="device",
                                    return_info=True)
-    assert info.backend == "cuSPARSE SpMM on 1 GPU" and info.iterations >= 2
+    assert info.backend == "device kernels on 1 GPU" and info.iterations == host_info.iterations >= 2
     assert np.abs(ours - host).max() <= 1e-12 * max(1.0, host.max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", [p for p in REAL if p.name in ("mdual.npz", "wiki-Vote.npz")], ids=lambda p: p.stem)
+def test_betweenness_on_the_gpu_equals_the_host_one_on_a_real_graph(path):
+    pytest.importorskip("cupy")
+    A = tuner.load(str(path))  # mdual: a mesh, over a hundred BFS levels deep (the host takes 1 s a source)
+    host, host_info = tuner.betweenness(A, k=8, seed=1, return_info=True)
+    ours, info = tuner.betweenness(A, k=8, seed=1, backend="device", return_info=True)
+    assert info.iterations == host_info.iterations >= 2
+    assert np.abs(ours - host).max() <= 1e-12 * max(1.0, host.max())
+
+
+def test_the_betweenness_kernels_compile(tmp_path):
+    from tuner import codegen
+    from tuner.cache import Cache
+    from tuner.graph.betweenness import KERNEL_NAMES, kernel_source
+    source = kernel_source()
+    assert all(f"{name}(" in source for name in KERNEL_NAMES)
+    assert len(codegen.compile_source(source, "sm_90", cache=Cache(tmp_path)).cubin) > 0
 
 
 def test_betweenness_refuses_a_batch_too_large_for_host_memory_before_it_allocates(monkeypatch):

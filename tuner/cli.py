@@ -762,7 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Betweenness centrality of every node of the graph whose edge u -> v is A[u, v] "
                                    "(unweighted shortest paths), as networkx.betweenness_centrality computes it: "
                                    "Brandes' algorithm with a batch of sources per breadth-first search, each "
-                                   "level one sparse product, on the GPU (CuPy) or the host. --k samples sources "
+                                   "level one sparse product on the host or one kernel launch on the GPU. --k "
+                                   "samples sources "
                                    "as NetworkX does (with --seed). Prints the top nodes; --out writes every "
                                    "node's value.")
     p.add_argument("graph", help=MATRIX_HELP)
@@ -771,7 +772,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unnormalized", action="store_true", help="path counts, not divided by the node pairs")
     p.add_argument("--endpoints", action="store_true", help="count a path's end nodes too")
     p.add_argument("--backend", choices=["device", "scipy"], default="scipy",
-                   help="scipy: the products on the host (default); device: on the GPU through CuPy")
+                   help="scipy: on the host (default); device: a kernel launch per level on the GPU")
     _results_options(p, "top nodes", "every node's value: .npy, or .csv", cmd_betweenness)
 
     p = sub.add_parser("bench", help="time tuned kernels against cuSPARSE on a suite; print a table, write JSON",

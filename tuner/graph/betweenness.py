@@ -5,9 +5,15 @@ product Aᵀ F, which also counts the shortest paths (sigma). The dependencies a
 level backwards, again one product per level: delta_v += sigma_v sum over out-neighbours w one level deeper of
 (1 + delta_w) / sigma_w. Shortest paths are unweighted and follow the edges' direction (edge u -> v is
 A[u, v]), as NetworkX's ``betweenness_centrality`` computes on a ``DiGraph`` with ``weight=None``; the
-scaling (``normalized``, ``endpoints``, ``k`` sampled sources) is NetworkX 3.6's. The same code runs on the
-host (NumPy and SciPy, ``backend='scipy'``, the default) or on the GPU (CuPy; each level's product is
-cuSPARSE's SpMM of the graph by the n x b frontier, ``backend='device'``).
+scaling (``normalized``, ``endpoints``, ``k`` sampled sources) is NetworkX 3.6's.
+
+``backend='scipy'`` (the default) runs on the host, each level a SciPy product and NumPy's element-wise
+passes. ``backend='device'`` runs each level as one kernel launch (templates/betweenness.cu.j2): a warp per
+node and 64 of the batch's sources walks the node's edges once, reads the frontier through the neighbours'
+depths (no frontier array, no product of nodes already reached) and updates depth and sigma in place, so a
+level costs one launch and a flag read instead of a product and half a dozen passes over n x b arrays; the
+backward levels likewise, and one launch sums the batch into the result. Its n x b arrays take 20 bytes per
+node and source (sigma and delta in float64, depth in int32) where the host's take 56.
 """
 from __future__ import annotations
 
@@ -17,12 +23,20 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ..memory import check_fits
+from .. import codegen
+from ..formats.xp import prefix, segment_of_scan
+from ..memory import check_fits, human_bytes
 from .pagerank import IterationInfo, adjacency
 
 BATCH_BYTES = 1 << 30  # memory of one batch's n x b arrays (seven of them, float64 or int32)
-NODE_SOURCE_BYTES = 56  # a batch's bytes per node and source: its seven n x b arrays at 8 bytes
+NODE_SOURCE_BYTES = 56  # a batch's bytes per node and source on the host: its seven n x b arrays at 8 bytes
+DEVICE_NODE_SOURCE_BYTES = 20  # on the device: sigma and delta (float64) and depth (int32)
 BACKENDS = ("device", "scipy")
+KERNEL_BLOCK = 256
+KERNEL_KJ = 2  # sources per lane: a warp takes 64 of a node's sources
+KERNEL_EDGES = 256  # edges per warp task: a hub's edges split among many warps
+KERNEL_NAMES = ("bc_forward", "bc_backward", "bc_total")
+_kernels: dict = {}  # device id -> (module, {name: function})
 
 
 def _sources(n: int, k, seed) -> tuple[np.ndarray, bool]:
@@ -34,37 +48,137 @@ def _sources(n: int, k, seed) -> tuple[np.ndarray, bool]:
     return np.array(random.Random(seed).sample(range(n), int(k)), dtype=np.int64), True
 
 
-def _batch(xp, P, PT, sources, endpoints: bool) -> tuple[object, int]:
+def _batch(P: sp.csr_matrix, PT: sp.csr_matrix, sources: np.ndarray, endpoints: bool) -> tuple[np.ndarray, int]:
     """Every node's summed dependency on the sources of one batch (distinct nodes), and the BFS depth
-    reached; ``xp``: NumPy with SciPy matrices, or CuPy with CuPy's."""
+    reached, on the host (P the graph's pattern, PT its transpose)."""
     n, b = P.shape[0], sources.size
-    cols = xp.arange(b)
-    sigma = xp.zeros((n, b))
+    cols = np.arange(b)
+    sigma = np.zeros((n, b))
     sigma[sources, cols] = 1.0
-    depth = xp.full((n, b), -1, np.int32)
+    depth = np.full((n, b), -1, np.int32)
     depth[sources, cols] = 0
     frontier, level = sigma.copy(), 0
-    while True:  # element-wise passes only (masked assignments cost CuPy a scan of the mask each)
+    while True:
         nxt = PT @ frontier  # paths into each node from the frontier
         nxt *= depth < 0  # only nodes not reached yet
         found = nxt > 0
         if not found.any():
             break
         level += 1
-        depth = xp.where(found, np.int32(level), depth)
+        depth = np.where(found, np.int32(level), depth)
         sigma += nxt
         frontier = nxt
-    delta = xp.zeros((n, b))
-    safe_sigma = xp.where(sigma > 0, sigma, 1.0)
+    delta = np.zeros((n, b))
+    safe_sigma = np.where(sigma > 0, sigma, 1.0)
     for d in range(level, 0, -1):
-        coef = xp.where(depth == d, (1.0 + delta) / safe_sigma, 0.0)
-        delta += xp.where(depth == d - 1, sigma * (P @ coef), 0.0)
+        coef = np.where(depth == d, (1.0 + delta) / safe_sigma, 0.0)
+        delta += np.where(depth == d - 1, sigma * (P @ coef), 0.0)
     reached = depth > 0  # neither the source nor unreached
     if not endpoints:
         return (delta * reached).sum(axis=1), level
     out = ((delta + 1.0) * reached).sum(axis=1)
     out[sources] += (depth >= 0).sum(axis=0) - 1  # each source once: the sources are distinct
     return out, level
+
+
+def kernel_source() -> str:
+    """The CUDA source of the device backend's three kernels (templates/betweenness.cu.j2).
+
+    Example:
+        >>> src = kernel_source()
+        >>> all(f"{name}(" in src for name in KERNEL_NAMES), "#define KJ 2" in src, "#define EDGES 256" in src
+        (True, True, True)
+    """
+    return codegen.render("betweenness.cu.j2", dict(block_size=KERNEL_BLOCK, kj=KERNEL_KJ, edges=KERNEL_EDGES))
+
+
+def _device_kernels(cupy) -> dict:
+    """The kernels on the current device, built by nvcc through the binary cache and loaded once."""
+    from .device_pull import cupy_function
+    device = cupy.cuda.Device()
+    if device.id not in _kernels:
+        _, module = cupy_function(cupy, KERNEL_NAMES[0], kernel_source(), f"sm_{device.compute_capability}")
+        _kernels[device.id] = (module, {name: module.get_function(name) for name in KERNEL_NAMES})
+    return _kernels[device.id][1]
+
+
+def _device_graph(cupy, W: sp.csr_matrix) -> tuple:
+    """W's pattern on the device for the kernels, both ways: ((in-edge pointers, in-edge sources, tasks),
+    (out-edge pointers, out-edge targets, tasks)), int32, with each way's warp tasks (:func:`_edge_tasks`); W's
+    index arrays uploaded once, its transpose made there (cuSPARSE)."""
+    import cupyx.scipy.sparse as cpsp
+    if W.nnz >= 2**31:
+        raise ValueError(f"betweenness on the device takes graphs of fewer than 2^31 edges, this one has {W.nnz:,}: "
+                         "use backend='scipy'")
+    P = cpsp.csr_matrix((cupy.ones(W.nnz, np.float32), cupy.asarray(W.indices, dtype=np.int32),
+                         cupy.asarray(W.indptr, dtype=np.int32)), shape=W.shape)
+    PT = P.T.tocsr()
+    return tuple((M.indptr, M.indices, _edge_tasks(cupy, M.indptr)) for M in (PT, P))
+
+
+def _edge_tasks(cupy, indptr) -> tuple:
+    """(task_node, task_first, tasks): every node's edges cut into tasks of up to ``KERNEL_EDGES`` in order
+    (none for a node without edges), the node of each task and each node's first task (int32).
+
+    Example (NumPy runs the same; edges 0, 600 and 3 with tasks of 256: one, three and one task):
+        >>> KERNEL_EDGES
+        256
+        >>> node, first, tasks = _edge_tasks(np, np.array([0, 0, 600, 603], np.int32))
+        >>> node.tolist(), first.tolist(), tasks
+        ([1, 1, 1, 2], [0, 0, 3, 4], 4)
+    """
+    counts = -(-(indptr[1:] - indptr[:-1]) // KERNEL_EDGES)
+    first = prefix(counts, np.int32)
+    tasks = int(first[-1])
+    return segment_of_scan(first[:-1], tasks, np.int32), first, tasks
+
+
+def _check_device_fits(cupy, n: int, batch: int, nnz: int) -> None:
+    """Refuse, before allocating, a batch whose n x batch arrays and the graph do not fit the free device
+    memory."""
+    need = DEVICE_NODE_SOURCE_BYTES * n * batch + 16 * (nnz + 2 * n + 2)  # the graph both ways, its tasks
+    free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
+    if need > free:
+        raise MemoryError(f"betweenness with batches of {batch:,} sources needs about {human_bytes(need)} of device "
+                          f"memory ({DEVICE_NODE_SOURCE_BYTES} B per node and source x {n:,} nodes x {batch:,}, and "
+                          f"the graph both ways); {human_bytes(free)} is free: pass a smaller batch=")
+
+
+def _device_batch(cupy, graph: tuple, n: int, sources, endpoints: bool, bc) -> int:
+    """:func:`_batch` on the device, one launch per BFS level (module docstring): adds the batch's
+    dependencies (distinct sources, a CuPy array) to ``bc`` and returns the BFS depth reached."""
+    (in_ptr, in_idx, (in_node, in_first, in_tasks)), (out_ptr, out_idx, (out_node, out_first, out_tasks)) = graph
+    kernels = _device_kernels(cupy)
+    b = int(sources.size)
+    cols = cupy.arange(b)
+    sigma = cupy.zeros((n, b))
+    sigma[sources, cols] = 1.0
+    depth = cupy.full((n, b), -1, np.int32)
+    depth[sources, cols] = 0
+    delta = cupy.zeros((n, b))
+    most = 32 * cupy.cuda.Device().attributes["MultiProcessorCount"]
+    warps = KERNEL_BLOCK // 32
+    chunks = -(-b // (32 * KERNEL_KJ))
+    block, b32 = (KERNEL_BLOCK,), np.int32(b)
+
+    def grid(tasks: int) -> tuple:
+        return (max(1, min(-(-tasks * chunks // warps), most)),)
+    found = cupy.zeros(1, np.int32)  # the last level that reached a node: no reset between levels
+    level = 0
+    while True:
+        kernels["bc_forward"](grid(in_tasks), block, (in_ptr, in_idx, in_node, in_first, np.int64(in_tasks), sigma,
+                                                      depth, b32, np.int32(level + 1), found))
+        if int(found.get()[0]) != level + 1:
+            break
+        level += 1
+    for d in range(level, 0, -1):
+        kernels["bc_backward"](grid(out_tasks), block, (out_ptr, out_idx, out_node, out_first, np.int64(out_tasks),
+                                                        sigma, depth, delta, b32, np.int32(d)))
+    kernels["bc_total"]((max(1, min(-(-n // warps), most)),), block,
+                        (delta, depth, bc, np.int64(n), b32, np.int32(endpoints)))
+    if endpoints:  # each source once more per node it reached, itself left out (the sources are distinct)
+        bc[sources] += (depth >= 0).sum(axis=0) - 1
+    return level
 
 
 def _rescale(bc: np.ndarray, n: int, normalized: bool, endpoints: bool, sources: np.ndarray | None) -> np.ndarray:
@@ -93,7 +207,8 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     NetworkX does; ``batch``: sources per BFS (default: as many as 1 GiB of n x batch arrays allows). Returns
     a float64 array, and with ``return_info`` an :class:`~tuner.graph.pagerank.IterationInfo` (iterations:
     the deepest BFS level). ``progress``: wraps the iterable of batches (e.g. ``tqdm.tqdm``). ``backend``:
-    'scipy' (the host, the default) or 'device' (CuPy and cuSPARSE on the GPU).
+    'scipy' (the host, the default) or 'device' (a launch per BFS level on the GPU, through CuPy; module
+    docstring).
 
     Example:
         >>> A = sp.csr_matrix(np.array([[0, 1, 0], [0, 0, 1], [0, 0, 0]]))  # the path 0 -> 1 -> 2
@@ -108,34 +223,35 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     if not W.has_canonical_format:  # duplicate edges count once
         W = W.copy()
         W.sum_duplicates()
-    xp = np
-    if backend == "device":  # the pattern's index arrays uploaded once, its ones and transpose made there
-        import cupy
-        import cupyx.scipy.sparse as cpsp
-        xp = cupy
-        P = cpsp.csr_matrix((cupy.ones(W.nnz), cupy.asarray(W.indices), cupy.asarray(W.indptr)), shape=W.shape)
-    else:
-        P = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
-    PT = P.T.tocsr()
     sources, sampled = _sources(n, k, seed)
+    per_pair = DEVICE_NODE_SOURCE_BYTES if backend == "device" else NODE_SOURCE_BYTES
     if batch is None:
-        batch = max(1, min(sources.size, BATCH_BYTES // (NODE_SOURCE_BYTES * n)))
+        batch = max(1, min(sources.size, BATCH_BYTES // (per_pair * n)))
     elif batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
     batch = min(batch, max(sources.size, 1))
-    if backend == "scipy":
+    starts = range(0, sources.size, batch)
+    deepest = 0
+    if backend == "device":
+        import cupy
+        _check_device_fits(cupy, n, batch, W.nnz)
+        graph = _device_graph(cupy, W)
+        bc, picked = cupy.zeros(n), cupy.asarray(sources)
+        for start in (progress(starts) if progress else starts):
+            deepest = max(deepest, _device_batch(cupy, graph, n, picked[start:start + batch], endpoints, bc))
+        bc = bc.get()
+    else:
         check_fits(NODE_SOURCE_BYTES * n * batch, f"betweenness with batches of {batch:,} sources",
                    f"{NODE_SOURCE_BYTES} B per node and source of a batch x {n:,} nodes x {batch:,}",
                    hint="pass a smaller batch=")
-    bc, deepest = xp.zeros(n), 0
-    starts = range(0, sources.size, batch)
-    picked = xp.asarray(sources)
-    for start in (progress(starts) if progress else starts):
-        part, level = _batch(xp, P, PT, picked[start:start + batch], endpoints)
-        bc += part
-        deepest = max(deepest, level)
-    bc = bc if xp is np else bc.get()
+        P = sp.csr_matrix((np.ones(W.nnz), W.indices, W.indptr), shape=W.shape)
+        PT = P.T.tocsr()
+        bc = np.zeros(n)
+        for start in (progress(starts) if progress else starts):
+            part, level = _batch(P, PT, sources[start:start + batch], endpoints)
+            bc += part
+            deepest = max(deepest, level)
     bc = _rescale(bc, n, normalized, endpoints, sources if sampled else None)
     info = IterationInfo(deepest, 0.0, {"setup": 0.0, "iterations": time.perf_counter() - t0},
-                         "cuSPARSE SpMM on 1 GPU" if backend == "device" else "scipy")
+                         "device kernels on 1 GPU" if backend == "device" else "scipy")
     return (bc, info) if return_info else bc
