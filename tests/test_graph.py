@@ -620,6 +620,18 @@ def test_simrank_dense_iterations_continue_the_sparse_ones_to_networkxs_result(m
     assert "dense" not in tuner.simrank(A, backend="tuned", threshold=1e-3, return_info=True)[1].backend
 
 
+def test_simrank_dense_iterations_stop_where_the_host_ones_do_and_not_one_later(monkeypatch):
+    from tuner.graph.pagerank import ConvergenceError
+    _dense_on_the_host(monkeypatch, 1e6)  # dense from the first iteration
+    A = graph(120, 71)
+    reference, ref_info = tuner.simrank(A, return_info=True)
+    S, info = tuner.simrank(A, backend="tuned", max_iterations=ref_info.iterations, return_info=True)
+    assert info.iterations == ref_info.iterations and abs(S - reference).max() <= 1e-12
+    assert info.error == pytest.approx(ref_info.error, abs=1e-15) and info.error <= 1e-4
+    with pytest.raises(ConvergenceError, match=f"in {ref_info.iterations - 1} iterations"):
+        tuner.simrank(A, backend="tuned", max_iterations=ref_info.iterations - 1)
+
+
 class _CompiledScipyProduct:
     """SciPy's product as simrank calls the tuned one, each new structure costing ``cost`` seconds to compile."""
 
