@@ -464,7 +464,8 @@ def bench_betweenness(source: str) -> GraphRow:
     ours = time.perf_counter() - t0
     sources, _ = _sources(n, k, 0)
     _empty_pool()
-    ref_cu, cu_setup, cu_run = cusparse_betweenness(A, sources, max(1, min(k, BATCH_BYTES // (NODE_SOURCE_BYTES * n))))
+    batch = max(1, min(k, BATCH_BYTES // (NODE_SOURCE_BYTES * n)))  # its seven n x batch arrays, as the host's
+    ref_cu, cu_setup, cu_run = cusparse_betweenness(A, sources, batch)
     nx_diff = None
     if A.nnz <= NETWORKX_BETWEENNESS_NNZ:
         nx, G = _networkx_graph(A)

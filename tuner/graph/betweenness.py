@@ -8,12 +8,13 @@ A[u, v]), as NetworkX's ``betweenness_centrality`` computes on a ``DiGraph`` wit
 scaling (``normalized``, ``endpoints``, ``k`` sampled sources) is NetworkX 3.6's.
 
 ``backend='scipy'`` (the default) runs on the host, each level a SciPy product and NumPy's element-wise
-passes. ``backend='device'`` runs each level as one kernel launch (templates/betweenness.cu.j2): a warp per
-node and 64 of the batch's sources walks the node's edges once, reads the frontier through the neighbours'
-depths (no frontier array, no product of nodes already reached) and updates depth and sigma in place, so a
-level costs one launch and a flag read instead of a product and half a dozen passes over n x b arrays; the
-backward levels likewise, and one launch sums the batch into the result. Its n x b arrays take 20 bytes per
-node and source (sigma and delta in float64, depth in int32) where the host's take 56.
+passes. ``backend='device'`` runs each level as one kernel launch (templates/betweenness.cu.j2): a warp
+takes up to 256 edges of one node (a hub's edges are spread over many warps) and 64 of the batch's sources,
+walks the edges once for all of them, reads the frontier through the neighbours' depths (no frontier array,
+no work for nodes already reached) and updates depth and sigma in place, so a level costs one launch and a
+flag read instead of a product and half a dozen passes over n x b arrays; the backward levels likewise, and
+one launch sums the batch into the result. Its n x b arrays take 20 bytes per node and source (sigma and
+delta in float64, depth in int32) where the host's take 56.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from ..formats.xp import prefix, segment_of_scan
 from ..memory import check_fits, human_bytes
 from .pagerank import IterationInfo, adjacency
 
-BATCH_BYTES = 1 << 30  # memory of one batch's n x b arrays (seven of them, float64 or int32)
+BATCH_BYTES = 1 << 30  # memory of one batch's n x b arrays (the default batch's bound)
 NODE_SOURCE_BYTES = 56  # a batch's bytes per node and source on the host: its seven n x b arrays at 8 bytes
 DEVICE_NODE_SOURCE_BYTES = 20  # on the device: sigma and delta (float64) and depth (int32)
 BACKENDS = ("device", "scipy")
@@ -113,17 +114,18 @@ def _device_graph(cupy, W: sp.csr_matrix) -> tuple:
     P = cpsp.csr_matrix((cupy.ones(W.nnz, np.float32), cupy.asarray(W.indices, dtype=np.int32),
                          cupy.asarray(W.indptr, dtype=np.int32)), shape=W.shape)
     PT = P.T.tocsr()
-    return tuple((M.indptr, M.indices, _edge_tasks(cupy, M.indptr)) for M in (PT, P))
+    return tuple((M.indptr, M.indices, _edge_tasks(M.indptr)) for M in (PT, P))
 
 
-def _edge_tasks(cupy, indptr) -> tuple:
+def _edge_tasks(indptr) -> tuple:
     """(task_node, task_first, tasks): every node's edges cut into tasks of up to ``KERNEL_EDGES`` in order
-    (none for a node without edges), the node of each task and each node's first task (int32).
+    (none for a node without edges), the node of each task and each node's first task (int32), in
+    ``indptr``'s module.
 
-    Example (NumPy runs the same; edges 0, 600 and 3 with tasks of 256: one, three and one task):
+    Example (nodes of 0, 600 and 3 edges, tasks of 256: none, three and one):
         >>> KERNEL_EDGES
         256
-        >>> node, first, tasks = _edge_tasks(np, np.array([0, 0, 600, 603], np.int32))
+        >>> node, first, tasks = _edge_tasks(np.array([0, 0, 600, 603], np.int32))
         >>> node.tolist(), first.tolist(), tasks
         ([1, 1, 1, 2], [0, 0, 3, 4], 4)
     """
@@ -135,7 +137,7 @@ def _edge_tasks(cupy, indptr) -> tuple:
 
 def _check_device_fits(cupy, n: int, batch: int, nnz: int) -> None:
     """Refuse, before allocating, a batch whose n x batch arrays and the graph do not fit the free device
-    memory."""
+    memory (the driver's free bytes and those CuPy's pool holds unused)."""
     need = DEVICE_NODE_SOURCE_BYTES * n * batch + 16 * (nnz + 2 * n + 2)  # the graph both ways, its tasks
     free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
     if need > free:
