@@ -545,7 +545,7 @@ def test_betweenness_on_the_gpu_equals_the_host_one(endpoints, batch):
 def test_betweenness_on_the_gpu_equals_the_host_one_on_a_real_graph(path):
     pytest.importorskip("cupy")
     A = tuner.load(str(path))  # mdual: a mesh, over a hundred BFS levels deep (the host takes 1 s a source)
-    host, host_info = tuner.betweenness(A, k=8, seed=1, return_info=True)
+    host, host_info = tuner.betweenness(A, k=8, seed=1, backend="scipy", return_info=True)
     ours, info = tuner.betweenness(A, k=8, seed=1, backend="device", return_info=True)
     assert info.iterations == host_info.iterations >= 2
     assert np.abs(ours - host).max() <= 1e-12 * max(1.0, host.max())
@@ -563,12 +563,12 @@ def test_the_betweenness_kernels_compile(tmp_path):
 def test_betweenness_refuses_a_batch_too_large_for_host_memory_before_it_allocates(monkeypatch):
     from tuner.memory import InsufficientMemoryError
     A = abs(tuner.load("rmat:10"))
-    expected = tuner.betweenness(A, k=20, seed=2)
+    expected = tuner.betweenness(A, k=20, seed=2, backend="scipy")
     monkeypatch.setenv("TUNER_HOST_MEMORY_LIMIT", "10M")
     with pytest.raises(InsufficientMemoryError, match="batches of 1,000 sources would need about 57.3 MB.*smaller batch"):
-        tuner.betweenness(A, batch=1000)
+        tuner.betweenness(A, batch=1000, backend="scipy")
     # a batch larger than the sources holds only the sources: 20 of them fit
-    assert np.array_equal(tuner.betweenness(A, k=20, seed=2, batch=1000), expected)
+    assert np.array_equal(tuner.betweenness(A, k=20, seed=2, batch=1000, backend="scipy"), expected)
 
 
 def test_device_betweenness_refuses_a_batch_too_large_for_the_free_device_memory():
@@ -581,6 +581,20 @@ def test_device_betweenness_refuses_a_batch_too_large_for_the_free_device_memory
     with pytest.raises(MemoryError, match=r"batches of 100 sources needs about 2.3 GB .*1.6 GB is free: pass a "
                                           r"smaller batch="):
         _check_device_fits(fake, 1_000_000, 100, 16_000_000)
+
+
+def test_betweenness_runs_on_the_host_by_default_without_a_gpu_and_says_why_it_cannot_run_on_one(monkeypatch):
+    from tuner import gpu
+    from tuner.formats import device_reorder
+    from tuner.graph.betweenness import default_backend
+    monkeypatch.setattr(device_reorder, "available", lambda: False)
+    assert default_backend(None) == "scipy"
+    A = graph(60, 5)
+    assert tuner.betweenness(A, k=9, seed=1, return_info=True)[1].backend == "scipy"
+    with pytest.raises(gpu.NoDeviceError, match="backend='device' runs through CuPy, which reaches no GPU"):
+        tuner.betweenness(A, backend="device")
+    monkeypatch.setattr(device_reorder, "available", lambda: True)
+    assert default_backend(None) == "device"
 
 
 def test_betweenness_refuses_an_unknown_backend():

@@ -771,8 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seed of the sample (default: random)")
     p.add_argument("--unnormalized", action="store_true", help="path counts, not divided by the node pairs")
     p.add_argument("--endpoints", action="store_true", help="count a path's end nodes too")
-    p.add_argument("--backend", choices=["device", "scipy"], default="scipy",
-                   help="scipy: on the host (default); device: a kernel launch per level on the GPU")
+    p.add_argument("--backend", choices=["device", "scipy"], default=None,
+                   help="device: a kernel launch per level on the GPU (default where CuPy reaches one); scipy: "
+                        "on the host (default otherwise)")
     _results_options(p, "top nodes", "every node's value: .npy, or .csv", cmd_betweenness)
 
     p = sub.add_parser("bench", help="time tuned kernels against cuSPARSE on a suite; print a table, write JSON",

@@ -7,8 +7,8 @@ level backwards, again one product per level: delta_v += sigma_v sum over out-ne
 A[u, v]), as NetworkX's ``betweenness_centrality`` computes on a ``DiGraph`` with ``weight=None``; the
 scaling (``normalized``, ``endpoints``, ``k`` sampled sources) is NetworkX 3.6's.
 
-``backend='scipy'`` (the default) runs on the host, each level a SciPy product and NumPy's element-wise
-passes. ``backend='device'`` runs each level as one kernel launch (templates/betweenness.cu.j2): a warp
+``backend='scipy'`` runs on the host, each level a SciPy product and NumPy's element-wise passes.
+``backend='device'`` (the default where CuPy reaches a GPU) runs each level as one kernel launch (templates/betweenness.cu.j2): a warp
 takes up to 256 edges of one node (a hub's edges are spread over many warps) and 64 of the batch's sources,
 walks the edges once for all of them, reads the frontier through the neighbours' depths (no frontier array,
 no work for nodes already reached) and updates depth and sigma in place, so a level costs one launch and a
@@ -80,6 +80,21 @@ def _batch(P: sp.csr_matrix, PT: sp.csr_matrix, sources: np.ndarray, endpoints: 
     out = ((delta + 1.0) * reached).sum(axis=1)
     out[sources] += (depth >= 0).sum(axis=0) - 1  # each source once: the sources are distinct
     return out, level
+
+
+def default_backend(backend: str | None) -> str:
+    """``backend`` (checked), or where None 'device' where CuPy reaches a GPU, else 'scipy'.
+
+    Example:
+        >>> default_backend("scipy")
+        'scipy'
+    """
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        return backend
+    from ..formats import device_reorder
+    return "device" if device_reorder.available() else "scipy"
 
 
 def kernel_source() -> str:
@@ -200,7 +215,7 @@ def _rescale(bc: np.ndarray, n: int, normalized: bool, endpoints: bool, sources:
 
 
 def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: bool = False, seed=None,
-                batch: int | None = None, progress=None, return_info: bool = False, backend: str = "scipy"):
+                batch: int | None = None, progress=None, return_info: bool = False, backend: str | None = None):
     """Betweenness centrality of every node of the graph whose edge u -> v is ``A[u, v]`` (unweighted shortest
     paths), as ``networkx.betweenness_centrality(G, k, normalized, endpoints=endpoints, seed=seed)`` gives it
     for the ``DiGraph`` of A.
@@ -209,8 +224,8 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     NetworkX does; ``batch``: sources per BFS (default: as many as 1 GiB of n x batch arrays allows). Returns
     a float64 array, and with ``return_info`` an :class:`~tuner.graph.pagerank.IterationInfo` (iterations:
     the deepest BFS level). ``progress``: wraps the iterable of batches (e.g. ``tqdm.tqdm``). ``backend``:
-    'scipy' (the host, the default) or 'device' (a launch per BFS level on the GPU, through CuPy; module
-    docstring).
+    'device' (a launch per BFS level on the GPU, through CuPy; module docstring) or 'scipy' (the host); by
+    default the device where CuPy reaches a GPU, else the host.
 
     Example:
         >>> A = sp.csr_matrix(np.array([[0, 1, 0], [0, 0, 1], [0, 0, 0]]))  # the path 0 -> 1 -> 2
@@ -219,8 +234,7 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     """
     W = adjacency(A)
     n = W.shape[0]
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    backend = default_backend(backend)
     t0 = time.perf_counter()
     if not W.has_canonical_format:  # duplicate edges count once
         W = W.copy()
@@ -235,6 +249,11 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
     starts = range(0, sources.size, batch)
     deepest = 0
     if backend == "device":
+        from .. import gpu
+        from ..formats import device_reorder
+        if not device_reorder.available():
+            raise gpu.NoDeviceError("betweenness with backend='device' runs through CuPy, which reaches no GPU "
+                                    "here: use backend='scipy'")
         import cupy
         _check_device_fits(cupy, n, batch, W.nnz)
         graph = _device_graph(cupy, W)
