@@ -234,7 +234,9 @@ def can_predict(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> b
     """True when ``profile`` measured every kernel shape the candidate's warps are looked up in (a profile
     made before a family existed lacks its shapes; ``python -m tuner profile`` resumes and adds them)."""
     view = ordered_structure(m, getattr(spec.params, "order", NONE))  # the tiled families read its columns
-    return all(profile.has(table_for(profile, key)[0]) for key, _ in SEGMENTS[spec.family](view, spec.params))
+    # Each shape once: a tiled launch has a segment per tile (thousands) over a few shapes.
+    shapes = {key for key, _ in SEGMENTS[spec.family](view, spec.params)}
+    return all(profile.has(table_for(profile, key)[0]) for key in shapes)
 
 
 def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profile, workers: int | None = None
