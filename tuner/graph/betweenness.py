@@ -27,7 +27,7 @@ import scipy.sparse as sp
 from .. import codegen
 from ..formats.xp import prefix, segment_of_scan
 from ..memory import check_fits, human_bytes
-from .pagerank import IterationInfo, adjacency
+from .pagerank import IterationInfo, adjacency, default_backend as pagerank_backend
 
 BATCH_BYTES = 1 << 30  # memory of one batch's n x b arrays (the default batch's bound)
 NODE_SOURCE_BYTES = 56  # a batch's bytes per node and source on the host: its seven n x b arrays at 8 bytes
@@ -83,18 +83,14 @@ def _batch(P: sp.csr_matrix, PT: sp.csr_matrix, sources: np.ndarray, endpoints: 
 
 
 def default_backend(backend: str | None) -> str:
-    """``backend`` (checked), or where None 'device' where CuPy reaches a GPU, else 'scipy'.
+    """``backend`` (checked), or where None 'device' where CuPy reaches a GPU, else 'scipy'
+    (:func:`~tuner.graph.pagerank.default_backend` with betweenness's backends).
 
     Example:
         >>> default_backend("scipy")
         'scipy'
     """
-    if backend is not None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        return backend
-    from ..formats import device_reorder
-    return "device" if device_reorder.available() else "scipy"
+    return pagerank_backend(backend, BACKENDS, "scipy")
 
 
 def kernel_source() -> str:

@@ -195,20 +195,21 @@ def _multiply(At: sp.csr_matrix, backend: str, dtype, device_memory_limit=None, 
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
-def default_backend(backend: str | None) -> str:
-    """``backend``, or where None the fastest this machine has: 'device' (iterations on the GPU) where CuPy
-    reaches one, else 'tuned' (the host drives the loop; PyCUDA alone).
+def default_backend(backend: str | None, backends: tuple = BACKENDS, fallback: str = "tuned") -> str:
+    """``backend`` (one of ``backends``), or where None the fastest this machine has: 'device' (iterations on
+    the GPU) where CuPy reaches one, else ``fallback`` (PageRank's: 'tuned', the host driving the loop; PyCUDA
+    alone).
 
     Example:
-        >>> default_backend("scipy")
-        'scipy'
+        >>> default_backend("scipy"), default_backend("scipy", ("device", "scipy"), "scipy")
+        ('scipy', 'scipy')
     """
     if backend is not None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend not in backends:
+            raise ValueError(f"backend must be one of {backends}, got {backend!r}")
         return backend
     from ..formats import device_reorder
-    return "device" if device_reorder.available() else "tuned"
+    return "device" if device_reorder.available() else fallback
 
 
 def pagerank(A, alpha: float = 0.85, personalization=None, max_iter: int = 100, tol: float = 1e-6,
