@@ -250,6 +250,55 @@ def test_hits_through_the_tuned_spmv_equals_the_host_products():
     assert info.backend == "tuned" and np.abs(h - h2).max() <= 1e-9 and np.abs(a - a2).max() <= 1e-9
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_hits_by_lanczos_on_the_device_equals_arpack_on_the_host(dtype):
+    pytest.importorskip("cupy")
+    A = graph(20000, 68)
+    start = np.random.default_rng(2).uniform(0.5, 1.5, 20000)
+    host = tuner.hits(A, backend="scipy")
+    for kwargs in ({}, {"nstart": start}):
+        (h, a), info = tuner.hits(A, dtype=dtype, return_info=True, **kwargs)  # the default at 20,000 nodes
+        assert info.backend.startswith("device") and info.iterations > 2
+        tol = 1e-10 if dtype == np.float64 else 1e-6
+        assert np.abs(h - host[0]).max() <= tol * host[0].max() and np.abs(a - host[1]).max() <= tol * host[1].max()
+    raw_h, raw_a = tuner.hits(A, normalized=False, backend="device")
+    assert abs(np.linalg.norm(raw_a) - 1) < 1e-9 and raw_a.sum() > 0 and np.allclose(raw_h / raw_h.sum(), host[0])
+    small = graph(500, 69)  # explicitly asked for, the device runs a graph below DEVICE_MIN_NODES too
+    assert np.allclose(tuner.hits(small, backend="device")[1], tuner.hits(small, backend="scipy")[1], atol=1e-10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", [p for p in REAL if p.name == "mdual.npz"], ids=lambda p: p.stem)
+def test_hits_on_the_device_raises_when_its_restarts_run_out(path):
+    pytest.importorskip("cupy")
+    A = abs(tuner.load(str(path)))  # a mesh: close leading singular values, Lanczos restarts several times
+    (h, a), info = tuner.hits(A, return_info=True, backend="device")
+    assert info.iterations > 2 * 2 * 20  # more than two restarts of the basis
+    host = tuner.hits(A, backend="scipy")  # close singular values: the vectors agree to about tol / gap
+    assert np.abs(a - host[1]).max() <= 1e-5 * host[1].max()
+    with pytest.raises(ConvergenceError, match="did not converge in 1 restarts"):
+        tuner.hits(A, max_iter=1, backend="device")
+
+
+def test_hits_picks_the_device_for_graphs_from_the_lanczos_threshold_and_names_what_it_cannot_do(monkeypatch):
+    from tuner.formats import device_reorder
+    hits_module = importlib.import_module("tuner.graph.hits")  # tuner.graph.hits is also the function
+    monkeypatch.setattr(device_reorder, "available", lambda: True)
+    monkeypatch.setattr(device_reorder, "free_bytes", lambda: 80 << 30)
+    big = hits_module.DEVICE_MIN_NODES
+    assert [hits_module.hits_backend(None, n) for n in (big - 1, big)] == ["tuned", "device"]
+    assert hits_module.hits_backend("device", 10) == "device" and hits_module.hits_backend("scipy", big) == "scipy"
+    assert hits_module._backend_for(None, big, np.float64, None, None)[:2] == ("device", hits_module.LANCZOS_VECTORS)
+    assert hits_module._backend_for(None, big, np.float64, None, "2G")[0] == "tuned"  # streamed products
+    for comm, limit in ((object(), None), (None, "2G")):
+        with pytest.raises(ValueError, match="backend='device' runs every Lanczos step on one GPU"):
+            hits_module._backend_for("device", big, np.float64, comm, limit)
+    monkeypatch.setattr(device_reorder, "free_bytes", lambda: 1 << 20)  # not even 8 vectors: ARPACK on the host
+    backend, vectors, how = hits_module._backend_for(None, big, np.float64, None, None)
+    assert (backend, vectors) == ("tuned", 0) and "8 Lanczos vectors of 16,384 nodes need more than" in how
+
+
 def test_rwr_is_networkx_pagerank_personalised_on_the_seeds():
     A = graph(500, 67)
     G = as_networkx(A)
@@ -732,20 +781,23 @@ def test_graph_bench_rows_agree_with_networkx_and_the_cusparse_loop():
     pytest.importorskip("cupy")
     from tuner.bench_graph import bench_betweenness, bench_hits, bench_pagerank, bench_simrank, format_table
     rows = [bench_pagerank("rmat:10", "pagerank"), bench_pagerank("rmat:10", "rwr"), bench_simrank("rmat:8"),
-            bench_hits("rmat:10"), bench_betweenness("rmat:10")]
+            bench_hits("rmat:10"), bench_betweenness("rmat:10"), bench_hits("rmat:15")]
     for row in rows[:2]:
         assert row.iterations > 5 and row.max_abs_diff_vs_networkx <= 1e-6 and row.max_abs_diff_vs_cusparse <= 1e-6
         assert row.ours_iter_ms > 0 and row.spmv_ms > 0 and row.setup_s > 0
         assert row.tuned_iter_ms > 0 and row.tuned_setup_s > 0 and row.tuned_max_abs_diff <= 1e-6
         assert row.ours_repeat_s > 0 and row.cusparse_repeat_s > 0
     assert rows[2].max_abs_diff_vs_networkx <= 1e-12 and rows[2].max_abs_diff_vs_cusparse <= 1e-12
-    hits_row, betweenness_row = rows[3:]
+    hits_row, betweenness_row, lanczos_row = rows[3:]
     assert hits_row.iterations > 2 and hits_row.max_abs_diff_vs_networkx <= 1e-5
-    assert hits_row.max_abs_diff_vs_cusparse <= 1e-8 and "cuSPARSE products" in hits_row.cusparse_how
+    assert hits_row.max_abs_diff_vs_cusparse <= 1e-8 and "ARPACK on the host, cuSPARSE products" in hits_row.cusparse_how
+    # from DEVICE_MIN_NODES nodes on, both sides run CuPy's Lanczos on the GPU
+    assert lanczos_row.ours_how.startswith("device") and lanczos_row.max_abs_diff_vs_networkx <= 1e-5
+    assert lanczos_row.max_abs_diff_vs_cusparse <= 1e-8 and "Lanczos on the GPU" in lanczos_row.cusparse_how
     # the same sources, batches and shortest-path counts: equal up to the order of the sums
     assert betweenness_row.iterations > 2 and betweenness_row.max_abs_diff_vs_networkx <= 1e-12
     assert betweenness_row.max_abs_diff_vs_cusparse <= 1e-12
-    assert len(format_table(rows).splitlines()) == 6
+    assert len(format_table(rows).splitlines()) == 7
 
 
 def test_graph_bench_keeps_the_rows_a_run_does_not_redo(tmp_path):

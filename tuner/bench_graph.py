@@ -14,8 +14,9 @@ Rows (models/<gpu-slug>/bench-graph.json), host SciPy matrix in, NumPy result ou
 * ``rwr``: the same with the walk restarting at the three nodes of largest out-degree.
 * ``simrank``: :func:`tuner.simrank` through our SpGEMM against the same two products an iteration through
   CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), for our number of iterations, on small generated graphs.
-* ``hits``: :func:`tuner.hits` as a user calls it (ARPACK on the host, the products by A and Aᵀ on this GPU)
-  against the same ARPACK iterations with cuSPARSE's products through CuPy, both from the same start vector.
+* ``hits``: :func:`tuner.hits` as a user calls it (its default solver: CuPy's Lanczos on the GPU, or on
+  graphs of fewer than ``DEVICE_MIN_NODES`` nodes ARPACK on the host, the products by A and Aᵀ on this GPU)
+  against the same solver with cuSPARSE's products through CuPy, both from the same start vector.
 * ``betweenness``: :func:`tuner.betweenness` on the GPU from ``BETWEENNESS_SOURCES`` sampled sources against
   a separately written batched Brandes on CuPy (cuSPARSE SpMM per BFS level, the levels kept as Brandes'
   stack), the same sources, each side in batches of as many as 1 GiB of its n x batch arrays holds.
@@ -29,6 +30,7 @@ Every time is wall seconds between device synchronisations; ``setup_s`` covers t
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import time
@@ -262,8 +264,12 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
     for source in WARM_UP if {"hits", "betweenness"} & set(algorithms) else ():
         A = abs(loaders.load(source))
         if "hits" in algorithms:
-            hits(A, nstart=np.ones(A.shape[0]))
-            cusparse_hits(A, np.ones(A.shape[0]))
+            weighted = A.copy()
+            weighted.data = np.random.default_rng(0).uniform(0.5, 2.0, A.nnz)
+            # both solvers' kernels built (CuPy's on a machine's first use), for pattern and weighted graphs
+            for graph, on_device in itertools.product((A, weighted), (True, False)):
+                hits(graph, nstart=np.ones(A.shape[0]), backend="device" if on_device else "tuned")
+                cusparse_hits(graph, np.ones(A.shape[0]), on_device)
         if "betweenness" in algorithms:
             betweenness(A, k=4, seed=0, backend="device")
             cusparse_betweenness(A, np.arange(4), 4)
@@ -347,17 +353,29 @@ def bench_simrank(source: str) -> GraphRow:
         max_abs_diff_vs_cusparse=float(abs(S - ref_cu).max()), cusparse_how=how, ours_how=info.backend)
 
 
-def cusparse_hits(A, start: np.ndarray, max_iter: int = 100, tol: float = 1e-8):
-    """NetworkX's HITS (ARPACK's leading singular vectors of A, on the host) with every product by A and Aᵀ
-    on cuSPARSE through CuPy, float64: ((hubs, authorities), products, setup s, iterations s)."""
+def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, tol: float = 1e-8):
+    """NetworkX's HITS with every product by A and Aᵀ on cuSPARSE through CuPy, float64, by the solver
+    :func:`tuner.hits` ran (``on_device``: CuPy's Lanczos on the device, :func:`~tuner.graph.hits.device_authorities`
+    as ours; else ARPACK on the host): ((hubs, authorities), products, setup s, iterations s)."""
     import cupy
+    import cupyx
     import cupyx.scipy.sparse as cpsp
     from scipy.sparse.linalg import LinearOperator, svds
+
+    from .graph.hits import LANCZOS_VECTORS, device_authorities
     t0 = time.perf_counter()
     forward = cpsp.csr_matrix(sp.csr_matrix(A, dtype=np.float64))
     backward = forward.T.tocsr()
     _sync()
     t1 = time.perf_counter()
+    if on_device:
+        a, products = device_authorities(lambda v, out: cupyx.cusparse.spmv(forward, v, y=out),
+                                         lambda v, out: cupyx.cusparse.spmv(backward, v, y=out), A.shape[0],
+                                         start, max_iter, tol, np.float64, LANCZOS_VECTORS)
+        h = forward @ a
+        h, a = (h / h.sum()).get(), (a / a.sum()).get()
+        _sync()
+        return (h, a), products + 1, t1 - t0, time.perf_counter() - t1
     calls = [0]
 
     def through(M):
@@ -385,7 +403,7 @@ def bench_hits(source: str) -> GraphRow:
     (h, a), info = hits(A, nstart=start, return_info=True)
     ours = time.perf_counter() - t0
     _empty_pool()
-    (h_cu, a_cu), cu_products, cu_setup, cu_iter = cusparse_hits(A, start)
+    (h_cu, a_cu), cu_products, cu_setup, cu_iter = cusparse_hits(A, start, info.backend.startswith("device"))
     nx_diff = None
     if A.nnz <= NETWORKX_NNZ:
         nx, G = _networkx_graph(A)
@@ -400,7 +418,8 @@ def bench_hits(source: str) -> GraphRow:
         cusparse_setup_s=cu_setup, ours_50_s=None, cusparse_50_s=None, speedup_50=None, ours_repeat_s=None,
         cusparse_repeat_s=None, max_abs_diff_vs_networkx=nx_diff,
         max_abs_diff_vs_cusparse=max(float(np.abs(h - h_cu).max()), float(np.abs(a - a_cu).max())),
-        cusparse_how=f"ARPACK on the host, cuSPARSE products ({cu_products})", ours_how=info.backend)
+        cusparse_how=(f"{'Lanczos on the GPU (CuPy eigsh)' if info.backend.startswith('device') else 'ARPACK on the host'}"
+                      f", cuSPARSE products ({cu_products})"), ours_how=info.backend)
 
 
 def cusparse_betweenness(A, sources: np.ndarray, batch: int) -> tuple[np.ndarray, float, float]:

@@ -326,13 +326,15 @@ def cmd_hits(args) -> int:
     backend = "tuned" if comm is not None else _graph_backend(args, "multiplying")
     if backend is None:
         return NO_GPU_EXIT
+    if args.backend is None and comm is None and backend != "scipy":
+        backend = None  # tuner.hits picks the GPU's solver by the graph's size
     A = _load_graph(args.graph, comm)
     (h, a), info = hits(A, max_iter=args.max_iter, tol=args.tol, backend=backend, return_info=True,
                         device_memory_limit=args.device_memory_limit, comm=comm, tune=args.tune)
     if comm is None or comm.rank == 0:
         print(f"HITS of {loaders.display_name(args.graph)} ({A.shape[0]:,} nodes, {A.nnz:,} edges): "
               f"{info.iterations} products, setup {info.seconds['setup']:.2f} s, iterations "
-              f"{info.seconds['iterations']:.2f} s, {backend}" + ("" if comm is None else f", {comm.size} GPUs"))
+              f"{info.seconds['iterations']:.2f} s, {info.backend}" + ("" if comm is None else f", {comm.size} GPUs"))
         _report_scores(args, {"hub": h, "authority": a})
     return 0
 
@@ -723,15 +725,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("hits", help="HITS hubs and authorities (NetworkX's semantics); top nodes, all to a file",
                        description="Hubs and authorities of the graph whose edge u -> v is A[u, v], as networkx.hits "
-                                   "computes them (A's leading singular vectors by ARPACK), the products by A and "
-                                   "Aᵀ through the tuned SpMV on this GPU (or split over several: --gpus) or SciPy "
-                                   "on the host (--backend scipy; the default without a GPU). --out writes both "
-                                   "(.npy: two columns, or .csv).")
+                                   "computes them (A's leading singular vectors by Lanczos iterations), the products "
+                                   "by A and Aᵀ through the tuned SpMV on this GPU (or split over several: --gpus) "
+                                   "or SciPy on the host (--backend scipy; the default without a GPU). --out writes "
+                                   "both (.npy: two columns, or .csv).")
     p.add_argument("graph", help=MATRIX_HELP)
-    p.add_argument("--max-iter", type=int, default=100, help="ARPACK's iterations (default %(default)s)")
-    p.add_argument("--tol", type=float, default=1e-8, help="ARPACK's tolerance (default %(default)s)")
-    p.add_argument("--backend", choices=["tuned", "scipy"], default=None,
-                   help="tuned: the tuned SpMV on the GPU (default with a GPU); scipy: on the host")
+    p.add_argument("--max-iter", type=int, default=100,
+                   help="restarts of the Lanczos basis, as ARPACK's maxiter (default %(default)s)")
+    p.add_argument("--tol", type=float, default=1e-8,
+                   help="residual relative to the eigenvalue, as ARPACK's tol (default %(default)s)")
+    from .graph.hits import DEVICE_MIN_NODES
+    p.add_argument("--backend", choices=["device", "tuned", "scipy"], default=None,
+                   help=f"device: Lanczos on the GPU (default with a GPU, for graphs of {DEVICE_MIN_NODES:,} nodes or more); "
+                        "tuned: ARPACK on the host, products on the GPU (the default below that size); scipy: "
+                        "all on the host")
     from .compiler import COMPILE_TUNE_MODES
     p.add_argument("--tune", choices=COMPILE_TUNE_MODES, default="none",
                    help="how the products by A and A^T are compiled: none (default): the generic kernel, ready "

@@ -1,10 +1,20 @@
 """HITS hubs and authorities with NetworkX's semantics on a SciPy adjacency matrix (edge u -> v is A[u, v]).
 
-As ``networkx.hits`` does, the authorities are A's leading right singular vector, found by ARPACK
-(``scipy.sparse.linalg.svds``, k=1) and the hubs are A times them; here ARPACK sees A as an operator whose
-products by A and Aᵀ are the tuned SpMV's (``backend='tuned'``) or SciPy's (``backend='scipy'``). ARPACK's
-Lanczos iterations converge where a plain power iteration on Aᵀ A needs hundreds of products when the leading
-singular values are close.
+As ``networkx.hits`` does, the authorities are A's leading right singular vector and the hubs are A times
+them. Lanczos iterations find it where a plain power iteration on Aᵀ A needs hundreds of products when the
+leading singular values are close:
+
+* ``backend='device'`` (the default where CuPy reaches a GPU, for graphs of ``DEVICE_MIN_NODES`` nodes or
+  more): CuPy's thick-restart Lanczos (``cupyx.scipy.sparse.linalg.eigsh``) on Aᵀ A, its vectors on the
+  device, each product by Aᵀ A two launches of the tuned SpMV (:func:`device_authorities`);
+* ``'tuned'``: ARPACK on the host (``scipy.sparse.linalg.svds``, k=1, as NetworkX calls it), each product by A
+  or Aᵀ the tuned SpMV's, the vector crossing PCIe both ways;
+* ``'scipy'``: the same ARPACK iterations with SciPy's products.
+
+A Lanczos step on the device costs a fixed twenty-odd host calls (a few tenths of a millisecond); ARPACK's
+step on the host costs passes over its vectors and two round trips of n values over PCIe, growing with n:
+below ``DEVICE_MIN_NODES`` nodes the host's step is the cheaper, above it the device's. Both keep a basis of
+``LANCZOS_VECTORS``, so they take about as many products.
 
 With a communicator (``comm``, :mod:`tuner.distributed`) every rank runs the same ARPACK iterations on the
 host from the same start, and each product by A or Aᵀ is split by rows among the ranks (their GPUs, or SciPy
@@ -19,24 +29,112 @@ import scipy.sparse as sp  # noqa: F401 - the example uses it
 
 from ..formats.transpose import transpose
 from ..matrix import MatrixError, check_value_dtype
-from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, adjacency
+from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, adjacency, default_backend
+
+BACKENDS = ("device", "tuned", "scipy")
+DEVICE_MIN_NODES = 1 << 14  # the default runs Lanczos on the device from here on (module docstring)
+LANCZOS_VECTORS = 20  # ARPACK's basis for one singular triple as svds (and so NetworkX) sets it
+DEVICE_SHARE = 2  # the Lanczos basis may take at most half the device's free memory
+
+
+def hits_backend(backend: str | None, n: int) -> str:
+    """``backend`` (one of ``BACKENDS``), or where None: 'device' where CuPy reaches a GPU and the graph has at
+    least ``DEVICE_MIN_NODES`` nodes, else 'tuned' (module docstring).
+
+    Example:
+        >>> hits_backend("scipy", 10), hits_backend("tuned", 10**6)
+        ('scipy', 'tuned')
+    """
+    chosen = default_backend(backend, BACKENDS, "tuned")
+    return "tuned" if backend is None and chosen == "device" and n < DEVICE_MIN_NODES else chosen
+
+
+def lanczos_vectors(n: int, itemsize: int, free_bytes: int) -> int:
+    """Vectors of the device Lanczos basis for ``n`` nodes: ``LANCZOS_VECTORS``, fewer where they would take
+    over 1/``DEVICE_SHARE`` of ``free_bytes`` (each restart then keeps fewer directions: more products), 0
+    where not even 8 fit (ARPACK on the host then).
+
+    Example (8M nodes in float64: 20 vectors take 1.3 GB):
+        >>> lanczos_vectors(8 << 20, 8, 80 << 30), lanczos_vectors(8 << 20, 8, 1 << 30), lanczos_vectors(8 << 20, 8, 1 << 28)
+        (20, 8, 0)
+    """
+    fits = free_bytes // DEVICE_SHARE // max(1, n * itemsize)
+    return int(min(LANCZOS_VECTORS, fits)) if fits >= 8 else 0
+
+
+def device_authorities(forward, backward, n: int, start, max_iter: int, tol: float, dtype, vectors: int):
+    """A's leading right singular vector by CuPy's thick-restart Lanczos on Aᵀ A on the device: (authorities
+    as a CuPy vector of unit norm, summing to a positive value; products by A or Aᵀ made). ``forward(v, out)``
+    and ``backward(v, out)`` write A v and Aᵀ v into ``out`` (CuPy vectors of ``dtype``); ``start``: the first
+    Lanczos vector (None: all ones, which the nonnegative leading vector of a graph is never orthogonal to);
+    ``vectors``: the basis (:func:`lanczos_vectors`). ``max_iter`` and ``tol`` are ARPACK's as NetworkX passes
+    them: restarts of the basis, and the residual relative to the eigenvalue, here scaled by the Rayleigh
+    quotient of the start (at most the eigenvalue: a stopping rule at least as strict). Raises
+    :class:`~tuner.graph.pagerank.ConvergenceError` where the residual is still above it after ``max_iter``
+    restarts (CuPy's eigsh returns without saying so).
+
+    Example (on a GPU machine; cuSPARSE's products):
+        >>> F = cupyx.scipy.sparse.csr_matrix(A); B = F.T.tocsr()                      # doctest: +SKIP
+        >>> fwd = lambda v, out: cupyx.cusparse.spmv(F, v, y=out)                       # doctest: +SKIP
+        >>> a, products = device_authorities(fwd, lambda v, out: cupyx.cusparse.spmv(B, v, y=out), n, None, 100,
+        ...                                  1e-8, np.float64, 33)                       # doctest: +SKIP
+    """
+    import cupy
+    from cupyx.scipy.sparse.linalg import LinearOperator, eigsh
+    dtype = np.dtype(dtype)
+    y, u = cupy.empty(n, dtype), cupy.empty(n, dtype)
+    calls = [0]
+
+    def normal(v):  # Aᵀ A v: eigsh copies the result out of u before the next call
+        calls[0] += 1
+        forward(cupy.ascontiguousarray(v), y)
+        backward(y, u)
+        return u
+    v0 = cupy.ones(n, dtype) if start is None else cupy.asarray(start, dtype=dtype)
+    forward(v0, y)
+    rayleigh = _total(y, y) / _total(v0, v0)
+    limit = tol * rayleigh
+    most = max_iter * vectors  # CuPy counts products, ARPACK restarts
+    w, x = eigsh(LinearOperator((n, n), matvec=normal, dtype=dtype), k=1, which="LA", v0=v0, ncv=vectors,
+                 maxiter=most, tol=limit)
+    a, lam = cupy.ascontiguousarray(x[:, 0]), float(w[0])
+    if calls[0] >= most:  # stopped by the limit: converged only if the residual says so
+        r = normal(a) - lam * a
+        residual = _total(r, r) ** 0.5
+        if residual > max(limit, 64 * np.finfo(dtype).eps * abs(lam)):
+            raise ConvergenceError(f"HITS: Lanczos did not converge in {max_iter} restarts (tol {tol}; residual "
+                                   f"{residual / max(lam, np.finfo(dtype).tiny):.3g} of the eigenvalue)")
+    if _total(a) < 0:
+        a = -a
+    return a, 2 * calls[0] + 1
+
+
+def _total(v, w=None) -> float:
+    """Sum of CuPy vector ``v`` (times ``w`` entry by entry) by a kernel of our own (CuPy's reductions build a
+    CUB kernel each on a machine's first use)."""
+    from ..formats import xp
+    return float(xp.sum64(v, w).get()[0])
 
 
 def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: bool = True,
-         backend: str = "tuned", dtype=np.float64, return_info: bool = False, device_memory_limit=None, comm=None,
-         tune: str = "none"):
+         backend: str | None = None, dtype=np.float64, return_info: bool = False, device_memory_limit=None,
+         comm=None, tune: str = "none"):
     """(hubs, authorities) of the graph whose edge u -> v is ``A[u, v]``, as ``networkx.hits`` computes them.
 
-    ``max_iter`` and ``tol`` are ARPACK's (as in NetworkX); ``nstart``: its starting vector (array or
-    {node: value} dict). ``normalized``: both vectors sum to 1 (else as ARPACK returns them). With
-    ``return_info``, an :class:`~tuner.graph.pagerank.IterationInfo` whose ``iterations`` counts the products
-    by A and by Aᵀ. ``device_memory_limit`` (backend 'tuned'): as :func:`~tuner.graph.pagerank.pagerank`'s,
-    each of the two products streamed from host memory where it does not fit. ``comm``: the ranks to split
+    ``backend``: 'device', 'tuned' or 'scipy' (module docstring; default 'device' where CuPy reaches a GPU and
+    the graph has ``DEVICE_MIN_NODES`` nodes or more, else 'tuned'). ``max_iter`` and ``tol`` are ARPACK's (as
+    in NetworkX; on the device, restarts of the Lanczos basis and the residual relative to the eigenvalue
+    alike: :func:`device_authorities`); ``nstart``: the starting vector (array or {node: value} dict; on the
+    device all ones without one). ``normalized``: both vectors sum to 1 (else A's unit right singular vector
+    and A times it). With ``return_info``, an :class:`~tuner.graph.pagerank.IterationInfo` whose
+    ``iterations`` counts the products by A and by Aᵀ. ``device_memory_limit`` (ARPACK on the host): as
+    :func:`~tuner.graph.pagerank.pagerank`'s, each of the two products streamed from host memory where it does
+    not fit. ``comm``: the ranks to split
     the products among (every rank calls this with the same A; each gets the whole result; ARPACK starts from
     ``nstart`` or all ones so that every rank iterates alike). ``tune`` (backend 'tuned', one GPU): how the
     products by A and Aᵀ are compiled (:func:`tuner.compile`'s modes); the default, 'none', runs the generic
     kernel, ready in milliseconds: ARPACK's tens of products never repay a tuning. Raises
-    :class:`~tuner.graph.pagerank.ConvergenceError` where ARPACK does not converge.
+    :class:`~tuner.graph.pagerank.ConvergenceError` where the iterations do not converge.
 
     Example:
         >>> A = sp.csr_matrix(np.array([[0, 1, 1], [0, 0, 1], [1, 0, 0]], dtype=float))
@@ -53,19 +151,30 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     n = W.shape[0]
     if W.nnz == 0 or n < 2:
         raise MatrixError("HITS needs at least two nodes and one edge")
+    backend, vectors, how = _backend_for(backend, n, dtype, comm, device_memory_limit)
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds  # ARPACK: loaded on first use
 
     t0 = time.perf_counter()
     if comm is not None:
         forward, backward = (_split_product(M, comm, backend, dtype) for M in (W, transpose(W)))
     else:
-        forward = _multiply(W, backend, dtype, device_memory_limit, tune)
-        backward = _multiply(W.T.tocsr() if backend == "scipy" else transpose(W), backend, dtype,
-                             device_memory_limit, tune)
+        forward, backward = _products(W, "tuned" if backend == "device" else backend, dtype, device_memory_limit,
+                                      tune)
     start = None if nstart is None else _node_vector(nstart, n, "nstart")
     if start is None and comm is not None:
         start = np.ones(n)  # ARPACK's own random start may differ between ranks
     t1 = time.perf_counter()
+    if backend == "device":
+        from ..formats import device_reorder
+        a, products = device_authorities(lambda v, out: forward(v, out=out), lambda v, out: backward(v, out=out),
+                                         n, start, max_iter, tol, dtype, vectors)
+        h = forward(a)
+        if normalized:
+            h, a = h / _total(h), a / _total(a)
+        h, a = (device_reorder.download(v.astype(np.float64, copy=False)) for v in (h, a))
+        info = IterationInfo(products + 1, float("nan"), {"setup": t1 - t0, "iterations": time.perf_counter() - t1},
+                             how)
+        return ((h, a), info) if return_info else (h, a)
     calls = [0]
 
     def counted(product):
@@ -83,8 +192,52 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     h = counted(forward)(a)
     if normalized:
         h, a = h / h.sum(), a / a.sum()
-    info = IterationInfo(calls[0], float("nan"), {"setup": t1 - t0, "iterations": time.perf_counter() - t1}, backend)
+    info = IterationInfo(calls[0], float("nan"), {"setup": t1 - t0, "iterations": time.perf_counter() - t1}, how)
     return ((h, a), info) if return_info else (h, a)
+
+
+def _products(W, backend: str, dtype, device_memory_limit, tune: str):
+    """The products by W and by Wᵀ on one device (or SciPy's): Wᵀ made on the GPU from W's one upload where
+    :func:`~tuner.graph.device_pull.pull_on_device` takes the graph (cuSPARSE's transpose there instead of
+    the host's pass over every entry), else transposed on the host."""
+    forward = _multiply(W, backend, dtype, device_memory_limit, tune)
+    if backend == "scipy":
+        return forward, _multiply(W.T.tocsr(), backend, dtype)
+    if device_memory_limit is None:
+        from ..operations import compile as compile_product
+        from .device_pull import pull_on_device
+        on_device = pull_on_device(W, True, dtype)
+        if on_device is not None:
+            return forward, compile_product(on_device[0], dtype=dtype, tune=tune)
+    return forward, _multiply(transpose(W), backend, dtype, device_memory_limit, tune)
+
+
+def _backend_for(backend: str | None, n: int, dtype, comm, device_memory_limit) -> tuple[str, int, str]:
+    """(backend, Lanczos vectors, how the info names it) of a HITS run: 'device' only on one GPU with the
+    products in its memory and room for the Lanczos basis (else ARPACK on the host, with the tuned products
+    where the default chose the device)."""
+    if comm is not None or device_memory_limit is not None:
+        if backend == "device":
+            raise ValueError("backend='device' runs every Lanczos step on one GPU holding both products: with comm= "
+                             "or device_memory_limit= use 'tuned' (ARPACK on the host) or 'scipy'")
+        backend = backend or "tuned"
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        return backend, 0, backend
+    backend = hits_backend(backend, n)
+    if backend != "device":
+        return backend, 0, backend
+    from .. import gpu
+    from ..formats import device_reorder
+    if not device_reorder.available():
+        raise gpu.NoDeviceError("HITS with backend='device' runs CuPy's Lanczos, and CuPy reaches no GPU here: use "
+                                "backend='tuned' or 'scipy'")
+    free = device_reorder.free_bytes()
+    vectors = lanczos_vectors(n, np.dtype(dtype).itemsize, free)
+    if vectors == 0:
+        return "tuned", 0, (f"tuned (ARPACK on the host: 8 Lanczos vectors of {n:,} nodes need more than "
+                            f"1/{DEVICE_SHARE} of the device's {free:,} free bytes)")
+    return "device", vectors, f"device (Lanczos on the GPU, {vectors} vectors, tuned products)"
 
 
 def _split_product(M, comm, backend: str, dtype):
