@@ -556,8 +556,8 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
             "tool": f"sparse-tuner {__version__}", "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": command, "commands": commands, "gpu": {"name": info.name, "memory_bytes": info.memory_bytes},
             "timing": (f"wall seconds between device synchronisations; float32 PageRank/RWR to a per-node change "
-                       f"below {TOL} (cuSPARSE: the same iterations); HITS float64, ARPACK's tolerance (cuSPARSE: "
-                       f"the same ARPACK); betweenness {BETWEENNESS_SOURCES} sampled sources; SimRank float64, "
+                       f"below {TOL} (cuSPARSE: the same iterations); HITS float64, ARPACK's tolerance and basis "
+                       f"(cuSPARSE: the same solver, device Lanczos or host ARPACK); betweenness {BETWEENNESS_SOURCES} sampled sources; SimRank float64, "
                        f"NetworkX's tolerance"),
             "rows": kept + [asdict(r) for r in rows]}, indent=1) + "\n")
     return rows
