@@ -269,6 +269,18 @@ def test_hits_by_lanczos_on_the_device_equals_arpack_on_the_host(dtype):
 
 
 @pytest.mark.gpu
+def test_hits_runs_arpack_on_the_host_where_the_lanczos_basis_does_not_fit_beside_the_products(monkeypatch):
+    pytest.importorskip("cupy")
+    hits_module = importlib.import_module("tuner.graph.hits")
+    monkeypatch.setattr(hits_module, "lanczos_vectors", lambda n, itemsize, free_bytes: 0)
+    A = graph(20000, 68)
+    (h, a), info = tuner.hits(A, return_info=True)
+    host = tuner.hits(A, backend="scipy")
+    assert info.backend.startswith("tuned (ARPACK on the host: 8 Lanczos vectors of 20,000 nodes need more than")
+    assert np.abs(a - host[1]).max() <= 1e-9 and np.abs(h - host[0]).max() <= 1e-9
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("path", [p for p in REAL if p.name == "mdual.npz"], ids=lambda p: p.stem)
 def test_hits_on_the_device_raises_when_its_restarts_run_out(path):
     pytest.importorskip("cupy")
@@ -289,14 +301,15 @@ def test_hits_picks_the_device_for_graphs_from_the_lanczos_threshold_and_names_w
     big = hits_module.DEVICE_MIN_NODES
     assert [hits_module.hits_backend(None, n) for n in (big - 1, big)] == ["tuned", "device"]
     assert hits_module.hits_backend("device", 10) == "device" and hits_module.hits_backend("scipy", big) == "scipy"
-    assert hits_module._backend_for(None, big, np.float64, None, None)[:2] == ("device", hits_module.LANCZOS_VECTORS)
-    assert hits_module._backend_for(None, big, np.float64, None, "2G")[0] == "tuned"  # streamed products
+    assert hits_module._backend_for(None, big, None, None) == "device"
+    assert hits_module._backend_for(None, big, None, "2G") == "tuned"  # streamed products: ARPACK on the host
     for comm, limit in ((object(), None), (None, "2G")):
         with pytest.raises(ValueError, match="backend='device' runs every Lanczos step on one GPU"):
-            hits_module._backend_for("device", big, np.float64, comm, limit)
-    monkeypatch.setattr(device_reorder, "free_bytes", lambda: 1 << 20)  # not even 8 vectors: ARPACK on the host
-    backend, vectors, how = hits_module._backend_for(None, big, np.float64, None, None)
-    assert (backend, vectors) == ("tuned", 0) and "8 Lanczos vectors of 16,384 nodes need more than" in how
+            hits_module._backend_for("device", big, comm, limit)
+    assert hits_module.lanczos_vectors(big, 8, 1 << 20) == 0  # not even 8 vectors: hits runs ARPACK instead
+    monkeypatch.setattr(device_reorder, "available", lambda: False)
+    with pytest.raises(tuner.gpu.NoDeviceError, match="CuPy reaches no GPU here"):
+        hits_module._backend_for("device", big, None, None)
 
 
 def test_rwr_is_networkx_pagerank_personalised_on_the_seeds():

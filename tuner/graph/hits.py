@@ -77,7 +77,7 @@ def device_authorities(forward, backward, n: int, start, max_iter: int, tol: flo
         >>> F = cupyx.scipy.sparse.csr_matrix(A); B = F.T.tocsr()                      # doctest: +SKIP
         >>> fwd = lambda v, out: cupyx.cusparse.spmv(F, v, y=out)                       # doctest: +SKIP
         >>> a, products = device_authorities(fwd, lambda v, out: cupyx.cusparse.spmv(B, v, y=out), n, None, 100,
-        ...                                  1e-8, np.float64, 33)                       # doctest: +SKIP
+        ...                                  1e-8, np.float64, LANCZOS_VECTORS)          # doctest: +SKIP
     """
     import cupy
     from cupyx.scipy.sparse.linalg import LinearOperator, eigsh
@@ -151,7 +151,8 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     n = W.shape[0]
     if W.nnz == 0 or n < 2:
         raise MatrixError("HITS needs at least two nodes and one edge")
-    backend, vectors, how = _backend_for(backend, n, dtype, comm, device_memory_limit)
+    backend = _backend_for(backend, n, comm, device_memory_limit)
+    how = backend
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds  # ARPACK: loaded on first use
 
     t0 = time.perf_counter()
@@ -164,8 +165,15 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     if start is None and comm is not None:
         start = np.ones(n)  # ARPACK's own random start may differ between ranks
     t1 = time.perf_counter()
-    if backend == "device":
+    if backend == "device":  # the basis beside the products, in what they leave free
         from ..formats import device_reorder
+        free = device_reorder.free_bytes()
+        vectors = lanczos_vectors(n, np.dtype(dtype).itemsize, free)
+        how = f"device (Lanczos on the GPU, {vectors} vectors, tuned products)"
+        if vectors == 0:
+            backend, how = "tuned", (f"tuned (ARPACK on the host: 8 Lanczos vectors of {n:,} nodes need more than "
+                                     f"1/{DEVICE_SHARE} of the device's {free:,} free bytes)")
+    if backend == "device":
         a, products = device_authorities(lambda v, out: forward(v, out=out), lambda v, out: backward(v, out=out),
                                          n, start, max_iter, tol, dtype, vectors)
         h = forward(a)
@@ -212,10 +220,10 @@ def _products(W, backend: str, dtype, device_memory_limit, tune: str):
     return forward, _multiply(transpose(W), backend, dtype, device_memory_limit, tune)
 
 
-def _backend_for(backend: str | None, n: int, dtype, comm, device_memory_limit) -> tuple[str, int, str]:
-    """(backend, Lanczos vectors, how the info names it) of a HITS run: 'device' only on one GPU with the
-    products in its memory and room for the Lanczos basis (else ARPACK on the host, with the tuned products
-    where the default chose the device)."""
+def _backend_for(backend: str | None, n: int, comm, device_memory_limit) -> str:
+    """The backend of a HITS run: 'device' only on one GPU with the products in its memory (with ``comm`` or
+    ``device_memory_limit``, ARPACK on the host: 'tuned' by default); where the default chose the device and
+    the Lanczos basis does not fit beside the products, :func:`hits` runs ARPACK on the host instead."""
     if comm is not None or device_memory_limit is not None:
         if backend == "device":
             raise ValueError("backend='device' runs every Lanczos step on one GPU holding both products: with comm= "
@@ -223,21 +231,15 @@ def _backend_for(backend: str | None, n: int, dtype, comm, device_memory_limit) 
         backend = backend or "tuned"
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        return backend, 0, backend
+        return backend
     backend = hits_backend(backend, n)
-    if backend != "device":
-        return backend, 0, backend
-    from .. import gpu
-    from ..formats import device_reorder
-    if not device_reorder.available():
-        raise gpu.NoDeviceError("HITS with backend='device' runs CuPy's Lanczos, and CuPy reaches no GPU here: use "
-                                "backend='tuned' or 'scipy'")
-    free = device_reorder.free_bytes()
-    vectors = lanczos_vectors(n, np.dtype(dtype).itemsize, free)
-    if vectors == 0:
-        return "tuned", 0, (f"tuned (ARPACK on the host: 8 Lanczos vectors of {n:,} nodes need more than "
-                            f"1/{DEVICE_SHARE} of the device's {free:,} free bytes)")
-    return "device", vectors, f"device (Lanczos on the GPU, {vectors} vectors, tuned products)"
+    if backend == "device":
+        from .. import gpu
+        from ..formats import device_reorder
+        if not device_reorder.available():
+            raise gpu.NoDeviceError("HITS with backend='device' runs CuPy's Lanczos, and CuPy reaches no GPU here: "
+                                    "use backend='tuned' or 'scipy'")
+    return backend
 
 
 def _split_product(M, comm, backend: str, dtype):
