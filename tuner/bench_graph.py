@@ -355,8 +355,9 @@ def bench_simrank(source: str) -> GraphRow:
 
 def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, tol: float = 1e-8):
     """NetworkX's HITS with every product by A and Aᵀ on cuSPARSE through CuPy, float64, by the solver
-    :func:`tuner.hits` ran (``on_device``: CuPy's Lanczos on the device, :func:`~tuner.graph.hits.device_authorities`
-    as ours; else ARPACK on the host): ((hubs, authorities), products, setup s, iterations s)."""
+    :func:`tuner.hits` ran (``on_device``: CuPy's Lanczos on the device,
+    :func:`~tuner.graph.hits.device_authorities` as ours; else ARPACK on the host): ((hubs, authorities),
+    products, setup s, iterations s)."""
     import cupy
     import cupyx
     import cupyx.scipy.sparse as cpsp
@@ -403,7 +404,8 @@ def bench_hits(source: str) -> GraphRow:
     (h, a), info = hits(A, nstart=start, return_info=True)
     ours = time.perf_counter() - t0
     _empty_pool()
-    (h_cu, a_cu), cu_products, cu_setup, cu_iter = cusparse_hits(A, start, info.backend.startswith("device"))
+    on_device = info.backend.startswith("device")
+    (h_cu, a_cu), cu_products, cu_setup, cu_iter = cusparse_hits(A, start, on_device)
     nx_diff = None
     if A.nnz <= NETWORKX_NNZ:
         nx, G = _networkx_graph(A)
@@ -418,8 +420,8 @@ def bench_hits(source: str) -> GraphRow:
         cusparse_setup_s=cu_setup, ours_50_s=None, cusparse_50_s=None, speedup_50=None, ours_repeat_s=None,
         cusparse_repeat_s=None, max_abs_diff_vs_networkx=nx_diff,
         max_abs_diff_vs_cusparse=max(float(np.abs(h - h_cu).max()), float(np.abs(a - a_cu).max())),
-        cusparse_how=(f"{'Lanczos on the GPU (CuPy eigsh)' if info.backend.startswith('device') else 'ARPACK on the host'}"
-                      f", cuSPARSE products ({cu_products})"), ours_how=info.backend)
+        cusparse_how=(f"{'Lanczos on the GPU (CuPy eigsh)' if on_device else 'ARPACK on the host'}, cuSPARSE "
+                      f"products ({cu_products})"), ours_how=info.backend)
 
 
 def cusparse_betweenness(A, sources: np.ndarray, batch: int) -> tuple[np.ndarray, float, float]:
@@ -557,8 +559,8 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
             "command": command, "commands": commands, "gpu": {"name": info.name, "memory_bytes": info.memory_bytes},
             "timing": (f"wall seconds between device synchronisations; float32 PageRank/RWR to a per-node change "
                        f"below {TOL} (cuSPARSE: the same iterations); HITS float64, ARPACK's tolerance and basis "
-                       f"(cuSPARSE: the same solver, device Lanczos or host ARPACK); betweenness {BETWEENNESS_SOURCES} sampled sources; SimRank float64, "
-                       f"NetworkX's tolerance"),
+                       f"(cuSPARSE: the same solver, device Lanczos or host ARPACK); betweenness "
+                       f"{BETWEENNESS_SOURCES} sampled sources; SimRank float64, NetworkX's tolerance"),
             "rows": kept + [asdict(r) for r in rows]}, indent=1) + "\n")
     return rows
 

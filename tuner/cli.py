@@ -736,9 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="residual relative to the eigenvalue, as ARPACK's tol (default %(default)s)")
     from .graph.hits import DEVICE_MIN_NODES
     p.add_argument("--backend", choices=["device", "tuned", "scipy"], default=None,
-                   help=f"device: Lanczos on the GPU (default with a GPU, for graphs of {DEVICE_MIN_NODES:,} nodes or more); "
-                        "tuned: ARPACK on the host, products on the GPU (the default below that size); scipy: "
-                        "all on the host")
+                   help=f"device: Lanczos on the GPU (default with a GPU, for graphs of {DEVICE_MIN_NODES:,} "
+                        "nodes or more); tuned: ARPACK on the host, products on the GPU (the default below that "
+                        "size); scipy: all on the host")
     from .compiler import COMPILE_TUNE_MODES
     p.add_argument("--tune", choices=COMPILE_TUNE_MODES, default="none",
                    help="how the products by A and A^T are compiled: none (default): the generic kernel, ready "

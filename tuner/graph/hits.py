@@ -55,8 +55,8 @@ def lanczos_vectors(n: int, itemsize: int, free_bytes: int) -> int:
     where not even 8 fit (ARPACK on the host then).
 
     Example (8M nodes in float64: 20 vectors take 1.3 GB):
-        >>> lanczos_vectors(8 << 20, 8, 80 << 30), lanczos_vectors(8 << 20, 8, 1 << 30), lanczos_vectors(8 << 20, 8, 1 << 28)
-        (20, 8, 0)
+        >>> [lanczos_vectors(8 << 20, 8, free) for free in (80 << 30, 1 << 30, 1 << 28)]
+        [20, 8, 0]
     """
     fits = free_bytes // DEVICE_SHARE // max(1, n * itemsize)
     return int(min(LANCZOS_VECTORS, fits)) if fits >= 8 else 0
