@@ -297,7 +297,6 @@ def test_hits_picks_the_device_for_graphs_from_the_lanczos_threshold_and_names_w
     from tuner.formats import device_reorder
     hits_module = importlib.import_module("tuner.graph.hits")  # tuner.graph.hits is also the function
     monkeypatch.setattr(device_reorder, "available", lambda: True)
-    monkeypatch.setattr(device_reorder, "free_bytes", lambda: 80 << 30)
     big = hits_module.DEVICE_MIN_NODES
     assert [hits_module.hits_backend(None, n) for n in (big - 1, big)] == ["tuned", "device"]
     assert hits_module.hits_backend("device", 10) == "device" and hits_module.hits_backend("scipy", big) == "scipy"

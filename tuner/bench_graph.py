@@ -52,8 +52,8 @@ NETWORKX_NNZ = 5_000_000  # NetworkX's PageRank takes seconds per million edges:
 SIMRANK_SUITE = ("rmat:10", "rmat:12")
 NETWORKX_SIMRANK_NODES = 2048  # NetworkX returns every pair as a dict of dicts: compared up to here
 DEFAULT_GENERATED = ("rmat:20", "rmat:23", "rmat:25")
-# The generated graphs of the HITS and betweenness rows (the suite's files all run): HITS multiplies host
-# vectors (ARPACK runs on the host), each product of rmat:25 moving 256 MB each way on both sides alike; the
+# The generated graphs of the HITS and betweenness rows (the suite's files all run): HITS stops at rmat:23
+# (rmat:25 would add its generation and float64 copies of A and Aᵀ, 12.7 GB a side, to the bench's run); the
 # CuPy Brandes's batch holds seven n x batch arrays, so its batches of rmat:23 would be of two sources
 HITS_GENERATED = ("rmat:20", "rmat:23")
 BETWEENNESS_GENERATED = ("rmat:20",)

@@ -222,8 +222,8 @@ def _products(W, backend: str, dtype, device_memory_limit, tune: str):
 
 def _backend_for(backend: str | None, n: int, comm, device_memory_limit) -> str:
     """The backend of a HITS run: 'device' only on one GPU with the products in its memory (with ``comm`` or
-    ``device_memory_limit``, ARPACK on the host: 'tuned' by default); where the default chose the device and
-    the Lanczos basis does not fit beside the products, :func:`hits` runs ARPACK on the host instead."""
+    ``device_memory_limit``, ARPACK on the host: 'tuned' by default); where the Lanczos basis does not fit
+    beside the products, :func:`hits` runs ARPACK on the host instead."""
     if comm is not None or device_memory_limit is not None:
         if backend == "device":
             raise ValueError("backend='device' runs every Lanczos step on one GPU holding both products: with comm= "
