@@ -356,23 +356,6 @@ def test_a_download_through_the_staging_buffers_equals_the_device_array(stages):
 
 
 
-def test_a_download_ring_fills_every_host_array_across_reused_buffers_and_oversized_pieces():
-    ring = gpu.DownloadRing(1 << 20)  # two buffers of 1 MiB: the five puts reuse each, the last overflows
-    rng = np.random.default_rng(14)
-    sizes = [1000, 60_000, 100_000, 3, 131_072, 400_000]  # float32 + int32 pieces; the last over 1 MiB
-    sent, outs = [], []
-    for n in sizes:
-        vals, cols = rng.uniform(-1, 1, n).astype(np.float32), rng.integers(0, 1 << 30, n).astype(np.int32)
-        dv, dc = gpu.upload(vals), gpu.upload(cols)
-        out_v, out_c = np.full(n, np.nan, np.float32), np.full(n, -1, np.int32)
-        ring.put([(out_v, int(dv)), (out_c, int(dc))])
-        sent.append((vals, cols, dv, dc))
-        outs.append((out_v, out_c))
-    ring.finish()
-    for (vals, cols, _, _), (out_v, out_c) in zip(sent, outs):
-        assert np.array_equal(out_v, vals) and np.array_equal(out_c, cols)
-
-
 def test_a_queued_download_lands_in_page_locked_memory_and_refuses_pageable():
     vals = np.random.default_rng(15).uniform(-1, 1, 50_000).astype(np.float32)
     dv = gpu.upload_pooled(vals)
@@ -384,6 +367,20 @@ def test_a_queued_download_lands_in_page_locked_memory_and_refuses_pageable():
     assert np.array_equal(locked.array, vals) and int(again) != 0
     with pytest.raises(ValueError, match="page-locked"):
         gpu.copy_to_host(np.empty(4, np.float32), int(again), queued=True)
+
+
+def test_queued_downloads_put_each_piece_of_device_memory_at_its_host_address():
+    vals = np.random.default_rng(16).uniform(-1, 1, 10_000).astype(np.float32)
+    dv = gpu.upload_pooled(vals)
+    locked = gpu.Pinned(np.full(vals.size, np.nan, np.float32))
+    host = locked.array.ctypes.data
+    # three pieces out of order, one empty: entries 5000.. to the front, 0..2999 after them, 9000.. at the end
+    gpu.queue_downloads(int(dv), [(host, 4 * 5000, 4 * 4000), (host + 4 * 4000, 0, 4 * 3000), (host, 0, 0),
+                                  (host + 4 * 9000, 4 * 9000, 4 * 1000)])
+    gpu.synchronize()
+    got = locked.array
+    assert np.array_equal(got[:4000], vals[5000:9000]) and np.array_equal(got[4000:7000], vals[:3000])
+    assert np.isnan(got[7000:9000]).all() and np.array_equal(got[9000:], vals[9000:])
 
 
 @pytest.mark.parametrize("stages", [0.5, 2.6])

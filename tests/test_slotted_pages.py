@@ -167,26 +167,34 @@ def test_a_product_over_the_device_budget_streams_slotted_pages_and_matches_scip
     assert isinstance(f, SlottedProduct) and f.plan.pages > 1, f.explain()
     ref = (A.astype(np.float64) @ B.astype(np.float64)).tocsr()
     ref.sort_indices()
-    # The first call copies C's blocks straight into its arrays; later ones through the page-locked ring
-    # (gpu.DownloadRing), a block's copy-out running beside the next block's sums; from the third on, only
-    # values move (C's pattern and the partials' keys are the second call's).
-    for call in range(4):
+    # The first call copies C's blocks straight into its arrays and keeps C's pattern and the partials' keys
+    # (a block-major, page-locked store); later ones move values alone, the pages' sums into the store, each
+    # block's sums into C's page-locked values, replayed as one CUDA graph from the second call on (queued
+    # call by call where graphs are off), the host copying a block out once its event has passed.
+    for call in range(6):
+        f.graphed = call < 4
+        if call == 4:
+            f._graph = None
         C = f()
         assert C.shape == ref.shape and C.nnz == ref.nnz and C.has_sorted_indices, call
         assert np.array_equal(C.indptr, ref.indptr) and np.array_equal(C.indices, ref.indices), call
         assert abs(C - ref).max() <= 1e-5 * max(abs(ref).max(), 1.0), call
-        assert (f._structure is not None) == (call >= 1), call
+        assert f._structure is not None and f._store is not None and f._pins, call
+        assert (f._graph is not None) == (1 <= call < 4), call
         C.indices[:] = 0  # the caller's C is its own: the next call's pattern is untouched
-    assert f._ring is not None
-    assert f.down_bytes == sum(v.array.nbytes for _, v in f._partials) + ref.nnz * f.dtype.itemsize
+        C.data[:] = np.nan
+    assert f.down_bytes == f._store.values.nbytes + ref.nnz * f.dtype.itemsize
+    f.graphed = True
     if not f.value_free:  # new values of the same structures: values only, still right
         rng = np.random.default_rng(5)
         A2, B2 = A.copy(), B.copy()
         A2.data = rng.uniform(0.5, 2.0, A2.nnz).astype(A.dtype)
         B2.data = rng.uniform(0.5, 2.0, B2.nnz).astype(B.dtype)
         ref2 = (A2.astype(np.float64) @ B2.astype(np.float64)).tocsr()
-        C = f(A2, B2)
-        assert np.array_equal(C.indices, ref.indices) and abs(C - ref2).max() <= 1e-5 * abs(ref2).max()
+        for _ in range(2):  # the graph named the old values' arrays: captured again
+            C = f(A2, B2)
+            assert np.array_equal(C.indices, ref.indices) and abs(C - ref2).max() <= 1e-5 * abs(ref2).max()
+            assert f._graph is not None
     assert 0 < f.peak_bytes <= 200_000 and f.blocks >= 1  # the partials summed on the device in row blocks
     assert f.blocks > 1 or name == "long_rows"  # its partials fit one block
     with pytest.raises(ValueError, match="out='device'"):
@@ -278,6 +286,23 @@ def test_assembly_waits_for_the_merges_copies_whether_it_returns_or_raises():
     with pytest.raises(RuntimeError, match="out of device memory"):
         assemble(keys, values, (30, 20), np.float64, 40, failing, lambda: finished.append("after the error"))
     assert finished == ["ok", "after the error"]
+
+
+@pytest.mark.parametrize("capacity", [1, 40, 10**6])
+def test_a_block_major_store_holds_each_block_as_the_slices_of_every_page_in_order(capacity):
+    from tuner.spgemm.assemble import block_layout, block_slices, row_blocks
+    _, keys, values = _partials((70, 40), 13, 12)
+    rows = np.array([r0 for r0, _, _ in row_blocks(keys, 70, 40, capacity, grid=8)] + [70])
+    layout = block_layout(keys, rows, 40)
+    store_keys, store_values = np.full(layout.starts[-1], 7, np.uint64), np.full(layout.starts[-1], np.nan)
+    for k, v, pieces in zip(keys, values, layout.pieces):  # as a page's sums come down into their places
+        for at, first, count in pieces:
+            store_keys[at:at + count], store_values[at:at + count] = k[first:first + count], v[first:first + count]
+    assert layout.starts[-1] == sum(k.size for k in keys)
+    for b, (k, v) in enumerate(block_slices(keys, values, rows, 40)):
+        a, e = layout.starts[b], layout.starts[b + 1]
+        assert np.array_equal(store_keys[a:e], np.concatenate(k))
+        assert np.array_equal(store_values[a:e], np.concatenate(v))
 
 
 def test_partials_of_a_product_without_rows_or_entries_assemble_to_an_empty_matrix():

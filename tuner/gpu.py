@@ -281,17 +281,18 @@ def upload_pooled(array: np.ndarray, queued: bool = False):
 STAGED_MIN_BYTES = STAGE_BYTES
 
 
-def copy_to_device(ptr: int, array: np.ndarray, queued: bool = False) -> None:
+def copy_to_device(ptr: int, array: np.ndarray, queued: bool = False, stream: "Stream | None" = None) -> None:
     """Copy a host array to device memory at ``ptr``, through the page-locked staging buffers from
     :data:`STAGED_MIN_BYTES` on (:func:`tuner.staging.feed`): a vector of tens of millions of entries then
     crosses at PCIe's rate, not at a tenth of it. An array already page-locked (:func:`page_locked`) is
     copied directly. Returns once ``array`` may change; with ``queued`` (for a contiguous ``array`` that is
     page-locked and stays unchanged until the default stream has done what is queued on it so far), at once,
     the copy queued on the default stream, ordered before the kernels queued after it: the many small copies
-    of a slotted page or an assembly block then cost no wait each."""
+    of a slotted page or an assembly block then cost no wait each; queued on ``stream`` where given (which
+    may be capturing a :class:`Graph`)."""
     if queued:
         if array.nbytes:
-            drv.memcpy_htod_async(ptr, array)
+            drv.memcpy_htod_async(ptr, array, stream.stream if stream is not None else None)
         return
     array = np.ascontiguousarray(array)
     if array.nbytes >= STAGED_MIN_BYTES and not page_locked(array):
@@ -320,6 +321,33 @@ def copy_to_host(array: np.ndarray, ptr: int, queued: bool = False) -> None:
         drv.memcpy_dtoh(array, ptr)
 
 
+def queue_downloads(base: int, pieces, stream: "Stream | None" = None) -> None:
+    """Queue on ``stream`` (default: the default stream), after its work, a copy of ``nbytes`` from device
+    address ``base + offset`` to host address ``host`` for each ``(host, offset, nbytes)`` of ``pieces``,
+    and return at once.
+    The host ranges must be page-locked (:class:`Pinned`) and stay alive and unread until the stream has
+    done what is queued on it: the driver is called directly, without PyCUDA's wrapping of each
+    host array, since a slotted page sends its sums to a dozen places at every call.
+
+    Example (on a GPU machine):
+        >>> host = Pinned(np.zeros(4, np.float32))                                  # doctest: +SKIP
+        >>> dev = upload(np.arange(4, dtype=np.float32))                            # doctest: +SKIP
+        >>> queue_downloads(int(dev), [(host.array.ctypes.data + 4, 8, 8)])         # doctest: +SKIP
+        >>> synchronize(); host.array.tolist()                                      # doctest: +SKIP
+        [0.0, 2.0, 3.0, 0.0]
+    """
+    _context()
+    copy = _libcuda().cuMemcpyDtoHAsync_v2
+    if copy.argtypes is None:
+        copy.argtypes = (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p)
+    handle = stream.handle if stream is not None else None
+    for host, offset, nbytes in pieces:
+        if nbytes:
+            err = copy(host, base + offset, nbytes, handle)
+            if err:
+                raise GpuError(f"cuMemcpyDtoHAsync of {nbytes:,} bytes failed with CUDA error {err}")
+
+
 _CU_STREAM_NON_BLOCKING = 1  # the driver's flag (PyCUDA names no stream flags)
 
 
@@ -335,6 +363,11 @@ class Stream:
     def __init__(self, blocking: bool = True):
         _context()
         self.stream = drv.Stream() if blocking else drv.Stream(_CU_STREAM_NON_BLOCKING)
+
+    @property
+    def handle(self) -> int:
+        """The driver's handle of the stream (a CUstream), for calls made outside PyCUDA."""
+        return self.stream.handle
 
     def wait(self, event) -> None:
         """Work queued here from now on starts after ``event`` (see :meth:`record`, :func:`default_event`)."""
@@ -358,6 +391,100 @@ def default_event():
     so far: a non-blocking :class:`Stream` that waits for it sees their results."""
     _context()
     return drv.Event().record()
+
+
+_CAPTURE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED: other threads' CUDA calls are not policed
+_EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
+_EVENT_RECORD_EXTERNAL = 1  # CU_EVENT_RECORD_EXTERNAL: recorded during capture, a node of the graph
+
+
+def _check(err: int, what: str) -> None:
+    if err:
+        raise GpuError(f"{what} failed with CUDA error {err}")
+
+
+class Graph:
+    """The work ``record()`` queues on ``stream`` (a non-blocking :class:`Stream`), captured once as a CUDA
+    graph and launched again as one call: a repeated sequence of a few hundred small copies, kernels and
+    CUB calls then costs the host one call instead of a few microseconds each, and the GPU runs them back
+    to back. Everything ``record()`` queues must go to ``stream``, and it must not wait for the device;
+    pointers, sizes and host addresses are fixed in the graph, so the memory it names must stay allocated
+    (and page-locked) while the graph lives. The driver is called directly: PyCUDA does not wrap graphs.
+
+    Example (on a GPU machine):
+        >>> stream = Stream(blocking=False)                                          # doctest: +SKIP
+        >>> host = Pinned(np.zeros(4, np.float32)); dev = upload(np.arange(4, dtype=np.float32))  # doctest: +SKIP
+        >>> record = lambda: queue_downloads(int(dev), [(host.array.ctypes.data, 0, 16)], stream)  # doctest: +SKIP
+        >>> graph = Graph(stream, record)                                            # doctest: +SKIP
+        >>> graph.launch(stream); stream.synchronize(); host.array.tolist()        # doctest: +SKIP
+        [0.0, 1.0, 2.0, 3.0]
+    """
+
+    def __init__(self, stream: Stream, record):
+        _context()
+        lib = _libcuda()
+        handle = ctypes.c_void_p(stream.handle)
+        _check(lib.cuStreamBeginCapture_v2(handle, ctypes.c_int(_CAPTURE_RELAXED)), "cuStreamBeginCapture")
+        graph = ctypes.c_void_p()
+        try:
+            record()
+        finally:
+            ended = lib.cuStreamEndCapture(handle, ctypes.byref(graph))
+        try:
+            _check(ended, "cuStreamEndCapture")
+            self._exec = ctypes.c_void_p()
+            _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), graph, ctypes.c_ulonglong(0)),
+                   "cuGraphInstantiate")
+        finally:
+            if graph.value:
+                lib.cuGraphDestroy(graph)  # the executable graph keeps what it needs
+
+    def launch(self, stream: Stream) -> None:
+        """Queue the whole graph on ``stream``."""
+        _check(_libcuda().cuGraphLaunch(self._exec, ctypes.c_void_p(stream.handle)), "cuGraphLaunch")
+
+    def __del__(self):
+        exe = getattr(self, "_exec", None)
+        if exe is not None and exe.value:
+            try:
+                _libcuda().cuGraphExecDestroy(exe)
+            except Exception:  # noqa: BLE001 - interpreter shutdown: the driver frees it with the context
+                pass
+
+
+class GraphEvent:
+    """An event the host waits for at a point of a stream's work, that a :class:`Graph` captured there
+    records at every launch (an external event node; an ordinary event recorded during capture marks only
+    the capture). Outside a capture it is an ordinary event.
+
+    Example (on a GPU machine):
+        >>> done = GraphEvent()                                                     # doctest: +SKIP
+        >>> done.record(Stream(blocking=False), capturing=False); done.synchronize()  # doctest: +SKIP
+    """
+
+    def __init__(self):
+        _context()
+        self._event = ctypes.c_void_p()
+        _check(_libcuda().cuEventCreate(ctypes.byref(self._event), ctypes.c_uint(_EVENT_DISABLE_TIMING)),
+               "cuEventCreate")
+
+    def record(self, stream: Stream, capturing: bool) -> None:
+        """Mark what ``stream`` has queued so far (in the graph being captured there, where ``capturing``)."""
+        flags = _EVENT_RECORD_EXTERNAL if capturing else 0
+        _check(_libcuda().cuEventRecordWithFlags(self._event, ctypes.c_void_p(stream.handle), ctypes.c_uint(flags)),
+               "cuEventRecordWithFlags")
+
+    def synchronize(self) -> None:
+        """Return once the device has passed the point last recorded."""
+        _check(_libcuda().cuEventSynchronize(self._event), "cuEventSynchronize")
+
+    def __del__(self):
+        event = getattr(self, "_event", None)
+        if event is not None and event.value:
+            try:
+                _libcuda().cuEventDestroy_v2(event)
+            except Exception:  # noqa: BLE001 - interpreter shutdown
+                pass
 
 
 class Pinned:
@@ -400,93 +527,6 @@ class Pinned:
             except Exception:  # noqa: BLE001 - interpreter shutdown: the driver frees it with the process
                 pass
             self._ptr = None
-
-
-class DownloadRing:
-    """Downloads into pageable host arrays that leave the copying on the host to threads while the caller
-    queues the device's next work.
-
-    A copy from the device into pageable memory (a result's new arrays, which the copy also faults in page
-    by page on one core) runs at a tenth of PCIe's rate and holds the caller until it ends. :meth:`put`
-    queues a copy into one of ``slots`` page-locked buffers of ``slot_bytes`` at PCIe's rate and waits only
-    for the previous put's to arrive, leaving the copy from there into the destinations to ``threads`` host
-    threads; a buffer is filled again once its previous copy-out has ended. :meth:`finish` waits for every
-    copy-out.
-
-    Example (on a GPU machine):
-        >>> ring = DownloadRing(1 << 20)                                       # doctest: +SKIP
-        >>> out = np.empty(4, np.float32)                                      # doctest: +SKIP
-        >>> ring.put([(out, int(upload(np.arange(4, dtype=np.float32))))])  # doctest: +SKIP
-        >>> ring.finish(); out.tolist()                                        # doctest: +SKIP
-        [0.0, 1.0, 2.0, 3.0]
-    """
-
-    PART_BYTES = 1 << 20  # the least a host thread copies at once: smaller parts cost more to hand out than to copy
-
-    def __init__(self, slot_bytes: int, slots: int = 2, threads: int = staging.STAGE_THREADS):
-        _context()
-        self.slot_bytes = int(slot_bytes)
-        self._slots = [Pinned(np.empty(max(self.slot_bytes, 1), np.uint8)) for _ in range(slots)]
-        self._copies: list[list] = [[] for _ in range(slots)]
-        self._next = 0
-        self._pending = None  # the last put's (buffer, arrival event, moves, bytes), until settled
-        self._threads = threads
-        self._pool = None
-
-    def put(self, pieces: list) -> None:
-        """Copy the device bytes at each ``(host array, device pointer)`` of ``pieces`` into the host array
-        (contiguous, writeable): the device's copies after the work queued on the default stream, the host's
-        in the background until :meth:`finish`. This returns once the device's copies are queued and the
-        previous put's have arrived (its copy-out then handed to the threads), so the caller queues the next
-        block while these run. Pieces of more than ``slot_bytes`` together are copied through
-        :func:`copy_to_host` before this returns."""
-        if sum(dst.nbytes for dst, _ in pieces) > self.slot_bytes:
-            for dst, ptr in pieces:
-                copy_to_host(dst, ptr)
-            return
-        k, self._next = self._next, (self._next + 1) % len(self._slots)
-        for done in self._copies[k]:  # the buffer's previous contents have left it
-            done.result()
-        self._copies[k] = []
-        slot, at, moves = self._slots[k].array, 0, []
-        for dst, ptr in pieces:
-            if not (dst.flags.c_contiguous and dst.flags.writeable):
-                raise ValueError("DownloadRing.put needs contiguous, writeable host arrays")
-            if dst.nbytes:
-                drv.memcpy_dtoh_async(slot[at:at + dst.nbytes], ptr)  # the default stream: after its work
-                moves.append((dst.reshape(-1).view(np.uint8), slot[at:at + dst.nbytes]))
-                at += dst.nbytes
-        arrived = drv.Event().record()
-        self._settle()
-        self._pending = (k, arrived, moves, at)
-
-    def _settle(self) -> None:
-        """Wait for the last put's device copies to arrive in its buffer, and hand its copy-out to the
-        threads."""
-        if self._pending is None:
-            return
-        k, arrived, moves, size = self._pending
-        self._pending = None
-        arrived.synchronize()
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-            self._pool = ThreadPoolExecutor(self._threads)
-        part = max(self.PART_BYTES, -(-size // self._threads))
-        self._copies[k] = [done for dst, src in moves for done in staging.copy_in_parts(self._pool, dst, src, part)]
-
-    def finish(self) -> None:
-        """Return once every copy :meth:`put` queued has reached its host array (raising what one raised)."""
-        try:
-            self._settle()
-            for copies in self._copies:
-                for done in copies:
-                    done.result()
-        finally:
-            self._pending = None
-            self._copies = [[] for _ in self._slots]
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
 
 
 _locked: dict[int, int] = {}  # start -> end of every host range a Pinned holds page-locked

@@ -6,6 +6,7 @@ buffer while several host threads fill (or empty) the other. The copy engine's c
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -17,6 +18,25 @@ STAGE_BYTES = 64 << 20  # one staging buffer; two alternate, so a copy over PCIe
 # GPU host's dozen cores reach with pieces of a few megabytes each.
 STAGE_THREADS = max(1, min(12, os.cpu_count() or 1))
 DIRECT_MAX_BYTES = 32 << 20  # arrays up to this size are copied directly, without the staging buffers
+
+_shared: dict = {}
+_shared_lock = threading.Lock()
+
+
+def shared_pool() -> ThreadPoolExecutor:
+    """The process's pool of :data:`STAGE_THREADS` threads for host copies that run beside the caller (a
+    download ring's copy-out, a result's arrays filled in parts): made once: a call of a few milliseconds that
+    started its threads anew would pay tens of microseconds a thread. Its tasks never wait for
+    one another, so callers share it safely.
+
+    Example:
+        >>> shared_pool() is shared_pool()
+        True
+    """
+    with _shared_lock:
+        if "pool" not in _shared:
+            _shared["pool"] = ThreadPoolExecutor(STAGE_THREADS, thread_name_prefix="tuner-copy")
+        return _shared["pool"]
 
 
 def drain(dst: np.ndarray, stages: list, fetch: Callable[[int, int, int], None],

@@ -86,6 +86,40 @@ def block_slices(page_keys: list[np.ndarray], page_values: list[np.ndarray], row
              [v[c[b]:c[b + 1]] for v, c in zip(page_values, cuts)]) for b in range(bounds.size - 1)]
 
 
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where every page's partial entries go in a block-major store of them all: row block by row block
+    (:func:`row_blocks`), and within a block page by page, each page's slice in its key order (the order in
+    which :func:`block_slices` lists a block's slices, so a block's merge sums the same sequence).
+
+    Attributes:
+        starts: the store's first entry of each block, and its size last (blocks + 1 entries).
+        pieces: per page, (store entry, page entry, entries) of each of its non-empty block slices.
+    """
+
+    starts: np.ndarray
+    pieces: tuple
+
+
+def block_layout(page_keys: list[np.ndarray], rows: np.ndarray, n_cols: int) -> BlockLayout:
+    """The :class:`BlockLayout` of the pages' sorted keys ``page_keys`` cut into blocks of rows ``rows[b]``
+    to ``rows[b + 1]``: one binary search per page for every block's bounds at once.
+
+    Example (two pages' keys of a 4 x 10 C, blocks of rows 0-1 and 2-3):
+        >>> layout = block_layout([np.array([1, 5, 31], np.uint64), np.array([2, 25, 30], np.uint64)],
+        ...                       np.array([0, 2, 4]), 10)
+        >>> layout.starts.tolist(), layout.pieces
+        ([0, 3, 6], (((0, 0, 2), (3, 2, 1)), ((2, 0, 1), (4, 1, 2))))
+    """
+    bounds = np.asarray(rows, np.int64).astype(np.uint64) * np.uint64(n_cols)
+    cuts = np.array([np.searchsorted(k, bounds) for k in page_keys], np.int64).reshape(len(page_keys), bounds.size)
+    counts = np.diff(cuts, axis=1)
+    starts = np.concatenate(([0], np.cumsum(counts.sum(axis=0)))).astype(np.int64)
+    store = starts[:-1] + np.cumsum(counts, axis=0) - counts  # each block's pages one after another
+    return BlockLayout(starts, tuple(tuple((int(store[i, b]), int(cuts[i, b]), int(counts[i, b]))
+                                           for b in np.flatnonzero(counts[i])) for i in range(len(page_keys))))
+
+
 def sum_pairs(keys: list[np.ndarray], values: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """The distinct keys of all ``keys`` arrays, ascending, and the sums of their values, in host memory.
 
@@ -193,33 +227,44 @@ def host_merge(n_cols: int):
     return merge
 
 
-def assemble_values(structure: Structure, page_keys: list[np.ndarray], page_values: list[np.ndarray],
-                    shape: tuple[int, int], dtype, capacity: int, merge_values, finish=None,
-                    before_host=None, pattern=None) -> sp.csr_matrix:
+def block_rows(structure: Structure, n_rows: int) -> np.ndarray:
+    """The first row of each of the structure's blocks, and ``n_rows`` last (:func:`block_slices`' ``rows``).
+
+    Example:
+        >>> block_rows(Structure(np.zeros(5), np.zeros(0), ((0, 2, 3, 0, 2), (2, 4, 1, 2, 1))), 4).tolist()
+        [0, 2, 4]
+    """
+    return np.array([b[0] for b in structure.blocks] + [n_rows], np.int64)
+
+
+def assemble_values(structure: Structure, slices: list, shape: tuple[int, int], dtype, capacity: int,
+                    device_block, finish=None, before_host=None, pattern=None) -> sp.csr_matrix:
     """:func:`assemble` of partials whose keys are those ``structure`` was found from (the same product
-    called again): each block's sums only, ``merge_values(keys, values, nnz, vals)`` writing the block's
-    ``nnz`` sums to the front of ``vals``; blocks :func:`assemble` summed on the host (a row over the
-    capacity) are summed here again, after ``before_host()`` (the partials' values may still be on their
-    way). ``pattern``: (indptr, indices) for C, where a caller made them beside the merges (default: copies
-    of the structure's). ``finish`` as in :func:`assemble`.
+    called again): ``slices`` holds each block's (keys, values) lists as :func:`block_slices` cuts them, or
+    a block's whole run of a block-major store (:class:`BlockLayout`); each block's sums only:
+    ``device_block(keys, values, at, added, vals)`` fills ``vals[at:at + added]`` with the sums of a block
+    the device sums (or leaves them to arrive by ``finish()``), called in block order; blocks
+    :func:`assemble` summed on the host (a row over the capacity) are summed here again, after
+    ``before_host()`` (the partials' values may still be on their way; called once, at the first such
+    block). ``pattern``: a function returning (indptr,
+    indices) for C, called after the blocks, where a caller makes them beside them (default: copies of the
+    structure's). ``finish`` as in :func:`assemble`.
 
     Example (the host's sums: pages' keys as :func:`assemble`'s example, new values):
         >>> pages = [np.array([1, 5, 12], np.uint64), np.array([5, 31], np.uint64)]
         >>> record = []
         >>> C = assemble(pages, [np.ones(3), np.ones(2)], (4, 10), np.float64, 2, host_merge(10), record=record)
         >>> s = Structure(C.indptr.copy(), C.indices.copy(), tuple(record))
-        >>> def sums(keys, values, nnz, vals): vals[:nnz] = sum_pairs(keys, values)[1]
-        >>> assemble_values(s, pages, [np.full(3, 2.0), np.full(2, 3.0)], (4, 10), np.float64, 2, sums).data.tolist()
+        >>> def sums(keys, values, at, added, vals): vals[at:at + added] = sum_pairs(keys, values)[1]
+        >>> cut = block_slices(pages, [np.full(3, 2.0), np.full(2, 3.0)], block_rows(s, 4), 10)
+        >>> assemble_values(s, cut, (4, 10), np.float64, 2, sums).data.tolist()
         [2.0, 5.0, 2.0, 3.0]
     """
-    n_rows, n_cols = shape
     nnz = int(structure.indptr[-1]) if structure.indptr.size else 0
     vals = np.empty(nnz, dtype)
-    rows = np.array([b[0] for b in structure.blocks] + [n_rows], np.int64)
     waited = False
     try:
-        for (r0, r1, count, at, added), (keys, values) in zip(structure.blocks,
-                                                               block_slices(page_keys, page_values, rows, n_cols)):
+        for (r0, r1, count, at, added), (keys, values) in zip(structure.blocks, slices):
             if count == 0 or added == 0:
                 continue
             if count > capacity:  # one row over what the device holds: summed on the host, as the first time
@@ -228,11 +273,11 @@ def assemble_values(structure: Structure, page_keys: list[np.ndarray], page_valu
                     waited = True
                 vals[at:at + added] = sum_pairs(keys, values)[1]
             else:
-                merge_values(keys, values, added, vals[at:])
+                device_block(keys, values, at, added, vals)
     finally:
         if finish is not None:
             finish()
-    indptr, indices = pattern if pattern is not None else (structure.indptr.copy(), structure.indices.copy())
+    indptr, indices = pattern() if pattern is not None else (structure.indptr.copy(), structure.indices.copy())
     c = csr_on(vals, indices, indptr, shape)
     c.has_sorted_indices = True
     return c

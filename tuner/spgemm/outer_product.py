@@ -85,6 +85,9 @@ def operands(a: CanonicalMatrix, b: CanonicalMatrix) -> Operands:
                     pattern_value=a.pattern_value * b.pattern_value if both else None)
 
 
+PACK_ALIGN = 256  # bytes: where each array of a packed upload starts, as cudaMalloc aligns an allocation
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What an outer product computes on the host before its uploads: the operands' arrays and the workload
@@ -99,9 +102,18 @@ class Prepared:
     table: WorkloadTable
     _uploads: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def _sources(self, index_dtype, dtype) -> dict:
+        """name -> (the array an upload is made from, or None for a pattern's values; the type it goes up in)."""
+        t, o = self.table, self.ops
+        index, value = np.dtype(index_dtype), np.dtype(dtype)
+        return {"pair": (t.pair, t.pair.dtype), "a_start": (t.a_start, t.a_start.dtype),
+                "a_stop": (t.a_stop, t.a_stop.dtype), "offset": (t.offset, t.offset.dtype),
+                "a_rows": (o.a_rows, index), "b_rowptr": (o.b_rowptr, o.b_rowptr.dtype), "b_cols": (o.b_cols, index),
+                "a_vals": (o.a_values, value), "b_vals": (o.b_values, value)}
+
     def uploads(self, index_dtype, dtype) -> dict:
         """The arrays a product with these index and value types copies to the GPU, by name, each contiguous
-        and in its type (values None for a pattern): made once, so that they can be page-locked in place.
+        and in its type (values None for a pattern): made once.
 
         Example:
             >>> a = canonicalize(sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 3.0]])))
@@ -111,15 +123,90 @@ class Prepared:
         """
         key = (np.dtype(index_dtype), np.dtype(dtype))
         if key not in self._uploads:
-            t, o = self.table, self.ops
-            arrays = {"pair": t.pair, "a_start": t.a_start, "a_stop": t.a_stop, "offset": t.offset,
-                      "a_rows": o.a_rows.astype(key[0], copy=False), "b_rowptr": o.b_rowptr,
-                      "b_cols": o.b_cols.astype(key[0], copy=False)}
-            arrays = {k: np.ascontiguousarray(x) for k, x in arrays.items()}
-            for k, values in (("a_vals", o.a_values), ("b_vals", o.b_values)):
-                arrays[k] = None if values is None else np.ascontiguousarray(values, key[1])
-            self._uploads[key] = arrays
+            self._uploads[key] = {k: None if x is None else np.ascontiguousarray(x, t)
+                                  for k, (x, t) in self._sources(*key).items()}
         return self._uploads[key]
+
+    def packed_offsets(self, index_dtype, dtype) -> tuple[dict, int]:
+        """Where :meth:`packed` puts each upload (byte offsets by name, None for a pattern's values) and its
+        size in bytes, without making it.
+
+        Example:
+            >>> a = canonicalize(sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 3.0]])))
+            >>> at, size = prepare(a, a, OuterProductParams()).packed_offsets(np.int32, np.float32)
+            >>> at["pair"], at["a_vals"] is None, size   # 9 arrays of at most 256 bytes each
+            (0, False, 2304)
+        """
+        offsets, end = {}, 0
+        for k, (x, t) in self._sources(index_dtype, dtype).items():
+            offsets[k] = None if x is None else end
+            end += 0 if x is None else -(-x.size * np.dtype(t).itemsize // PACK_ALIGN) * PACK_ALIGN
+        return offsets, end
+
+    def packed(self, index_dtype, dtype) -> tuple[np.ndarray, dict]:
+        """:meth:`uploads`' arrays side by side in one byte array, each from a multiple of :data:`PACK_ALIGN`
+        bytes (:meth:`packed_offsets`), and each one's byte offset by name: made once, so that a pair
+        multiplied at every call (a slotted page) is page-locked in one piece and goes up in one copy.
+
+        Example:
+            >>> a = canonicalize(sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 3.0]])))
+            >>> buf, at = prepare(a, a, OuterProductParams()).packed(np.int32, np.float32)
+            >>> buf[at["a_vals"]:at["a_vals"] + 12].view(np.float32).tolist(), at["a_rows"] % PACK_ALIGN
+            ([1.0, 2.0, 3.0], 0)
+        """
+        key = ("packed", np.dtype(index_dtype), np.dtype(dtype))
+        if key not in self._uploads:
+            offsets, size = self.packed_offsets(index_dtype, dtype)
+            buf = np.zeros(size, np.uint8)
+            for k, (x, t) in self._sources(index_dtype, dtype).items():
+                if x is not None:
+                    buf[offsets[k]:offsets[k] + x.size * np.dtype(t).itemsize].view(t)[:] = x.reshape(-1)
+            self._uploads[key] = (buf, offsets)
+        return self._uploads[key]
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-int(nbytes) // PACK_ALIGN) * PACK_ALIGN
+
+
+class Arena:
+    """Device memory for the buffers of one step of a repeated product (a slotted page's expansion and sums,
+    an assembly block's sums), carved front to back and taken again by the next step: the steps run one
+    after another on the default stream, so a step may reuse the last one's memory once its work is queued,
+    and no step allocates (a pooled allocation costs the host microseconds, a hundred of them a call).
+
+    Example (on a GPU machine):
+        >>> arena = Arena(Arena.need(1000, 4, 512))            # doctest: +SKIP
+        >>> arena.step(); a = arena.take(8000); b = arena.take(4000); b - a   # doctest: +SKIP
+        8192
+    """
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+        self._memory = gpu.alloc_pooled(self.nbytes)
+        self._base, self._at = int(self._memory), 0
+
+    @staticmethod
+    def need(pairs: int, value_bytes: int, temp_bytes: int) -> int:
+        """Bytes a step of ``pairs`` (key, value) pairs takes: two pairs of buffers (the sort's in and out),
+        CUB's ``temp_bytes`` and the count of unique keys, each from a multiple of :data:`PACK_ALIGN`.
+
+        Example:
+            >>> Arena.need(1000, 4, 512)   # 2 x (8,192 + 4,096) + 512 + 256
+            25344
+        """
+        return 2 * (_aligned(8 * pairs) + _aligned(value_bytes * pairs)) + _aligned(temp_bytes) + _aligned(8)
+
+    def step(self) -> None:
+        """Start a step: its buffers from the front again."""
+        self._at = 0
+
+    def take(self, nbytes: int) -> int:
+        """The device address of ``nbytes`` for this step."""
+        at, self._at = self._at, self._at + _aligned(nbytes)
+        if self._at > self.nbytes:
+            raise ValueError(f"a step needs more than the arena's {self.nbytes:,} bytes")
+        return self._base + at
 
 
 def prepare(a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams) -> Prepared:
@@ -223,8 +310,9 @@ class OuterProduct(Product):
     family = "outer_product"
 
     def __init__(self, a: CanonicalMatrix, b: CanonicalMatrix, params: OuterProductParams, cache: Cache,
-                 prepared: Prepared | None = None):
+                 prepared: Prepared | None = None, pinned: bool = False):
         super().__init__(a, b, params)
+        self._temp: dict = {}  # CUB's temporary bytes by (pairs, key bits): the same for every pair rebound
         self.index_dtype = index = index_dtype(a, b)
         name = kernel_name(self.dtype, index, self.value_free)
         info = gpu.device_info()
@@ -237,14 +325,16 @@ class OuterProduct(Product):
                         64: self._expand.sibling(f"{name}_indptr64", "PqqqqP")}
         self._columns = {32: self._expand.sibling(f"{name}_columns32", "PqqP"),
                          64: self._expand.sibling(f"{name}_columns64", "PqqP")}
-        self._bind(a, b, prepared)
+        self._bind(a, b, prepared, pinned)
 
     def rebind(self, a: CanonicalMatrix, b: CanonicalMatrix, prepared: Prepared | None = None,
-               pinned: bool = False) -> None:
+               pinned: bool = False, into: int | None = None, stream: gpu.Stream | None = None) -> None:
         """Multiply another pair from now on with the kernels already loaded: the same value and index types,
         value-free or not, and C of the same shape (a slotted page's operands, say). ``prepared``: the pair's
         :func:`prepare` made once for calls that come back to it (no host work but the uploads); ``pinned``:
-        its uploads are page-locked and stay unchanged (their copies are queued, not waited for)."""
+        its :meth:`Prepared.packed` uploads are page-locked and stay unchanged (one copy, queued on
+        ``stream`` or the default stream, not waited for), into the device memory at ``into`` (room for
+        them, held by the caller) where given, else into new memory from the pool."""
         same = (a.value_dtype == self.dtype and a.value_free == b.value_free == self.value_free
                 and (a.n_rows, b.n_cols) == self.shape
                 and np.dtype(np.int64 if np.dtype(np.int64) in (a.index_dtype, b.index_dtype) else np.int32)
@@ -252,21 +342,31 @@ class OuterProduct(Product):
         if not same:
             raise MatrixError("rebind needs operands of the compiled types and C's shape: compile them instead")
         Product.__init__(self, a, b, self.params)
-        self._bind(a, b, prepared, pinned)
+        self._bind(a, b, prepared, pinned, into, stream)
 
     def release(self) -> None:
         """Give the operands' device copies back to the pool, the kernels staying loaded for a later
         :meth:`rebind` (a slotted product keeps its pages' kernels from one call to the next)."""
-        self._dev = {}
+        self._dev, self._packed = {}, None
 
     def _bind(self, a: CanonicalMatrix, b: CanonicalMatrix, prepared: Prepared | None = None,
-              pinned: bool = False) -> None:
-        """The operands' CSC and CSR arrays, the workload table, and their uploads (queued where ``pinned``)."""
-        self._temp: dict = {}  # CUB's temporary bytes by (pairs, key bits)
+              pinned: bool = False, into: int | None = None, stream: gpu.Stream | None = None) -> None:
+        """The operands' CSC and CSR arrays, the workload table, and their uploads: where ``pinned``, the
+        packed arrays (:meth:`Prepared.packed`, page-locked) in one queued copy (into ``into`` where given,
+        on ``stream`` where given), else one copy each."""
         prepared = prepared or prepare(a, b, self.params)
         self.ops, self.table = prepared.ops, prepared.table
-        self._dev = {k: None if x is None else gpu.upload_pooled(x, queued=pinned)
-                     for k, x in prepared.uploads(self.index_dtype, self.dtype).items()}
+        self._packed = None  # the packed upload's device memory, which the pointers of _dev lie in
+        if pinned:
+            buf, offsets = prepared.packed(self.index_dtype, self.dtype)
+            if into is None:
+                self._packed = gpu.alloc_pooled(buf.nbytes)
+            gpu.copy_to_device(into or int(self._packed), buf, queued=True, stream=stream)
+            base = into or int(self._packed)
+            self._dev = {k: None if at is None else base + at for k, at in offsets.items()}
+        else:
+            self._dev = {k: None if x is None else gpu.upload_pooled(x)
+                         for k, x in prepared.uploads(self.index_dtype, self.dtype).items()}
 
     def _upload_values(self, a_values, b_values) -> None:
         for key, values in (("a_vals", a_values), ("b_vals", b_values)):
@@ -283,33 +383,39 @@ class OuterProduct(Product):
             sort_bytes, reduce_bytes = ctypes.c_size_t(0), ctypes.c_size_t(0)
             null = ctypes.c_void_p(0)
             self._library.call(f"{self._merge_name}_sort", null, ctypes.byref(sort_bytes), null, null, null, null, n,
-                               ctypes.c_int(bits), ctypes.byref(ctypes.c_int(0)))
+                               ctypes.c_int(bits), ctypes.byref(ctypes.c_int(0)), null)
             self._library.call(f"{self._merge_name}_reduce", null, ctypes.byref(reduce_bytes), null, null, null,
-                               null, null, n)
+                               null, null, n, null)
             self._temp[key] = max(sort_bytes.value, reduce_bytes.value)
         return self._temp[key]
 
-    def _sorted_sums(self, n: ctypes.c_longlong, keys_in, vals_in, count: bool = True):
+    def _sorted_sums(self, n: ctypes.c_longlong, keys_in, vals_in, count: bool = True, arena: Arena | None = None,
+                     stream: gpu.Stream | None = None):
         """Sort ``n`` (key, value) pairs in ``keys_in``/``vals_in`` by key and sum each key's values: (the
         unique keys' count, the key and value buffers holding the keys and sums, and the other two, free
-        once the sums are made). The buffers are the given ones and a second pair of the same size: the sums
-        go to whichever the sort did not end in. Without ``count`` (a caller that knows it from the
-        structure), the count is None and nothing waits for the device."""
+        once the sums are made). The buffers are the given ones and a second pair of the same size (from
+        ``arena`` where given, else the pool): the sums go to whichever the sort did not end in. Without
+        ``count`` (a caller that knows it from the structure), the count is None and nothing waits for the
+        device. ``stream``: where the work is queued (default: the legacy default stream), counts aside."""
         vs, bits = self.dtype.itemsize, key_bits(self.shape)
+        if stream is not None and count:
+            raise ValueError("the count of unique keys is read on the default stream: pass count=False")
+        handle = ctypes.c_void_p(stream.handle if stream is not None else None)
         temp_bytes = self._temp_bytes(n, bits)
-        keys_alt, vals_alt = gpu.alloc_pooled(8 * n.value), gpu.alloc_pooled(vs * n.value)
-        temp, runs = gpu.alloc_pooled(temp_bytes), gpu.alloc_pooled(8)
+        alloc = arena.take if arena is not None else gpu.alloc_pooled
+        keys_alt, vals_alt = alloc(8 * n.value), alloc(vs * n.value)
+        temp, runs = alloc(temp_bytes), alloc(8)
         ptr = lambda buf: ctypes.c_void_p(int(buf))  # noqa: E731
         selector = ctypes.c_int(0)
         self._library.call(f"{self._merge_name}_sort", ptr(temp), ctypes.byref(ctypes.c_size_t(temp_bytes)),
                            ptr(keys_in), ptr(keys_alt), ptr(vals_in), ptr(vals_alt), n, ctypes.c_int(bits),
-                           ctypes.byref(selector))
+                           ctypes.byref(selector), handle)
         self._phase("sort")
         # The sorted pairs are reduced into the other pair of buffers: unique keys and their sums.
         pairs = [(keys_in, vals_in), (keys_alt, vals_alt)]
         (keys_sorted, vals_sorted), (keys, vals) = pairs[selector.value], pairs[1 - selector.value]
         self._library.call(f"{self._merge_name}_reduce", ptr(temp), ctypes.byref(ctypes.c_size_t(temp_bytes)),
-                           ptr(keys_sorted), ptr(keys), ptr(vals_sorted), ptr(vals), ptr(runs), n)
+                           ptr(keys_sorted), ptr(keys), ptr(vals_sorted), ptr(vals), ptr(runs), n, handle)
         if not count:
             self._phase("reduce")
             return None, keys, vals, keys_sorted, vals_sorted
@@ -318,103 +424,106 @@ class OuterProduct(Product):
         self._phase("reduce")
         return int(nnz_host[0]), keys, vals, keys_sorted, vals_sorted
 
-    def _expanded(self, count: bool = True):
+    def _expanded(self, count: bool = True, arena: Arena | None = None, stream: gpu.Stream | None = None):
         """The expansion of every product, sorted and summed by key on the device: (keys, values, nnz) in
-        buffers of every product's size; None where there are no products. Without ``count``, nnz is None
-        and nothing waits for the device (:meth:`_sorted_sums`)."""
+        buffers of every product's size (from ``arena`` where given: a step of its own, the memory already
+        held); None where there are no products. Without ``count``, nnz is None and nothing waits for the
+        device (:meth:`_sorted_sums`); ``stream`` as there."""
         p, t, n_cols = self.params, self.table, self.shape[1]
         vs = self.dtype.itemsize
         if t.products == 0:
             return None
         n = ctypes.c_longlong(t.products)
-        need = device_bytes(t, self.ops, self.dtype, self._temp_bytes(n, key_bits(self.shape)))
-        self._ensure_free(need, f"A B expands to {t.products:,} products")
-        keys_in, vals_in = gpu.alloc_pooled(8 * t.products), gpu.alloc_pooled(vs * t.products)
+        if arena is None:
+            need = device_bytes(t, self.ops, self.dtype, self._temp_bytes(n, key_bits(self.shape)))
+            self._ensure_free(need, f"A B expands to {t.products:,} products")
+            keys_in, vals_in = gpu.alloc_pooled(8 * t.products), gpu.alloc_pooled(vs * t.products)
+        else:
+            arena.step()
+            keys_in, vals_in = arena.take(8 * t.products), arena.take(vs * t.products)
         self._phase("allocate")
         d = self._dev
         self._expand.launch(t.blocks, p.block_size, d["pair"], d["a_start"], d["a_stop"], d["offset"], d["a_rows"],
                             d["a_vals"] or 0, d["b_rowptr"], d["b_cols"], d["b_vals"] or 0, keys_in, vals_in,
-                            np.int64(n_cols), self.dtype.type(self.pattern_value))
+                            np.int64(n_cols), self.dtype.type(self.pattern_value), stream=stream)
         self._phase("expand")
-        nnz, keys, vals, _, _ = self._sorted_sums(n, keys_in, vals_in, count)
+        nnz, keys, vals, _, _ = self._sorted_sums(n, keys_in, vals_in, count, arena, stream)
         return keys, vals, nnz
 
-    def pairs(self, into=None) -> tuple[np.ndarray, np.ndarray]:
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
         """C's distinct keys (row * n_cols + column), ascending, and their values, in host memory: a slotted
-        page's partial product as :mod:`tuner.spgemm.assemble` sums them. ``into``: (keys, values) host
-        arrays of exactly C's entries (page-locked ones take the copies at PCIe's rate) to copy them into.
+        page's partial product as :mod:`tuner.spgemm.assemble` sums them.
 
         Example (on a GPU machine):
             >>> keys, values = OuterProduct(a, b, OuterProductParams(), cache).pairs()   # doctest: +SKIP
         """
         out = self._expanded()
-        nnz = 0 if out is None else out[2]
-        if into is not None:
-            if into[0].size != nnz:
-                raise ValueError(f"into holds {into[0].size:,} entries, C has {nnz:,}")
-            if nnz:
-                gpu.copy_to_host(into[0], int(out[0]))
-                gpu.copy_to_host(into[1], int(out[1]))
-            return into
         if out is None:
             return np.zeros(0, np.uint64), np.zeros(0, self.dtype)
         keys, vals, nnz = out
         return (gpu.download(gpu.device_vector(nnz, np.uint64, keys)),
                 gpu.download(gpu.device_vector(nnz, self.dtype, vals)))
 
-    def _slices_up(self, keys: list[np.ndarray], values: list[np.ndarray], total: int, pinned: bool):
+    def _slices_up(self, keys: list[np.ndarray], values: list[np.ndarray], total: int, pinned: bool,
+                   arena: Arena | None = None, stream: gpu.Stream | None = None):
         """A block's slices of every page's keys and values, one after another in two new device buffers
-        of ``total`` pairs (queued copies where ``pinned``: see :meth:`merge_block`)."""
+        of ``total`` pairs (from ``arena`` where given; queued copies, on ``stream`` where given, where
+        ``pinned``: see :meth:`merge_block`)."""
         vs = self.dtype.itemsize
-        keys_in, vals_in = gpu.alloc_pooled(8 * total), gpu.alloc_pooled(vs * total)
+        alloc = arena.take if arena is not None else gpu.alloc_pooled
+        keys_in, vals_in = alloc(8 * total), alloc(vs * total)
         at = 0
         for k, v in zip(keys, values):
-            gpu.copy_to_device(int(keys_in) + 8 * at, k, queued=pinned)
-            gpu.copy_to_device(int(vals_in) + vs * at, v, queued=pinned)
+            gpu.copy_to_device(int(keys_in) + 8 * at, k, queued=pinned, stream=stream)
+            gpu.copy_to_device(int(vals_in) + vs * at, v, queued=pinned, stream=stream)
             at += int(k.size)
         return keys_in, vals_in
 
-    def pair_values(self, into: np.ndarray) -> None:
-        """:meth:`pairs`' values alone, queued into the page-locked ``into`` (exactly C's entries, known
-        from an earlier call of the same structures, whose keys these sums follow); nothing waits for the
-        device: ``into`` holds them once the default stream has done what is queued on it."""
-        out = self._expanded(count=False)
-        if out is not None and into.size:
-            gpu.copy_to_host(into, int(out[1]), queued=True)
-        elif into.size:
-            raise ValueError(f"into holds {into.size:,} entries, C has none")
+    def pair_values(self, pieces, arena: Arena | None = None, stream: gpu.Stream | None = None) -> None:
+        """:meth:`pairs`' values alone, where C's entries are known from an earlier call of the same
+        structures (whose keys these sums follow), in pieces: each ``(host address, first entry, entries)``
+        of ``pieces`` takes that many values from C's entry ``first`` on, into page-locked host memory that
+        stays alive and unread until the work is done (a slotted page's sums go to each row block's place in
+        a block-major store). ``arena``: as :meth:`_expanded` takes it. Everything is queued (on ``stream``,
+        else the default stream: :func:`tuner.gpu.queue_downloads`) and nothing waits for the device."""
+        out = self._expanded(count=False, arena=arena, stream=stream)
+        vs = self.dtype.itemsize
+        if out is None:
+            if any(count for _, _, count in pieces):
+                raise ValueError("pieces take entries of C, which has none")
+            return
+        gpu.queue_downloads(int(out[1]), [(host, vs * first, vs * count) for host, first, count in pieces], stream)
 
-    def merge_values(self, keys: list[np.ndarray], values: list[np.ndarray], nnz: int, vals_out: np.ndarray,
-                     ring=None) -> None:
-        """:meth:`merge_block`'s values alone, where the block's structure (``nnz`` entries of C) is known
-        from an earlier call: the slices (page-locked, unchanged until the default stream has used them) are
-        queued up, sorted and summed, and the sums come down into ``vals_out[:nnz]``, through ``ring`` (a
-        :class:`~tuner.gpu.DownloadRing`) in the background, else before this returns."""
+    def merge_values(self, keys: list[np.ndarray], values: list[np.ndarray], arena: Arena | None = None,
+                     stream: gpu.Stream | None = None) -> int | None:
+        """:meth:`merge_block`'s values alone, where the block's structure is known from an earlier call: the
+        slices (page-locked, unchanged until the work is done) are queued up, sorted and summed (in a step
+        of ``arena`` where given; on ``stream`` where given, else the default stream), and the device
+        address of the sums, in key order, is returned (None for no slices): the caller queues their copy
+        before the arena's next step takes the memory again. Nothing waits for the device."""
         total = sum(int(k.size) for k in keys)
         if total == 0:
-            return
-        keys_in, vals_in = self._slices_up(keys, values, total, pinned=True)
-        _, _, sums, _, _ = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in, count=False)
-        if ring is not None:
-            ring.put([(vals_out[:nnz], int(sums))])
-        else:
-            gpu.copy_to_host(vals_out[:nnz], int(sums))
+            return None
+        if arena is not None:
+            arena.step()
+        keys_in, vals_in = self._slices_up(keys, values, total, pinned=True, arena=arena, stream=stream)
+        _, _, sums, _, _ = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in, count=False, arena=arena,
+                                             stream=stream)
+        return int(sums)
 
     def merge_block(self, keys: list[np.ndarray], values: list[np.ndarray], r0: int, r1: int, cols_out: np.ndarray,
-                    vals_out: np.ndarray, ring=None, pinned: bool = False) -> tuple[np.ndarray, int]:
+                    vals_out: np.ndarray) -> tuple[np.ndarray, int]:
         """The sum of the pairs of C's rows [r0, r1) that ``keys`` and ``values`` hold (a slice of each page's
         :meth:`pairs`), on the device by the same sort, reduction and CSR kernels, as
         :func:`~tuner.spgemm.assemble.assemble` merges a block: its columns and values copied into the front
-        of ``cols_out`` and ``vals_out`` (whose dtypes they take); (row starts relative to the block, entries).
-        ``ring``: a :class:`~tuner.gpu.DownloadRing` through which the columns and values arrive in the
-        background (until its ``finish()``) while the next block is summed; without one, before this returns.
-        ``pinned``: the slices are page-locked and stay unchanged (their copies are queued, not waited for)."""
+        of ``cols_out`` and ``vals_out`` (whose dtypes they take) before this returns; (row starts relative to
+        the block, entries)."""
         n_cols, rows = self.shape[1], r1 - r0
         total = sum(int(k.size) for k in keys)
         if total == 0:
             return np.zeros(rows, np.int64), 0
         vs = self.dtype.itemsize
-        keys_in, vals_in = self._slices_up(keys, values, total, pinned)
+        keys_in, vals_in = self._slices_up(keys, values, total, pinned=False)
         nnz, keys_in, vals_in, spare_keys, spare_vals = self._sorted_sums(ctypes.c_longlong(total), keys_in, vals_in)
         index = cols_out.dtype
         bits_out = 8 * index.itemsize
@@ -426,11 +535,8 @@ class OuterProduct(Product):
         self._indptr[bits_out].launch(-(-(rows + 1) // 256), 256, keys_in, np.int64(nnz), np.int64(r0),
                                       np.int64(rows), np.int64(n_cols), indptr.gpudata)
         self._columns[bits_out].launch(-(-nnz // 256), 256, keys_in, np.int64(nnz), np.int64(n_cols), cols.gpudata)
-        if ring is not None:
-            ring.put([(cols_out[:nnz], int(cols.gpudata)), (vals_out[:nnz], int(vals_in))])
-        else:
-            gpu.download(cols, out=cols_out[:nnz])
-            gpu.download(gpu.device_vector(nnz, self.dtype, vals_in), out=vals_out[:nnz])
+        gpu.download(cols, out=cols_out[:nnz])
+        gpu.download(gpu.device_vector(nnz, self.dtype, vals_in), out=vals_out[:nnz])
         return gpu.download(indptr)[:rows], nnz
 
     def _multiply(self) -> DeviceCSR:

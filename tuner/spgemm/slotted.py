@@ -9,22 +9,27 @@ memory as sorted (row, column) keys and their sums. C is the sum of the partials
 whose partial entries fit the budget, each block's slices of every partial go back to the GPU to be sorted
 and summed there by the same merge (:mod:`tuner.spgemm.assemble`). The page's operands are cut when the
 product is compiled, so a call copies, multiplies and downloads, then assembles. The structures are fixed, so
-the partials' keys and C's pattern are the same at every call: the second call keeps them
-(:class:`~tuner.spgemm.assemble.Structure`) and later calls move values alone, the pages' partial values
-down without waiting for each page, the kept keys with the new values up to the blocks, C's values down.
+the partials' keys and C's pattern are the same at every call: the first call keeps them
+(:class:`~tuner.spgemm.assemble.Structure`, :class:`PartialStore`) and later calls move values alone: a
+page's operands up in one copy, its sums down into their row blocks' places in a page-locked, block-major
+store, each block's run of kept keys and new values up in one copy each, its sums down into C's
+page-locked values. That sequence of a few hundred copies, kernels and CUB calls is the same at every
+call too, over memory held for it: the second call captures it as a CUDA graph, and later calls launch
+the graph with one host call while the host copies each block's part of C out as the GPU passes it.
 
 The page size is the model's: among powers of two whose heaviest page fits the budget (:func:`page_need`),
 light slots sharing a page up to what the budget holds (:func:`pages_at`: pages of like work, each about a
 budget's worth, so a product a few times its budget takes few pages), the one with the lowest predicted
 time, each page predicted by the outer_product model (its fixed cost and rates, :mod:`tuner.model.spgemm`)
 plus its copies at the H100's page-locked rates (:data:`H2D_GBS`, :data:`D2H_GBS`; a call's uploads come
-from the pages' arrays, page-locked in place at the first call, its partials back into page-locked arrays
-from the second call on).
+from the pages' packed arrays, page-locked in place at the first call, its partials back into the
+page-locked store from the second call on).
 Larger pages pay the per-page fixed cost fewer times and send back fewer partial entries (a page sums its
 own duplicates); the budget bounds them. The prediction includes the assembly of C from the partials.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -37,11 +42,12 @@ from ..cache import Cache
 from ..formats.slotted_pages import SlottedPages, page_operands, slotted_pages
 from ..matrix import CanonicalMatrix, canonicalize
 from ..memory import available_bytes, check_fits
-from ..staging import copy_in_parts
+from ..staging import STAGE_THREADS, copy_in_parts, shared_pool
 from ..model import spgemm as model
-from .assemble import Structure, assemble, assemble_values, host_merge
+from .assemble import Structure, assemble, assemble_values, block_layout, block_rows, host_merge
 from .base import DeviceMemoryError, Product
-from .outer_product import OuterProduct, OuterProductParams, Prepared, operands, prepare
+from .outer_product import (Arena, OuterProduct, OuterProductParams, Prepared, index_dtype, key_bits, operands,
+                            prepare)
 
 PIN_SHARE = 4  # the pages' uploads are page-locked where they take at most 1/PIN_SHARE of the free host memory
 # The expansion's keys and values held twice at the sort (CUB's DoubleBuffer: input and output), and CUB's own
@@ -217,22 +223,70 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
     return plan, pages
 
 
-def _pattern_copies(structure: Structure, threads: int = 8):
-    """Start copying C's row pointer and columns from ``structure`` on host threads (beside the call's device
-    work; C's new arrays are faulted in on many cores, not one); the returned function waits for them and
-    returns (indptr, indices)."""
-    from concurrent.futures import ThreadPoolExecutor
+def _pattern_copies(structure: Structure):
+    """Start copying C's row pointer and columns from ``structure`` on the process's copy threads (beside
+    the call's device work; C's new arrays are faulted in on many cores, not one); the returned function
+    waits for them and returns (indptr, indices)."""
     copies = [(np.empty_like(x), x) for x in (structure.indptr, structure.indices)]
-    part = max(1 << 20, -(-structure.indices.size // threads))
-    pool = ThreadPoolExecutor(threads)
+    part = max(1 << 20, -(-structure.indices.size // STAGE_THREADS))
+    pool = shared_pool()
     futures = [done for dst, src in copies for done in copy_in_parts(pool, dst, src, part)]
-    pool.shutdown(wait=False)
 
     def wait() -> tuple[np.ndarray, np.ndarray]:
         for f in futures:
             f.result()
         return copies[0][0], copies[1][0]
     return wait
+
+
+class PartialStore:
+    """Every page's partial product in page-locked host memory, row block by row block
+    (:class:`~tuner.spgemm.assemble.BlockLayout`): the pages' values come down into their blocks' places and
+    each block goes back up in one run of keys and one of values, instead of a slice from every page. The
+    keys are the first call's, which stay the same at every call (the structures are fixed).
+
+    Attributes:
+        keys, values: the store (page-locked while this object lives).
+        starts: each block's first entry in the store, and the store's size last.
+        pieces: per page, (host address in ``values``, the page's first entry there, entries) of each block
+            it reaches, as :meth:`~tuner.spgemm.outer_product.OuterProduct.pair_values` takes them.
+        slices: per block, ([its keys], [its values]) as :func:`~tuner.spgemm.assemble.assemble_values`
+            takes them.
+    """
+
+    def __init__(self, page_keys: list[np.ndarray], rows: np.ndarray, n_cols: int, dtype):
+        layout = block_layout(page_keys, rows, n_cols)
+        n = int(layout.starts[-1])
+        keys, values = np.empty(n, np.uint64), np.empty(n, dtype)
+        for i, pieces in enumerate(layout.pieces):
+            for at, first, count in pieces:
+                keys[at:at + count] = page_keys[i][first:first + count]
+            page_keys[i] = None  # let go of as they are copied: the partials are not held twice
+        self._locked = (gpu.Pinned(keys), gpu.Pinned(values))
+        self.keys, self.values, self.starts = keys, values, layout.starts
+        host, vs = values.ctypes.data, values.itemsize
+        self.pieces = [[(host + vs * at, first, count) for at, first, count in p] for p in layout.pieces]
+        self.slices = [([keys[a:b]], [values[a:b]]) for a, b in zip(layout.starts[:-1], layout.starts[1:])]
+
+
+@dataclass(frozen=True)
+class _Steady:
+    """What a slotted product's calls after the first hold beside the :class:`PartialStore`.
+
+    Attributes:
+        arena: device memory for one page's or one block's sums at a time (the heaviest's).
+        operands: device memory for one page's packed operands (the largest's).
+        c_values: C's values, page-locked: each block's sums come down here, the host copies them out.
+        stream: the non-blocking stream the work (or its CUDA graph) is queued on.
+        events: the host's :class:`~tuner.gpu.GraphEvent` after the pages, then after each device-summed
+            block.
+    """
+
+    arena: Arena
+    operands: object
+    c_values: object
+    stream: object
+    events: list
 
 
 class SlottedProduct(Product):
@@ -242,8 +296,9 @@ class SlottedProduct(Product):
     (the partials summed on the device in blocks of rows, C assembled); ``peak_bytes``: the most device
     memory a page or a block held; ``up_bytes``, ``down_bytes``: what the last call copied to the GPU (the
     pages' operands, then the partials) and back (the partials, then C); ``blocks``: the row blocks the last
-    call summed on the device. ``budget_bytes``: what a block of the assembly may hold (default: what the
-    heaviest page needs).
+    call summed on the device. ``budget_bytes``: what a page or a block of the assembly may hold (default:
+    what the heaviest page needs). ``graphed``: whether calls after the first replay their device work as
+    one CUDA graph (on by default; off, the same work is queued call by call).
 
     Example (on a GPU machine):
         >>> f = tuner.compile(A, A, device_memory_limit="64M")   # doctest: +SKIP
@@ -271,49 +326,129 @@ class SlottedProduct(Product):
         self.up_bytes = self.down_bytes = 0
         self.ops = operands(a, b)
         self._operands = self._pages()
-        self._pins = None  # every page's uploads page-locked in place, at the first call
-        self._partials = None  # every page's partial product, page-locked, from the second call on
-        self._ring = None  # the assembly's page-locked download buffers (gpu.DownloadRing), with the partials
+        index = index_dtype(a, b)  # every page's too: they are cut from A and B in their index types
+        self._operand_bytes = max((p.packed_offsets(index, self.dtype)[1] for _, _, p in self._operands), default=0)
+        self._pins = None  # every page's packed uploads page-locked in place, at the first call
         self._page = None  # the outer product's kernels, loaded at the first call, rebound to each page
-        self._structure = None  # C's pattern and row blocks, found by the first call over page-locked partials
+        self._structure = None  # C's pattern and row blocks, found by the first call
+        self._stored = False  # whether the first call has tried to make the steady state's memory (_make_store)
+        self._store = None  # the partials, block-major and page-locked (PartialStore), after the first call
+        self._steady = None  # what later calls hold beside the store (_Steady)
+        self._graph = None  # a later call's device work as a CUDA graph (gpu.Graph), captured at the second call
+        self.graphed = True  # whether later calls replay their work as a CUDA graph (else queue it call by call)
 
     def _pin(self, index_dtype) -> None:
-        """Page-lock every page's uploads in place, once (copies from locked memory run at PCIe's rate,
-        from pageable memory at a tenth of it); they stay pageable where they would take over a quarter of
-        the free host memory or the system refuses to lock them."""
+        """Page-lock every page's packed uploads (:meth:`~tuner.spgemm.outer_product.Prepared.packed`) in
+        place, once: a page's operands then go up in one copy at PCIe's rate (from pageable memory, one copy
+        an array at a tenth of it). They stay pageable where they would take over a quarter of the free
+        host memory or the system refuses to lock them."""
         if self._pins is not None:
             return
-        arrays = [x for _, _, prepared in self._operands
-                  for x in prepared.uploads(index_dtype, self.dtype).values() if x is not None]
         self._pins = []
-        if sum(x.nbytes for x in arrays) > available_bytes() // PIN_SHARE:
+        packed = sum(p.packed_offsets(index_dtype, self.dtype)[1] for _, _, p in self._operands)
+        if packed > available_bytes() // PIN_SHARE:
             return
         try:
-            self._pins = [gpu.Pinned(x) for x in arrays]
+            self._pins = [gpu.Pinned(p.packed(index_dtype, self.dtype)[0]) for _, _, p in self._operands]
         except gpu.GpuError:  # a memlock limit, say: the copies run from pageable memory
             self._pins = []
 
     def _block_capacity(self) -> int:
-        """Partial entries one assembly block holds: their pairs, sorted and reduced, as a page's take room."""
-        return max(int(self.budget_bytes // (SORT_COPIES * (8 + self.dtype.itemsize))), 1)
+        """Partial entries one assembly block holds: their pairs, sorted and reduced, as a page's take room,
+        in what the budget leaves beside the largest page's operands (a block's memory is held, as the
+        call's :class:`~tuner.spgemm.outer_product.Arena`, while each page's operands are)."""
+        room = self.budget_bytes - self._operand_bytes
+        return max(int(room // (SORT_COPIES * (8 + self.dtype.itemsize))), 1)
 
-    def _partial_buffers(self, sizes: list[int]) -> None:
-        """Page-locked host arrays for every page's partial product (keys and values; their sizes are the
-        structures', known after the first call), once: the pages' partials come down into them and go back
-        up, block by block, at PCIe's rate instead of a tenth of it; and the assembly's two download buffers
-        of a block's columns and values each (:class:`~tuner.gpu.DownloadRing`), through which a block's
-        part of C arrives while the next block is summed. Neither where together they would take over a
-        quarter of the free host memory or the system refuses to lock them."""
-        self._partials, self._ring = [], None
-        slot = self._block_capacity() * (8 + self.dtype.itemsize)  # C's column (at most 8 bytes) and value
-        if sum(sizes) * (8 + self.dtype.itemsize) + 2 * slot > available_bytes() // PIN_SHARE:
+    def _make_store(self, keys: list[np.ndarray]) -> None:
+        """After the first call, what later calls move values alone with (:class:`_Steady`): the pages'
+        partials block-major in page-locked memory (:class:`PartialStore`, from the first call's keys, which
+        it lets go of as it copies them) and C's values page-locked, device memory for one page's operands
+        and for one step's sums (:class:`~tuner.spgemm.outer_product.Arena`, the heaviest page's or
+        block's), a stream and the host's events. None where the pages' uploads are not page-locked, where
+        the locked arrays would take over a quarter of the free host memory or the system refuses to lock
+        them: every call then runs as the first."""
+        self._stored = True
+        vs, nnz = self.dtype.itemsize, int(self._structure.indptr[-1])
+        if not self._pins or sum(k.size for k in keys) * (8 + vs) + nnz * vs > available_bytes() // PIN_SHARE:
             return
         try:
-            self._partials = [(gpu.Pinned(np.empty(n, np.uint64)), gpu.Pinned(np.empty(n, self.dtype)))
-                              for n in sizes]
-            self._ring = gpu.DownloadRing(slot)
+            self._store = PartialStore(keys, block_rows(self._structure, self.shape[0]), self.shape[1], self.dtype)
+            c_values = gpu.Pinned(np.empty(nnz, self.dtype))
         except gpu.GpuError:  # a memlock limit, say: the partials stay in pageable memory
-            self._partials, self._ring = [], None
+            self._store = None
+            return
+        bits, capacity = key_bits(self.shape), self._block_capacity()
+        steps = [p.table.products for _, _, p in self._operands]
+        steps += [int(n) for n in np.diff(self._store.starts) if n <= capacity]
+        arena = Arena(max((Arena.need(n, vs, self._page._temp_bytes(ctypes.c_longlong(n), bits)) for n in steps if n),
+                          default=1))
+        device_blocks = sum(1 for _, _, count, _, added in self._structure.blocks if 0 < count <= capacity and added)
+        self._steady = _Steady(arena, gpu.alloc_pooled(max(self._operand_bytes, 1)), c_values,
+                               gpu.Stream(blocking=False), [gpu.GraphEvent() for _ in range(device_blocks + 1)])
+        self.peak_bytes = max(self.peak_bytes, arena.nbytes + self._operand_bytes)
+
+    def _record(self, capturing: bool) -> None:
+        """Queue a later call's device work on the steady state's stream (into the CUDA graph being captured
+        there, where ``capturing``): each page's packed operands up into the held operand memory, its
+        expansion sorted and summed in the arena and its sums down into their blocks' places in the store;
+        the first event; then each device-summed block's run of keys and values up, summed in the arena and
+        its sums down into C's page-locked values, an event after each."""
+        steady, page, vs = self._steady, self._page, self.dtype.itemsize
+        for i, (a, b, prepared) in enumerate(self._operands):
+            page.rebind(a, b, prepared, pinned=True, into=int(steady.operands), stream=steady.stream)
+            page.pair_values(self._store.pieces[i], steady.arena, steady.stream)
+        steady.events[0].record(steady.stream, capturing)
+        host, capacity, k = steady.c_values.array.ctypes.data, self._block_capacity(), 1
+        for (_, _, count, at, added), (keys, values) in zip(self._structure.blocks, self._store.slices):
+            if 0 < count <= capacity and added:
+                sums = page.merge_values(keys, values, steady.arena, steady.stream)
+                gpu.queue_downloads(sums, [(host + vs * at, 0, vs * added)], steady.stream)
+                steady.events[k].record(steady.stream, capturing)
+                k += 1
+
+    def _values_call(self) -> sp.csr_matrix:
+        """A call after the first: the device work (:meth:`_record`) replayed as one CUDA graph (captured at
+        the first such call; queued call by call where :attr:`graphed` is off or the capture fails), while
+        the host copies C's pattern, then each block's values out of the page-locked C as its event passes."""
+        steady, vs = self._steady, self.dtype.itemsize
+        t = time.perf_counter()
+        steady.stream.wait(gpu.default_event())  # after what the caller queued on the default stream
+        if self.graphed and self._graph is None:
+            try:
+                self._graph = gpu.Graph(steady.stream, lambda: self._record(capturing=True))
+            except gpu.GpuError:  # a driver without capture of this work: queued call by call from now on
+                self.graphed = False
+        if self._graph is not None:
+            self._graph.launch(steady.stream)
+        else:
+            self._record(capturing=False)
+        pattern = _pattern_copies(self._structure)
+        events, pool, copies = iter(steady.events[1:]), shared_pool(), []
+        self.blocks = 0
+
+        def device_block(keys, values, at, added, vals):
+            self.blocks += 1
+            next(events).synchronize()
+            part = max(1 << 18, -(-added // STAGE_THREADS))
+            copies.extend(copy_in_parts(pool, vals[at:at + added], steady.c_values.array[at:at + added], part))
+
+        def finish():
+            for done in copies:
+                done.result()
+
+        if self.timed:
+            steady.events[0].synchronize()
+            self.seconds["pages"] = time.perf_counter() - t
+        c = assemble_values(self._structure, self._store.slices, self.shape, self.dtype, self._block_capacity(),
+                            device_block, finish, steady.events[0].synchronize, pattern)
+        if self.timed:
+            self.seconds["assemble"] = time.perf_counter() - t - self.seconds["pages"]
+        partials = self._store.keys.size
+        self.up_bytes = sum(p.packed_offsets(self._page.index_dtype, self.dtype)[1] for _, _, p in self._operands)
+        self.up_bytes += partials * (8 + vs)
+        self.down_bytes = partials * vs + c.nnz * vs
+        return c
 
     def explain(self) -> str:
         """Why slotted pages, how many, and each page size's predicted seconds."""
@@ -346,7 +481,9 @@ class SlottedProduct(Product):
         self.a, self.b = a, b
         self.ops = operands(a, b)
         self._operands = self._pages()
-        self._pins = None
+        index = index_dtype(a, b)  # every page's too: they are cut from A and B in their index types
+        self._operand_bytes = max((p.packed_offsets(index, self.dtype)[1] for _, _, p in self._operands), default=0)
+        self._pins = self._graph = None  # the graph names the old operands' page-locked arrays
 
     def __call__(self, A=None, B=None, out: str = "scipy"):
         if out != "scipy":
@@ -355,74 +492,58 @@ class SlottedProduct(Product):
         if A is not None or B is not None:
             self._new_values(A, B)
         self.seconds = {}
+        if self._operands:
+            self._pin(index_dtype(self._operands[0][0], self._operands[0][1]))  # once, and again after new values
+        # Once the first call has found C's structure and made the steady state, calls move and sum values
+        # alone (the keys and C's pattern stay the same).
+        c = self._values_call() if self._steady is not None and self._pins else self._first_call()
+        if self.value_free and self.pattern_value != 1:  # the pages counted ones (a pass over C saved at 1)
+            c.data *= self.dtype.type(self.pattern_value)
+        return c
+
+    def _first_call(self) -> sp.csr_matrix:
+        """Every page's partial product down (keys and values), C assembled from them in row blocks on the
+        device, C's structure kept and the steady state made for later calls (:meth:`_make_store`)."""
         t = time.perf_counter()
+        vs = self.dtype.itemsize
         self.up_bytes = self.down_bytes = 0
-        # From the second call on the pages' partials come into page-locked arrays; once a call has found C's
-        # structure there, later calls move and sum values alone (the keys and C's pattern stay the same).
-        structure = self._structure if self._partials else None
-        pattern = _pattern_copies(structure) if structure is not None else None
         keys, values = [], []
         page = self._page
-        for i, (a, b, prepared) in enumerate(self._operands):  # one set of kernels, loaded once, for every page
+        for a, b, prepared in self._operands:  # one set of kernels, loaded once, for every page
             if page is None:
-                page = self._page = OuterProduct(a, b, self.params, self.cache, prepared)
+                page = self._page = OuterProduct(a, b, self.params, self.cache, prepared, pinned=bool(self._pins))
             else:
                 page.rebind(a, b, prepared, pinned=bool(self._pins))
-            if i == 0:
-                self._pin(page.index_dtype)  # once, and again after new values
-            if structure is not None:
-                k, v = self._partials[i][0].array, self._partials[i][1].array
-                page.pair_values(v)  # queued: the host goes on to the next page
-                self.down_bytes += v.nbytes
-            else:
-                k, v = page.pairs((self._partials[i][0].array, self._partials[i][1].array) if self._partials else None)
-                self.down_bytes += k.nbytes + v.nbytes
+            k, v = page.pairs()
             keys.append(k)
             values.append(v)
+            self.down_bytes += k.nbytes + v.nbytes
             self.up_bytes += sum(x.nbytes for m in (a, b)
                                  for x in (m.indptr, m.indices) + (() if m.value_free else (m.data,)))
             self.peak_bytes = max(self.peak_bytes, page.peak_bytes)
+        if page is not None:
+            page.release()  # the last page's operands: the blocks need the kernels alone
         if self.timed:
             gpu.synchronize()
         t2 = time.perf_counter()
         capacity = self._block_capacity()
-        ring = self._ring if page is not None else None
         device_merge = page.merge_block if page is not None else host_merge(self.shape[1])  # no pages: no entries
         self.blocks = 0
 
         def merge(*block):
             self.blocks += 1
-            if ring is None:
-                return device_merge(*block)
-            return device_merge(*block, ring=ring, pinned=True)  # the ring comes with page-locked partials
-
-        def merge_values(*block):
-            self.blocks += 1
-            page.merge_values(*block, ring=ring)
-        finish = ring.finish if ring is not None else None
-        if structure is not None:
-            c = assemble_values(structure, keys, values, self.shape, self.dtype, capacity, merge_values, finish,
-                                gpu.synchronize, pattern())
-            self.down_bytes += c.nnz * self.dtype.itemsize
-        else:
-            record = [] if self._partials else None
-            c = assemble(keys, values, self.shape, self.dtype, capacity, merge, finish, record)
-            if record is not None:  # found over page-locked partials: later calls keep these keys
-                self._structure = Structure(c.indptr.copy(), c.indices.copy(), tuple(record))
-            self.down_bytes += c.nnz * (8 + self.dtype.itemsize)
+            return device_merge(*block)
         partials = sum(k.size for k in keys)
-        self.up_bytes += partials * (8 + self.dtype.itemsize)
-        self.peak_bytes = max(self.peak_bytes, int(min(partials, capacity) * SORT_COPIES * (8 + self.dtype.itemsize)))
-        if page is not None:
-            page.release()  # its last operands' device copies; the kernels stay for the next call
-        if self._partials is None:  # once the first call's partials are let go: never both at once
-            sizes = [k.size for k in keys]
-            del keys, values
-            self._partial_buffers(sizes)
-        if self.value_free and self.pattern_value != 1:  # the pages counted ones (a pass over C saved at 1)
-            c.data *= self.dtype.type(self.pattern_value)
+        record = []
+        c = assemble(keys, values, self.shape, self.dtype, capacity, merge, None, record)
+        self.down_bytes += c.nnz * (8 + vs)
+        self.up_bytes += partials * (8 + vs)
+        self.peak_bytes = max(self.peak_bytes, int(min(partials, capacity) * SORT_COPIES * (8 + vs)))
+        if not self._stored:  # the keys and C's pattern are the same at every call: kept for the next
+            self._structure = Structure(c.indptr.copy(), c.indices.copy(), tuple(record))
+            del values
+            self._make_store(keys)
         if self.timed:
             self.seconds["pages"] = t2 - t
             self.seconds["assemble"] = time.perf_counter() - t2
         return c
-
