@@ -249,8 +249,7 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
     unrecorded (no NetworkX)."""
     from .distributed.nccl import SoloDevice
     from .distributed.pagerank import pagerank_on_devices, pull_product
-    from .graph import betweenness, hits, pagerank, simrank
-    from .graph.device_pull import pull_arrays
+    from .graph import betweenness, hits, pagerank, resident, simrank
     if "simrank" in algorithms:
         # Each SimRank graph once, its plans thrown away (a cold plan cache over the compiled binaries): the
         # SpGEMM variants its products choose, the dense iterations' kernels, built and cached as on a machine
@@ -277,9 +276,11 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
         A = abs(loaders.load(source))
         weighted = A.copy()
         weighted.data = np.random.default_rng(0).uniform(0.5, 2.0, A.nnz).astype(A.dtype)
-        for graph in (A, weighted):  # the resident kernel of a pattern and of a weighted graph
-            pagerank(graph, backend="device", dtype=dtype, personalization=np.full(A.shape[0], 1.0 / A.shape[0]))
-        pull_arrays(weighted, True, dtype, small=True, relabel=True)  # the large graphs' out-degree order
+        for graph, relabel in itertools.product((A, weighted), (False, True)):
+            # the resident kernel of a pattern and of a weighted graph, in the caller's numbering and in the
+            # large graphs' out-degree order (its permutations' CuPy kernels built on a machine's first use)
+            with mock.patch.object(resident, "relabel_pays", return_value=relabel):
+                pagerank(graph, backend="device", dtype=dtype, personalization=np.full(A.shape[0], 1.0 / A.shape[0]))
         solo = SoloDevice()
         with cold_plans() as cold:
             pagerank_on_devices(A, solo, dtype=dtype, product=pull_product(A, solo, dtype=dtype, cache_dir=cold))
