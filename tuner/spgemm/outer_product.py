@@ -172,8 +172,9 @@ def _aligned(nbytes: int) -> int:
 class Arena:
     """Device memory for the buffers of one step of a repeated product (a slotted page's expansion and sums,
     an assembly block's sums), carved front to back and taken again by the next step: the steps run one
-    after another on the default stream, so a step may reuse the last one's memory once its work is queued,
-    and no step allocates (a pooled allocation costs the host microseconds, a hundred of them a call).
+    after another on one stream, so a step may reuse the last one's memory once its work is queued, and no
+    step allocates (a pooled allocation costs the host microseconds, a hundred of them a call), nor does a
+    CUDA graph captured over the steps name memory that may move.
 
     Example (on a GPU machine):
         >>> arena = Arena(Arena.need(1000, 4, 512))            # doctest: +SKIP
@@ -361,8 +362,8 @@ class OuterProduct(Product):
             buf, offsets = prepared.packed(self.index_dtype, self.dtype)
             if into is None:
                 self._packed = gpu.alloc_pooled(buf.nbytes)
-            gpu.copy_to_device(into or int(self._packed), buf, queued=True, stream=stream)
-            base = into or int(self._packed)
+            base = int(self._packed) if into is None else int(into)
+            gpu.copy_to_device(base, buf, queued=True, stream=stream)
             self._dev = {k: None if at is None else base + at for k, at in offsets.items()}
         else:
             self._dev = {k: None if x is None else gpu.upload_pooled(x)

@@ -139,8 +139,9 @@ def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.R
 
 def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
     """Host bytes a call holds at once: every page's partial product (at most min(its products, nnz(C))
-    entries of an 8-byte key and a value), C (a 32-bit column and a value an entry) with one block's
-    download (nnz(C) entries at most), and the columns of C that later calls keep (:class:`Structure`).
+    entries of an 8-byte key and a value; later calls keep them, block by block: :class:`PartialStore`), C
+    (a 32-bit column and a value an entry) with as much again for its page-locked values (later calls) or a
+    block's download (the first), and the columns of C that later calls keep (:class:`Structure`).
 
     Example (two pages of 4 products, 6 entries in C, float64):
         >>> host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)  # 128 + 144 + 24
