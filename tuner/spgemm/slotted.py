@@ -19,13 +19,13 @@ the graph with one host call while the host copies each block's part of C out as
 
 The page size is the model's: among powers of two whose heaviest page fits the budget (:func:`page_need`),
 light slots sharing a page up to what the budget holds (:func:`pages_at`: pages of like work, each about a
-budget's worth, so a product a few times its budget takes few pages), the one with the lowest predicted
-time, each page predicted by the outer_product model (its fixed cost and rates, :mod:`tuner.model.spgemm`)
-plus its copies at the H100's page-locked rates (:data:`H2D_GBS`, :data:`D2H_GBS`; a call's uploads come
-from the pages' packed arrays, page-locked in place at the first call, its partials back into the
-page-locked store from the second call on).
-Larger pages pay the per-page fixed cost fewer times and send back fewer partial entries (a page sums its
-own duplicates); the budget bounds them. The prediction includes the assembly of C from the partials.
+budget's worth, so a product a few times its budget takes few pages), the one with the lowest predicted time,
+each page predicted by the outer_product model's rates (:mod:`tuner.model.spgemm`; a replayed step's launches
+in place of a standalone product's fixed cost) plus its copies at the H100's page-locked rates
+(:data:`H2D_GBS`, :data:`D2H_GBS`; a call's uploads come from the pages' packed arrays, page-locked in place
+at the first call, its partials back into the page-locked store from the second call on).
+Larger pages pay the per-page launches fewer times and send back fewer partial entries (a page sums its own
+duplicates); the budget bounds them. The prediction includes the assembly of C from the partials.
 """
 from __future__ import annotations
 
@@ -101,19 +101,21 @@ def page_need(products: np.ndarray, entries: np.ndarray, slots: np.ndarray, n_ro
 
 def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.Rates, h2d_gbs: float = H2D_GBS,
                   d2h_gbs: float = D2H_GBS, budget_bytes: int | None = None) -> float:
-    """Predicted seconds of a repeated call over ``pages`` (the first two also bring the keys and C's
-    columns down): each page's outer product by the model (its fixed cost included) with at most min(its
-    products, nnz(C)) entries, its operands up and those partial entries' values down; then the assembly of
-    C (:mod:`tuner.spgemm.assemble`): the partial entries (8-byte key and value) up again, sorted and summed
-    at the outer product's rate per product, in blocks of what ``budget_bytes`` holds (each a fixed cost;
-    None: one block), and C's nnz(C) values down.
+    """Predicted seconds of a repeated call over ``pages`` (the first also brings the keys and C's columns
+    down, the second captures the graph): each page's outer product by the model's rates with at most
+    min(its products, nnz(C)) entries, its operands up and those partial entries' values down; then the
+    assembly of C (:mod:`tuner.spgemm.assemble`): the partial entries (8-byte key and value) up again, sorted
+    and summed at the outer product's rate per product, in blocks of what ``budget_bytes`` holds (None: one
+    block), and C's nnz(C) values down. A repeated call replays its pages and blocks as one CUDA graph, so
+    each of them costs its launches on the GPU (``model.LAUNCHES`` times the launch cost), not a standalone
+    product's fixed cost, most of which is the host's.
 
     Example:
         >>> p = slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4)
         >>> s = model.ProductStats(4, 4, 8, 8.0, 0, 0, 4, 4, 4, 0)
         >>> r = model.Rates({"outer:fixed": 0.5}, 0.005, "test")
-        >>> round(predict_pages(p, s, r, 1.0, 1.0), 9)   # 3 calls of 0.5 ms; pages 64 B up, 32 down; C 96 up, 32 down
-        0.001500224
+        >>> round(predict_pages(p, s, r, 1.0, 1.0), 9)  # 3 steps of 6 launches of 5 us; 64 B up, 32 down; 96, 32
+        9.0224e-05
     """
     entry = stats.col_bytes + stats.value_bytes
     pair = 8 + stats.value_bytes  # a partial entry: its (row, column) key and value
@@ -125,6 +127,9 @@ def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.R
         return model.predict("outer_product", page, rates)
     fixed = at()
     per_product, per_entry, per_slot = at(products=1) - fixed, at(nnz=1.0) - fixed, at(pairs=1) - fixed
+    # A repeated call replays its pages' and blocks' work as one CUDA graph: a step pays its launches on the
+    # GPU, not a standalone product's fixed cost (mostly the host's launches and its waits for the GPU).
+    fixed = model.LAUNCHES["outer_product"](stats) * rates.launch_ms
     products = pages.products.astype(np.float64)
     nnz = np.minimum(products, stats.nnz_c)
     partials = float(nnz.sum())
