@@ -25,9 +25,9 @@ _shared_lock = threading.Lock()
 
 def shared_pool() -> ThreadPoolExecutor:
     """The process's pool of :data:`STAGE_THREADS` threads for host copies that run beside the caller (a
-    download ring's copy-out, a result's arrays filled in parts): made once: a call of a few milliseconds that
-    started its threads anew would pay tens of microseconds a thread. Its tasks never wait for
-    one another, so callers share it safely.
+    slotted product's blocks of C copied out of page-locked memory, C's pattern into new arrays): made once,
+    since a call of a few milliseconds that started its threads anew would pay tens of microseconds a
+    thread. Its tasks never wait for one another, so callers share it safely.
 
     Example:
         >>> shared_pool() is shared_pool()

@@ -246,9 +246,8 @@ def assemble_values(structure: Structure, slices: list, shape: tuple[int, int], 
     the device sums (or leaves them to arrive by ``finish()``), called in block order; blocks
     :func:`assemble` summed on the host (a row over the capacity) are summed here again, after
     ``before_host()`` (the partials' values may still be on their way; called once, at the first such
-    block). ``pattern``: a function returning (indptr,
-    indices) for C, called after the blocks, where a caller makes them beside them (default: copies of the
-    structure's). ``finish`` as in :func:`assemble`.
+    block). ``pattern``: a function returning (indptr, indices) for C, called after the blocks, where a
+    caller makes them beside them (default: copies of the structure's). ``finish`` as in :func:`assemble`.
 
     Example (the host's sums: pages' keys as :func:`assemble`'s example, new values):
         >>> pages = [np.array([1, 5, 12], np.uint64), np.array([5, 31], np.uint64)]
