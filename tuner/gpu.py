@@ -268,11 +268,10 @@ def upload(array: np.ndarray):
     return buf
 
 
-def upload_pooled(array: np.ndarray, queued: bool = False):
-    """Copy a host array to device memory from the pool of :func:`alloc_pooled` (no cudaMalloc on repeats);
-    ``queued``: as :func:`copy_to_device` queues it."""
+def upload_pooled(array: np.ndarray):
+    """Copy a host array to device memory from the pool of :func:`alloc_pooled` (no cudaMalloc on repeats)."""
     buf = alloc_pooled(array.nbytes)
-    copy_to_device(int(buf), array, queued)
+    copy_to_device(int(buf), array)
     return buf
 
 
@@ -321,6 +320,11 @@ def copy_to_host(array: np.ndarray, ptr: int, queued: bool = False) -> None:
         drv.memcpy_dtoh(array, ptr)
 
 
+def _check(err: int, what: str) -> None:
+    if err:
+        raise GpuError(f"{what} failed with CUDA error {err}")
+
+
 def queue_downloads(base: int, pieces, stream: "Stream | None" = None) -> None:
     """Queue on ``stream`` (default: the default stream), after its work, a copy of ``nbytes`` from device
     address ``base + offset`` to host address ``host`` for each ``(host, offset, nbytes)`` of ``pieces``,
@@ -343,9 +347,7 @@ def queue_downloads(base: int, pieces, stream: "Stream | None" = None) -> None:
     handle = stream.handle if stream is not None else None
     for host, offset, nbytes in pieces:
         if nbytes:
-            err = copy(host, base + offset, nbytes, handle)
-            if err:
-                raise GpuError(f"cuMemcpyDtoHAsync of {nbytes:,} bytes failed with CUDA error {err}")
+            _check(copy(host, base + offset, nbytes, handle), f"cuMemcpyDtoHAsync of {nbytes:,} bytes")
 
 
 _CU_STREAM_NON_BLOCKING = 1  # the driver's flag (PyCUDA names no stream flags)
@@ -396,11 +398,6 @@ def default_event():
 _CAPTURE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED: other threads' CUDA calls are not policed
 _EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING
 _EVENT_RECORD_EXTERNAL = 1  # CU_EVENT_RECORD_EXTERNAL: recorded during capture, a node of the graph
-
-
-def _check(err: int, what: str) -> None:
-    if err:
-        raise GpuError(f"{what} failed with CUDA error {err}")
 
 
 class Graph:
@@ -514,8 +511,7 @@ class Pinned:
         if err == self.ALREADY_REGISTERED:  # locked by another product of the same matrix: copies run as fast
             self.locked = True
             return
-        if err:
-            raise GpuError(f"cuMemHostRegister of {self.array.nbytes:,} bytes failed with CUDA error {err}")
+        _check(err, f"cuMemHostRegister of {self.array.nbytes:,} bytes")
         self._ptr, self.locked = ptr, True
         _locked[ptr] = ptr + self.array.nbytes
 

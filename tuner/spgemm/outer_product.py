@@ -337,9 +337,7 @@ class OuterProduct(Product):
         ``stream`` or the default stream, not waited for), into the device memory at ``into`` (room for
         them, held by the caller) where given, else into new memory from the pool."""
         same = (a.value_dtype == self.dtype and a.value_free == b.value_free == self.value_free
-                and (a.n_rows, b.n_cols) == self.shape
-                and np.dtype(np.int64 if np.dtype(np.int64) in (a.index_dtype, b.index_dtype) else np.int32)
-                == self.index_dtype)
+                and (a.n_rows, b.n_cols) == self.shape and index_dtype(a, b) == self.index_dtype)
         if not same:
             raise MatrixError("rebind needs operands of the compiled types and C's shape: compile them instead")
         Product.__init__(self, a, b, self.params)

@@ -229,6 +229,13 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
     return plan, pages
 
 
+def _on_device(block: tuple, capacity: int) -> bool:
+    """Whether a later call sums the block (a :attr:`Structure.blocks` tuple) on the device: it has partial
+    entries, at most ``capacity`` of them (a row over it is summed on the host), and entries of C."""
+    _, _, count, _, added = block
+    return 0 < count <= capacity and added > 0
+
+
 def _pattern_copies(structure: Structure):
     """Start copying C's row pointer and columns from ``structure`` on the process's copy threads (beside
     the call's device work; C's new arrays are faulted in on many cores, not one); the returned function
@@ -332,8 +339,7 @@ class SlottedProduct(Product):
         self.up_bytes = self.down_bytes = 0
         self.ops = operands(a, b)
         self._operands = self._pages()
-        index = index_dtype(a, b)  # every page's too: they are cut from A and B in their index types
-        self._operand_bytes = max((p.packed_offsets(index, self.dtype)[1] for _, _, p in self._operands), default=0)
+        self._size_operands()
         self._pins = None  # every page's packed uploads page-locked in place, at the first call
         self._page = None  # the outer product's kernels, loaded at the first call, rebound to each page
         self._structure = None  # C's pattern and row blocks, found by the first call
@@ -343,6 +349,12 @@ class SlottedProduct(Product):
         self._graph = None  # a later call's device work as a CUDA graph (gpu.Graph), captured at the second call
         self.graphed = True  # whether later calls replay their work as a CUDA graph (else queue it call by call)
 
+    def _size_operands(self) -> None:
+        """Each page's packed uploads' bytes (``_packed_bytes``) and the largest (``_operand_bytes``)."""
+        index = index_dtype(self.a, self.b)  # every page's too: they are cut from A and B in their index types
+        self._packed_bytes = [p.packed_offsets(index, self.dtype)[1] for _, _, p in self._operands]
+        self._operand_bytes = max(self._packed_bytes, default=0)
+
     def _pin(self, index_dtype) -> None:
         """Page-lock every page's packed uploads (:meth:`~tuner.spgemm.outer_product.Prepared.packed`) in
         place, once: a page's operands then go up in one copy at PCIe's rate (from pageable memory, one copy
@@ -351,8 +363,7 @@ class SlottedProduct(Product):
         if self._pins is not None:
             return
         self._pins = []
-        packed = sum(p.packed_offsets(index_dtype, self.dtype)[1] for _, _, p in self._operands)
-        if packed > available_bytes() // PIN_SHARE:
+        if sum(self._packed_bytes) > available_bytes() // PIN_SHARE:
             return
         try:
             self._pins = [gpu.Pinned(p.packed(index_dtype, self.dtype)[0]) for _, _, p in self._operands]
@@ -389,7 +400,7 @@ class SlottedProduct(Product):
         steps += [int(n) for n in np.diff(self._store.starts) if n <= capacity]
         arena = Arena(max((Arena.need(n, vs, self._page._temp_bytes(ctypes.c_longlong(n), bits)) for n in steps if n),
                           default=1))
-        device_blocks = sum(1 for _, _, count, _, added in self._structure.blocks if 0 < count <= capacity and added)
+        device_blocks = sum(1 for block in self._structure.blocks if _on_device(block, capacity))
         self._steady = _Steady(arena, gpu.alloc_pooled(max(self._operand_bytes, 1)), c_values,
                                gpu.Stream(blocking=False), [gpu.GraphEvent() for _ in range(device_blocks + 1)])
         self.peak_bytes = max(self.peak_bytes, arena.nbytes + self._operand_bytes)
@@ -406,8 +417,9 @@ class SlottedProduct(Product):
             page.pair_values(self._store.pieces[i], steady.arena, steady.stream)
         steady.events[0].record(steady.stream, capturing)
         host, capacity, k = steady.c_values.array.ctypes.data, self._block_capacity(), 1
-        for (_, _, count, at, added), (keys, values) in zip(self._structure.blocks, self._store.slices):
-            if 0 < count <= capacity and added:
+        for block, (keys, values) in zip(self._structure.blocks, self._store.slices):
+            if _on_device(block, capacity):
+                at, added = block[3], block[4]
                 sums = page.merge_values(keys, values, steady.arena, steady.stream)
                 gpu.queue_downloads(sums, [(host + vs * at, 0, vs * added)], steady.stream)
                 steady.events[k].record(steady.stream, capturing)
@@ -451,8 +463,7 @@ class SlottedProduct(Product):
         if self.timed:
             self.seconds["assemble"] = time.perf_counter() - t - self.seconds["pages"]
         partials = self._store.keys.size
-        self.up_bytes = sum(p.packed_offsets(self._page.index_dtype, self.dtype)[1] for _, _, p in self._operands)
-        self.up_bytes += partials * (8 + vs)
+        self.up_bytes = sum(self._packed_bytes) + partials * (8 + vs)
         self.down_bytes = partials * vs + c.nnz * vs
         return c
 
@@ -487,8 +498,7 @@ class SlottedProduct(Product):
         self.a, self.b = a, b
         self.ops = operands(a, b)
         self._operands = self._pages()
-        index = index_dtype(a, b)  # every page's too: they are cut from A and B in their index types
-        self._operand_bytes = max((p.packed_offsets(index, self.dtype)[1] for _, _, p in self._operands), default=0)
+        self._size_operands()
         self._pins = self._graph = None  # the graph names the old operands' page-locked arrays
 
     def __call__(self, A=None, B=None, out: str = "scipy"):
