@@ -925,6 +925,35 @@ def test_the_pull_matrix_made_on_the_device_equals_the_host_ones(weighted):
     assert np.array_equal(got.data, expected.data)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_both_hits_products_come_from_one_upload_of_the_graph(dtype, monkeypatch):
+    pytest.importorskip("cupy")
+    from tuner.formats import device_reorder
+    from tuner.graph.device_pull import products_on_device
+    A = large_graph(23)
+    W, Wt = products_on_device(A, dtype)
+    assert not W.indices.copied and not Wt.indices.copied  # on the device until the host reads them
+    for got, want in ((W.to_scipy(), A), (Wt.to_scipy(), A.T.tocsr())):
+        assert np.array_equal(got.indptr, want.indptr) and np.array_equal(got.indices, want.indices)
+        assert got.dtype == dtype and np.array_equal(got.data, want.data.astype(dtype))
+    sizes = []
+    real = device_reorder.upload
+    monkeypatch.setattr(device_reorder, "upload", lambda a, *args, **kw: (sizes.append(a.size), real(a, *args, **kw))[1])
+    start = np.random.default_rng(3).uniform(0.5, 1.5, A.shape[0])
+    (h, a), info = tuner.hits(A, nstart=start, dtype=dtype, return_info=True)
+    assert info.backend.startswith("device") and sorted(s for s in sizes if s == A.nnz) == [A.nnz, A.nnz]
+    host = tuner.hits(A, nstart=start, backend="scipy")
+    tol = 1e-10 if dtype == np.float64 else 1e-6
+    assert np.abs(h - host[0]).max() <= tol * host[0].max() and np.abs(a - host[1]).max() <= tol * host[1].max()
+    negative = A.copy()  # fails the device's checks: the host checks it and makes the products
+    negative.data[5] = -negative.data[5]
+    assert products_on_device(negative, dtype) is None
+    h, a = tuner.hits(negative, nstart=start, dtype=dtype)
+    host = tuner.hits(negative, nstart=start, backend="scipy")
+    assert np.abs(a - host[1]).max() <= tol * np.abs(host[1]).max()
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_device_checks_kernel_compiles_for_each_weight_type(dtype, tmp_path):
     from tuner import codegen

@@ -71,6 +71,8 @@ class DevicePull:
         degree: out-degrees (Wᵀ's column lengths).
         order: None where the nodes keep the caller's numbers; else node i of every array above is the
             caller's node ``order[i]`` (CuPy int32, :func:`degree_order`).
+        forward: W itself as a CuPy CSR in the value dtype, where asked for (the upload Wᵀ was made from);
+            else None.
     """
 
     matrix: object
@@ -79,13 +81,16 @@ class DevicePull:
     inverse: object
     degree: object
     order: object = None
+    forward: object = None
 
 
-def pull_arrays(A, weighted: bool, dtype, small: bool = False, relabel: bool = False) -> DevicePull | None:
+def pull_arrays(A, weighted: bool, dtype, small: bool = False, relabel: bool = False,
+                forward: bool = False) -> DevicePull | None:
     """:class:`DevicePull` of square CSR graph ``A`` (edge u -> v at ``A[u, v]``) for products in ``dtype``,
     from one upload of its arrays; None where :func:`usable` says no (``small``: whatever its size) or a check
     fails (the host path then names the problem). ``relabel``: number the nodes by decreasing out-degree
-    (:func:`degree_order`) before the transpose.
+    (:func:`degree_order`) before the transpose. ``forward``: keep W beside Wᵀ (``DevicePull.forward``; not
+    with ``relabel``).
 
     Example (on a GPU machine):
         >>> pull = pull_arrays(A, True, np.float32, small=True)             # doctest: +SKIP
@@ -97,8 +102,10 @@ def pull_arrays(A, weighted: bool, dtype, small: bool = False, relabel: bool = F
         raise MatrixError(f"an adjacency matrix is square, got {A.shape}")
     if not usable(A, dtype, small):
         return None
+    if forward and relabel:
+        raise ValueError("forward keeps W in the caller's numbering: not with relabel")
     try:
-        return _pull(A, A.shape[0], weighted, np.dtype(dtype), relabel)
+        return _pull(A, A.shape[0], weighted, np.dtype(dtype), relabel, forward)
     except MemoryError:  # CuPy's OutOfMemoryError is one: the host path builds it instead
         device_reorder.release()
         return None
@@ -118,24 +125,49 @@ def pull_on_device(A, weighted: bool, dtype):
     pull = pull_arrays(A, weighted, dtype)
     if pull is None:
         return None
-    n, t, pattern = A.shape[0], pull.matrix, pull.pattern
+    return _kept(pull.matrix, pull.pattern, pull.degree, dtype), pull.dangling, pull.inverse
+
+
+def products_on_device(A, dtype):
+    """``(W, Wt)``: the weighted graph of square CSR ``A`` and its transpose as canonical matrices in ``dtype``
+    with their arrays on the device, both from one upload of ``A`` and one run of the checks (HITS multiplies
+    by both), whatever the graph's size: the alternative uploads it twice; None where :func:`pull_arrays` gives None (the host path then checks ``A`` and names any problem).
+
+    Example (on a GPU machine):
+        >>> W, Wt = products_on_device(A, np.float64)                       # doctest: +SKIP
+        >>> (W.to_scipy() != A).nnz, (Wt.to_scipy() != A.T).nnz             # doctest: +SKIP
+        (0, 0)
+    """
+    pull = pull_arrays(A, True, dtype, small=True, forward=True)
+    if pull is None:
+        return None
+    t, w = pull.matrix, pull.forward
     with device_reorder.on_device():
-        col_lengths = pull.degree.astype(np.int64).get()
-        values = None if pattern is not None else t.data
-        csr = DeviceCsr(t.indptr, t.indices, values)
+        in_degree = t.indptr[1:] - t.indptr[:-1]  # W's column lengths are Wᵀ's row lengths
+    return _kept(w, pull.pattern, in_degree, dtype), _kept(t, pull.pattern, pull.degree, dtype)
+
+
+def _kept(t, pattern: float | None, col_lengths, dtype) -> CanonicalMatrix:
+    """CuPy CSR ``t`` as a canonical matrix in ``dtype`` whose arrays stay on the device (kept for the
+    products' layouts), the host holding its row pointers and ``col_lengths`` (a CuPy vector)."""
+    n = t.shape[0]
+    with device_reorder.on_device():
+        col_lengths = col_lengths.astype(np.int64).get()
+        csr = DeviceCsr(t.indptr, t.indices, None if pattern is not None else t.data)
         host_indptr = device_reorder.download(t.indptr)
     nnz = int(csr.indices.size)
     dtype = np.dtype(dtype)
     entries = (np.broadcast_to(np.array([pattern], dtype), (nnz,)) if pattern is not None else HostMirror(csr.data))
-    Wt = CanonicalMatrix(indptr=host_indptr, indices=HostMirror(csr.indices), data=entries, shape=(n, n),
-                         pattern_value=pattern)
-    Wt.__dict__["row_lengths"] = np.diff(host_indptr).astype(np.int64)
-    Wt.__dict__["col_lengths"] = col_lengths
-    device_reorder.keep(Wt, csr)
-    return Wt, pull.dangling, pull.inverse
+    M = CanonicalMatrix(indptr=host_indptr, indices=HostMirror(csr.indices), data=entries, shape=(n, t.shape[1]),
+                        pattern_value=pattern)
+    M.__dict__["row_lengths"] = np.diff(host_indptr).astype(np.int64)
+    M.__dict__["col_lengths"] = col_lengths
+    device_reorder.keep(M, csr)
+    return M
 
 
-def _pull(A, n: int, weighted: bool, dtype: np.dtype, relabel: bool = False) -> DevicePull | None:
+def _pull(A, n: int, weighted: bool, dtype: np.dtype, relabel: bool = False, forward: bool = False
+          ) -> DevicePull | None:
     with device_reorder.on_device() as cupy:
         import cupyx.scipy.sparse as cpsp
         up = device_reorder.upload
@@ -156,8 +188,13 @@ def _pull(A, n: int, weighted: bool, dtype: np.dtype, relabel: bool = False) -> 
             order = degree_order(degree)
             indptr, indices, data = relabelled(indptr, indices, data, order)
             degree = degree[order]
-        t = cpsp.csr_matrix((data, indices, indptr), shape=(n, n)).T.tocsr()  # cuSPARSE csr2csc, columns ascending
+        w = cpsp.csr_matrix((data, indices, indptr), shape=(n, n))
+        t = w.T.tocsr()  # cuSPARSE csr2csc, columns ascending
         del data, indices, indptr
+        if not forward:
+            del w
+        elif pattern is None and w.dtype != dtype:  # a pattern's products read no weights
+            w = cpsp.csr_matrix((w.data.astype(dtype), w.indices, w.indptr), shape=(n, n))
         if pattern is not None:  # every edge weighs the same: a node's out-weight is its out-degree times it
             out = degree.astype(np.float64) * pattern
         else:  # the caller's weights summed in float64 by atomic adds (cupy.bincount would first build two CUB
@@ -167,7 +204,7 @@ def _pull(A, n: int, weighted: bool, dtype: np.dtype, relabel: bool = False) -> 
             t = cpsp.csr_matrix((t.data.astype(dtype), t.indices, t.indptr), shape=(n, n))
         dangling = out == 0
         inverse = cupy.where(dangling, 0.0, 1.0 / cupy.where(dangling, 1.0, out))
-    return DevicePull(t, pattern, dangling, inverse, degree, order)
+    return DevicePull(t, pattern, dangling, inverse, degree, order, w if forward else None)
 
 
 def degree_order(degree):

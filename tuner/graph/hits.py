@@ -147,20 +147,27 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     check_value_dtype(dtype)
     from ..compiler import check_tune
     tune = check_tune(tune)
-    W = adjacency(A)
-    n = W.shape[0]
-    if W.nnz == 0 or n < 2:
-        raise MatrixError("HITS needs at least two nodes and one edge")
-    backend = _backend_for(backend, n, comm, device_memory_limit)
+    t0 = time.perf_counter()
+    # On one GPU both products come from one upload, checked there; anything else (or a graph failing a
+    # check there) takes the host's checks, which name the problem.
+    products = _device_products(A, backend, dtype, tune) if comm is None and device_memory_limit is None else None
+    if products is not None:
+        n, (forward, backward) = A.shape[0], products
+        backend = _backend_for(backend, n, comm, device_memory_limit)
+    else:
+        W = adjacency(A)
+        n = W.shape[0]
+        if W.nnz == 0 or n < 2:
+            raise MatrixError("HITS needs at least two nodes and one edge")
+        backend = _backend_for(backend, n, comm, device_memory_limit)
+        if comm is not None:
+            forward, backward = (_split_product(M, comm, backend, dtype) for M in (W, transpose(W)))
+        else:
+            forward, backward = _products(W, "tuned" if backend == "device" else backend, dtype,
+                                          device_memory_limit, tune)
     how = backend
     from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, svds  # ARPACK: loaded on first use
 
-    t0 = time.perf_counter()
-    if comm is not None:
-        forward, backward = (_split_product(M, comm, backend, dtype) for M in (W, transpose(W)))
-    else:
-        forward, backward = _products(W, "tuned" if backend == "device" else backend, dtype, device_memory_limit,
-                                      tune)
     start = None if nstart is None else _node_vector(nstart, n, "nstart")
     if start is None and comm is not None:
         start = np.ones(n)  # ARPACK's own random start may differ between ranks
@@ -204,19 +211,31 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     return ((h, a), info) if return_info else (h, a)
 
 
+def _device_products(A, backend: str | None, dtype, tune: str):
+    """The products by A and by Aᵀ compiled from one upload of CSR graph ``A`` to this GPU, checked there
+    (:func:`~tuner.graph.device_pull.products_on_device`), where ``backend`` multiplies on the GPU (None,
+    'device' or 'tuned') and CuPy reaches one; else None."""
+    import scipy.sparse as sparse
+    if backend == "scipy" or not (sparse.issparse(A) and A.format == "csr") or A.shape[0] != A.shape[1] \
+            or A.shape[0] < 2 or A.nnz == 0:
+        return None
+    from ..formats import device_reorder
+    if not device_reorder.available():
+        return None
+    from ..operations import compile as compile_product
+    from .device_pull import products_on_device
+    made = products_on_device(A, dtype)
+    if made is None:
+        return None
+    return tuple(compile_product(M, dtype=dtype, tune=tune) for M in made)
+
+
 def _products(W, backend: str, dtype, device_memory_limit, tune: str):
-    """The products by W and by Wᵀ on one device (or SciPy's): Wᵀ made on the GPU from W's one upload where
-    :func:`~tuner.graph.device_pull.pull_on_device` takes the graph (cuSPARSE's transpose there instead of
-    the host's pass over every entry), else transposed on the host."""
+    """The products by W and by Wᵀ on one device (or SciPy's) where :func:`_device_products` does not make
+    them: W uploaded by its compile and Wᵀ made on the host."""
     forward = _multiply(W, backend, dtype, device_memory_limit, tune)
     if backend == "scipy":
         return forward, _multiply(W.T.tocsr(), backend, dtype)
-    if device_memory_limit is None:
-        from ..operations import compile as compile_product
-        from .device_pull import pull_on_device
-        on_device = pull_on_device(W, True, dtype)
-        if on_device is not None:
-            return forward, compile_product(on_device[0], dtype=dtype, tune=tune)
     return forward, _multiply(transpose(W), backend, dtype, device_memory_limit, tune)
 
 
