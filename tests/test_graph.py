@@ -939,7 +939,8 @@ def test_both_hits_products_come_from_one_upload_of_the_graph(dtype, monkeypatch
         assert got.dtype == dtype and np.array_equal(got.data, want.data.astype(dtype))
     sizes = []
     real = device_reorder.upload
-    monkeypatch.setattr(device_reorder, "upload", lambda a, *args, **kw: (sizes.append(a.size), real(a, *args, **kw))[1])
+    monkeypatch.setattr(device_reorder, "upload",
+                        lambda a, *args, **kw: (sizes.append(a.size), real(a, *args, **kw))[1])
     start = np.random.default_rng(3).uniform(0.5, 1.5, A.shape[0])
     (h, a), info = tuner.hits(A, nstart=start, dtype=dtype, return_info=True)
     assert info.backend.startswith("device") and sorted(s for s in sizes if s == A.nnz) == [A.nnz, A.nnz]

@@ -131,7 +131,8 @@ def pull_on_device(A, weighted: bool, dtype):
 def products_on_device(A, dtype):
     """``(W, Wt)``: the weighted graph of square CSR ``A`` and its transpose as canonical matrices in ``dtype``
     with their arrays on the device, both from one upload of ``A`` and one run of the checks (HITS multiplies
-    by both), whatever the graph's size: the alternative uploads it twice; None where :func:`pull_arrays` gives None (the host path then checks ``A`` and names any problem).
+    by both), whatever the graph's size: the alternative uploads it twice. None where :func:`pull_arrays`
+    gives None (the host path then checks ``A`` and names any problem).
 
     Example (on a GPU machine):
         >>> W, Wt = products_on_device(A, np.float64)                       # doctest: +SKIP

@@ -133,8 +133,11 @@ def hits(A, max_iter: int = 100, tol: float = 1e-8, nstart=None, normalized: boo
     the products among (every rank calls this with the same A; each gets the whole result; ARPACK starts from
     ``nstart`` or all ones so that every rank iterates alike). ``tune`` (backend 'tuned', one GPU): how the
     products by A and Aᵀ are compiled (:func:`tuner.compile`'s modes); the default, 'none', runs the generic
-    kernel, ready in milliseconds: ARPACK's tens of products never repay a tuning. Raises
-    :class:`~tuner.graph.pagerank.ConvergenceError` where the iterations do not converge.
+    kernel, ready in milliseconds: ARPACK's tens of products never repay a tuning. On one GPU (no ``comm``,
+    no ``device_memory_limit``) a CSR ``A`` is uploaded once and checked there, and both products are made from
+    that upload (:func:`~tuner.graph.device_pull.products_on_device`); a graph that fails a check there is
+    checked on the host, which names the problem. Raises :class:`~tuner.graph.pagerank.ConvergenceError`
+    where the iterations do not converge.
 
     Example:
         >>> A = sp.csr_matrix(np.array([[0, 1, 1], [0, 0, 1], [1, 0, 0]], dtype=float))
@@ -216,8 +219,8 @@ def _device_products(A, backend: str | None, dtype, tune: str):
     (:func:`~tuner.graph.device_pull.products_on_device`), where ``backend`` multiplies on the GPU (None,
     'device' or 'tuned') and CuPy reaches one; else None."""
     import scipy.sparse as sparse
-    if backend == "scipy" or not (sparse.issparse(A) and A.format == "csr") or A.shape[0] != A.shape[1] \
-            or A.shape[0] < 2 or A.nnz == 0:
+    if backend not in (None, "device", "tuned") or not (sparse.issparse(A) and A.format == "csr") \
+            or A.shape[0] != A.shape[1] or A.shape[0] < 2 or A.nnz == 0:
         return None
     from ..formats import device_reorder
     if not device_reorder.available():
