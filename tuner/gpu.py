@@ -300,20 +300,12 @@ def copy_to_device(ptr: int, array: np.ndarray, queued: bool = False, stream: "S
         drv.memcpy_htod(ptr, array)
 
 
-def copy_to_host(array: np.ndarray, ptr: int, queued: bool = False) -> None:
+def copy_to_host(array: np.ndarray, ptr: int) -> None:
     """Copy device memory at ``ptr`` into the contiguous host array ``array`` (through the staging buffers
     from :data:`STAGED_MIN_BYTES` on, unless it is :func:`page_locked`), after the work queued on the default
-    stream. With ``queued`` (for a page-locked ``array`` that nothing reads until the default stream has
-    done what is queued on it), the copy is queued there and this returns at once: a slotted page's
-    partial values then come down while the host queues the next page."""
+    stream. Copies queued without a wait go through :func:`queue_downloads`."""
     if not (array.flags.c_contiguous and array.flags.writeable):
         raise ValueError("copy_to_host needs a contiguous, writeable host array")
-    if queued:
-        if not page_locked(array):
-            raise ValueError("a queued copy_to_host needs a page-locked array (see Pinned)")
-        if array.nbytes:
-            drv.memcpy_dtoh_async(array, ptr)
-        return
     if array.nbytes >= STAGED_MIN_BYTES and not page_locked(array):
         _staged_dtoh(array.reshape(-1).view(np.uint8), ptr)
     elif array.nbytes:
