@@ -350,12 +350,13 @@ class SlottedProduct(Product):
         self.graphed = True  # whether later calls replay their work as a CUDA graph (else queue it call by call)
 
     def _size_operands(self) -> None:
-        """Each page's packed uploads' bytes (``_packed_bytes``) and the largest (``_operand_bytes``)."""
-        index = index_dtype(self.a, self.b)  # every page's too: they are cut from A and B in their index types
-        self._packed_bytes = [p.packed_offsets(index, self.dtype)[1] for _, _, p in self._operands]
+        """The pages' index type (``_index``), each page's packed uploads' bytes (``_packed_bytes``) and the
+        largest (``_operand_bytes``)."""
+        self._index = index_dtype(self.a, self.b)  # every page's too: they are cut from A and B in their types
+        self._packed_bytes = [p.packed_offsets(self._index, self.dtype)[1] for _, _, p in self._operands]
         self._operand_bytes = max(self._packed_bytes, default=0)
 
-    def _pin(self, index_dtype) -> None:
+    def _pin(self) -> None:
         """Page-lock every page's packed uploads (:meth:`~tuner.spgemm.outer_product.Prepared.packed`) in
         place, once: a page's operands then go up in one copy at PCIe's rate (from pageable memory, one copy
         an array at a tenth of it). They stay pageable where they would take over a quarter of the free
@@ -366,7 +367,7 @@ class SlottedProduct(Product):
         if sum(self._packed_bytes) > available_bytes() // PIN_SHARE:
             return
         try:
-            self._pins = [gpu.Pinned(p.packed(index_dtype, self.dtype)[0]) for _, _, p in self._operands]
+            self._pins = [gpu.Pinned(p.packed(self._index, self.dtype)[0]) for _, _, p in self._operands]
         except gpu.GpuError:  # a memlock limit, say: the copies run from pageable memory
             self._pins = []
 
@@ -509,7 +510,7 @@ class SlottedProduct(Product):
             self._new_values(A, B)
         self.seconds = {}
         if self._operands:
-            self._pin(index_dtype(self._operands[0][0], self._operands[0][1]))  # once, and again after new values
+            self._pin()  # once, and again after new values
         # Once the first call has found C's structure and made the steady state, calls move and sum values
         # alone (the keys and C's pattern stay the same).
         c = self._values_call() if self._steady is not None and self._pins else self._first_call()
