@@ -140,7 +140,7 @@ class Prepared:
         offsets, end = {}, 0
         for k, (x, t) in self._sources(index_dtype, dtype).items():
             offsets[k] = None if x is None else end
-            end += 0 if x is None else -(-x.size * np.dtype(t).itemsize // PACK_ALIGN) * PACK_ALIGN
+            end += 0 if x is None else _aligned(x.size * np.dtype(t).itemsize)
         return offsets, end
 
     def packed(self, index_dtype, dtype) -> tuple[np.ndarray, dict]:
