@@ -210,6 +210,23 @@ def test_the_devices_own_largest_and_tally_equal_numpys_max_and_bincount(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.int64])
+def test_the_devices_tally_counts_sorted_runs_and_values_past_its_shared_bins_exactly(dtype):
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(5)
+    # Row lengths of a power-law graph, sorted (long runs of one value) and not, with long rows past the
+    # kernel's shared bins, and integer weights (entries) whose sums need 64 bits.
+    values = (rng.zipf(1.4, 1_000_003) % 60_000).astype(dtype)
+    weights = rng.integers(-3, 1 << 20, values.size).astype(np.int64) * (1 << 12)  # sums past 2**32, exact in float64
+    n = int(values.max()) + 1
+    for v in (values, np.sort(values)[::-1].copy()):
+        d = cupy.asarray(v)
+        assert cupy.asnumpy(xp.tally(d, n)).tolist() == np.bincount(v, minlength=n).astype(float).tolist()
+        got = cupy.asnumpy(xp.tally(d, n, cupy.asarray(weights)))
+        assert got.tolist() == np.bincount(v, weights=weights.astype(float), minlength=n).tolist()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_devices_own_float64_sum_equals_numpys_and_repeats_bit_for_bit(dtype):
     cupy = pytest.importorskip("cupy")
