@@ -355,8 +355,8 @@ def run_table(tile, length, n_tiles: int, span: int) -> tuple[np.ndarray, np.nda
     and how many runs have each, on the host, counted in ``tile``'s module. Runs shorter than
     :data:`COUNTED_LENGTHS` - nearly all of them - are counted in a table of (length, tile) cells, the
     shortest first (on the device by :func:`~tuner.formats.xp.tally`, whose low cells are per block: runs of
-    one entry in every tile crowd there); the few longer ones are sorted, where a sort of every run took four
-    times as long (rmat:25, 150M runs).
+    one entry in every tile crowd there); only the few longer ones are sorted (a sort of every run's key
+    was the costliest pass of the count on the device).
 
     Example (runs of 1, 1 and 70 entries in tile 0, one of 2 in tile 1):
         >>> keys, counts = run_table(np.array([0, 0, 1, 0]), np.array([1, 1, 2, 70]), 2, 100)
