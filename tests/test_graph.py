@@ -633,15 +633,12 @@ def test_betweenness_refuses_a_batch_too_large_for_host_memory_before_it_allocat
 
 
 def test_device_betweenness_refuses_a_batch_too_large_for_the_free_device_memory():
-    from types import SimpleNamespace
     from tuner.graph.betweenness import _check_device_fits
-    # 1 GB free on the device and 0.6 GB idle in CuPy's pool
-    fake = SimpleNamespace(cuda=SimpleNamespace(runtime=SimpleNamespace(memGetInfo=lambda: (10**9, 4 * 10**9))),
-                           get_default_memory_pool=lambda: SimpleNamespace(free_bytes=lambda: 6 * 10**8))
-    _check_device_fits(fake, 1_000_000, 64, 16_000_000)  # 1.28 GB of arrays and 0.29 GB of graph fit 1.6 GB
+    free = 16 * 10**8  # 1 GB free on the device and 0.6 GB idle in CuPy's pool
+    _check_device_fits(1_000_000, 64, 16_000_000, free)  # 1.28 GB of arrays and 0.29 GB of graph fit 1.6 GB
     with pytest.raises(MemoryError, match=r"batches of 100 sources needs about 2.3 GB .*1.6 GB is free: pass a "
                                           r"smaller batch="):
-        _check_device_fits(fake, 1_000_000, 100, 16_000_000)
+        _check_device_fits(1_000_000, 100, 16_000_000, free)
 
 
 def test_betweenness_runs_on_the_host_by_default_without_a_gpu_and_says_why_it_cannot_run_on_one(monkeypatch):

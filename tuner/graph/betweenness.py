@@ -146,11 +146,11 @@ def _edge_tasks(indptr) -> tuple:
     return segment_of_scan(first[:-1], tasks, np.int32), first, tasks
 
 
-def _check_device_fits(cupy, n: int, batch: int, nnz: int) -> None:
-    """Refuse, before allocating, a batch whose n x batch arrays and the graph do not fit the free device
-    memory (the driver's free bytes and those CuPy's pool holds unused)."""
+def _check_device_fits(n: int, batch: int, nnz: int, free: int) -> None:
+    """Refuse, before allocating, a batch whose n x batch arrays and the graph do not fit the ``free`` bytes of
+    device memory (:func:`~tuner.formats.device_reorder.free_bytes`: the driver's free bytes and those CuPy's
+    pool holds unused)."""
     need = DEVICE_NODE_SOURCE_BYTES * n * batch + 16 * (nnz + 2 * n + 2)  # the graph both ways, its tasks
-    free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
     if need > free:
         raise MemoryError(f"betweenness with batches of {batch:,} sources needs about {human_bytes(need)} of device "
                           f"memory ({DEVICE_NODE_SOURCE_BYTES} B per node and source x {n:,} nodes x {batch:,}, and "
@@ -251,7 +251,7 @@ def betweenness(A, k: int | None = None, normalized: bool = True, endpoints: boo
             raise gpu.NoDeviceError("betweenness with backend='device' runs through CuPy, which reaches no GPU "
                                     "here: use backend='scipy'")
         import cupy
-        _check_device_fits(cupy, n, batch, W.nnz)
+        _check_device_fits(n, batch, W.nnz, device_reorder.free_bytes())
         graph = _device_graph(cupy, W)
         bc, picked = cupy.zeros(n), cupy.asarray(sources)
         for start in (progress(starts) if progress else starts):
