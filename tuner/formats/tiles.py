@@ -298,9 +298,10 @@ def ranked_runs_many(indptr: np.ndarray, indices: np.ndarray, bounds_list: list,
 
 
 def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | None = None) -> list[RankedRuns]:
-    """:func:`ranked_runs_many` counted exactly, every row, by whole-array passes and one sort of (tile,
-    length) keys per tiling, in the module of ``indices``: on the GPU for CuPy arrays (milliseconds for 100M
-    entries, where the host counts a sample of the rows in tenths of a second), only the counts coming back.
+    """:func:`ranked_runs_many` counted exactly, every row, by whole-array passes and a table of the short
+    runs per tiling (:func:`run_table`), in the module of ``indices``: on the GPU for CuPy arrays
+    (milliseconds for 100M entries, where the host counts a sample of the rows in tenths of a second), only
+    the counts coming back.
     Rows are counted in pieces of about ``piece_entries`` entries (default :data:`SORTED_PIECE_ENTRIES`; a
     run never crosses a row), so that the work arrays are one piece's.
 
@@ -314,7 +315,6 @@ def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | 
     piece = SORTED_PIECE_ENTRIES if piece_entries is None else max(int(piece_entries), 1)
     ptr = like(indices, indptr).astype(np.int64)  # where the entries are: only a few numbers come back
     n_rows = int(ptr.size) - 1
-    span = (largest(xp.diff(ptr)) if n_rows else 0) + 1  # longer than any run: every piece's keys agree
     # Row cuts at about every piece's worth of entries.
     cuts = np.unique(np.concatenate([[0], host(xp.searchsorted(ptr, xp.arange(0, nnz, piece, dtype=np.int64),
                                                                side="right") - 1), [n_rows]]))
@@ -335,46 +335,42 @@ def ranked_runs_sorted(indptr, indices, bounds_list: list, piece_entries: int | 
             run = xp.flatnonzero(new)
             del new
             length = xp.diff(xp.concatenate([run, like(run, [e1 - e0])]))
-            tables[k].append(run_table(tile[run], length, bounds.size - 1, span))
+            tables[k].append(run_table(tile[run], length, bounds.size - 1))
             del tile, run, length
     out = []
-    for bounds, table in zip(bounds_list, tables):
+    for bounds, table in zip(bounds_list, tables):  # the pieces' counts add up, as ranked_runs_many's chunks'
         n_tiles = bounds.size - 1
-        if not table:
-            z = np.zeros(0, np.int64)
-            out.append(RankedRuns(z, z, np.zeros(n_tiles + 1, np.int64)))
-            continue
-        keys, inverse = np.unique(np.concatenate([k for k, _ in table]), return_inverse=True)
-        counts = np.bincount(inverse.ravel(), weights=np.concatenate([c for _, c in table])).astype(np.int64)
-        out.append(_runs_from_keys(keys, counts, span, n_tiles))
+        dense = sum((t[0] for t in table), np.zeros((n_tiles, COUNTED_LENGTHS), np.int64))
+        long_tile, long_length, long_count = (np.concatenate([t[i] for t in table] or [np.zeros(0, np.int64)])
+                                              for i in (1, 2, 3))
+        out.append(_ranked(dense, long_tile, long_length, long_count, n_tiles))
     return out
 
 
-def run_table(tile, length, n_tiles: int, span: int) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct keys tile x ``span`` + length of runs in ``tile`` (each run's tile) of ``length`` entries,
-    and how many runs have each, on the host, counted in ``tile``'s module. Runs shorter than
-    :data:`COUNTED_LENGTHS` - nearly all of them - are counted in a table of (length, tile) cells, the
-    shortest first (on the device by :func:`~tuner.formats.xp.tally`, whose low cells are per block: runs of
-    one entry in every tile crowd there); only the few longer ones are sorted (a sort of every run's key
-    was the costliest pass of the count on the device).
+def run_table(tile, length, n_tiles: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Runs of ``length`` entries in tiles ``tile`` counted as :func:`_ranked` reads them, on the host: a
+    (tile, length) table of those shorter than :data:`COUNTED_LENGTHS` - nearly all of them - and the longer
+    ones' distinct (tile, length) pairs with how many runs have each. Counted in ``tile``'s module: the table
+    by :func:`~tuner.formats.xp.tally` over cells length-major, so that the runs of one entry in every tile
+    crowd its low cells (per block on the device), and only the few long runs sorted.
 
     Example (runs of 1, 1 and 70 entries in tile 0, one of 2 in tile 1):
-        >>> keys, counts = run_table(np.array([0, 0, 1, 0]), np.array([1, 1, 2, 70]), 2, 100)
-        >>> keys.tolist(), counts.tolist()
-        ([1, 70, 102], [2, 1, 1])
+        >>> dense, tile, length, count = run_table(np.array([0, 0, 1, 0]), np.array([1, 1, 2, 70]), 2)
+        >>> dense[:, :3].tolist(), tile.tolist(), length.tolist(), count.tolist()
+        ([[0, 2, 0], [0, 0, 1]], [0], [70], [1])
     """
     xp = module(length)
-    short = COUNTED_LENGTHS - 1
-    cells = (short + 1) * n_tiles  # the last row of cells (length COUNTED_LENGTHS and over) is not read
-    cell = xp.minimum(length - 1, short) * n_tiles + tile  # length-major: tile t's runs of one entry at t
-    dense = host(tally(cell, cells))[:short * n_tiles].astype(np.int64)
-    at = np.flatnonzero(dense)
+    short = COUNTED_LENGTHS - 1  # the table's lengths: 1 .. short
+    cell = (xp.minimum(length, COUNTED_LENGTHS) - 1) * n_tiles + tile  # the last row (long runs) is not read
+    table = host(tally(cell, COUNTED_LENGTHS * n_tiles))[:short * n_tiles].astype(np.int64)
+    dense = np.zeros((n_tiles, COUNTED_LENGTHS), np.int64)
+    dense[:, 1:] = table.reshape(short, n_tiles).T
     long_runs = xp.flatnonzero(length > short)
-    long_keys, long_counts = (host(a) for a in xp.unique(tile[long_runs].astype(np.int64) * span + length[long_runs],
-                                                          return_counts=True))
-    keys = np.concatenate([(at % n_tiles) * span + at // n_tiles + 1, long_keys.astype(np.int64)])
-    order = np.argsort(keys, kind="stable")
-    return keys[order], np.concatenate([dense[at], long_counts.astype(np.int64)])[order]
+    long_length = length[long_runs]
+    span = largest(long_length) + 1
+    keys, counts = (host(a) for a in xp.unique(tile[long_runs].astype(np.int64) * span + long_length,
+                                              return_counts=True))
+    return dense, keys // span, keys % span, counts.astype(np.int64)
 
 
 def work_units(indptr: np.ndarray, ranges: list[tuple[int, int]], weights: list[int],
