@@ -171,6 +171,7 @@ __global__ void tuner_largest(const T* a, long long n, unsigned long long* out) 
 _C_TYPES = {"uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
             "uint64": "unsigned long long", "int8": "signed char", "int16": "short", "int32": "int",
             "int64": "long long"}
+_FLOAT_TYPES = {"float32": "float", "float64": "double"}
 
 
 @functools.cache
@@ -247,7 +248,7 @@ def sum64(a, b=None):
         >>> sum64(np.array([1.5, 2.0], np.float32), np.array([2.0, 3.0], np.float32)).tolist()
         [9.0]
     """
-    kind = {"float32": "float", "float64": "double"}.get(a.dtype.name)
+    kind = _FLOAT_TYPES.get(a.dtype.name)
     if kind is None:
         raise ValueError(f"sum64 adds float32 or float64 values, got {a.dtype}")
     xp = module(a)
@@ -300,7 +301,6 @@ __global__ void tuner_tally(const V* v, const W* w, int weighted, long long n, l
         if (local[i] != (A)0) atomicAdd(&out[i], local[i]);
 }
 """
-_FLOAT_TYPES = {"float32": "float", "float64": "double"}
 _TALLY_RUN = 8  # TALLY_RUN of the kernel: consecutive values a thread adds
 _TALLY_GRID = 1024  # blocks: each flushes its shared bins once, so fewer, fuller blocks add less to global
 
