@@ -184,6 +184,9 @@ def test_a_classs_sampled_rows_are_found_without_listing_the_class():
         assert reuse.rows_at_least(view, lo).tolist() == [
             int((lengths[c * reuse.CHUNK_ROWS:(c + 1) * reuse.CHUNK_ROWS] >= lo).sum()) for c in range(chunks)]
     assert reuse.row_ends(view).tolist() == np.cumsum(lengths).tolist()
+    for lo, hi in ((0, 4), (4, 96), (8, None), (1024, None), (0, None), (5_000, None), (7, 7), (9, 3)):
+        mask = (lengths >= lo) & ((lengths < hi) if hi is not None else True)
+        assert reuse.class_size(view, lo, hi) == (int(mask.sum()), int(lengths[mask].sum()))
 
 
 def test_a_sample_is_counted_once_whatever_share_of_l1_its_blocks_hold(monkeypatch):

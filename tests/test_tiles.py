@@ -8,7 +8,7 @@ import scipy.sparse as sp
 
 import tuner
 from tuner import families
-from tuner.families.base import Specialization, ordered_matrix
+from tuner.families.base import Specialization, ordered_matrix, ordered_structure
 from tuner.families.tile_composite import TileCompositeParams, fill_workload
 from tuner.families.tile_coo import TileCooParams
 from tuner.families.tiles import tiling
@@ -744,3 +744,20 @@ def test_layout_parts_too_large_to_join_on_the_device_are_joined_through_the_hos
     assert len(uploads) == 7 - (direct.vals is None)  # the whole layout uploaded once, array by array
     for field in ("cols", "vals", "rows", "wl_slot", "wl_row", "wl_w", "wl_h", "tile_warps"):
         assert np.array_equal(getattr(joined, field), getattr(direct, field)), field
+
+
+def test_the_tiled_candidates_kernel_shapes_are_named_without_listing_their_tiles():
+    from tuner.model.warps import SEGMENTS, segment_keys
+    rng = np.random.default_rng(2)
+    n = 3_000
+    lengths = np.minimum(rng.zipf(1.7, n), 800)
+    a = sp.csr_matrix((np.ones(int(lengths.sum()), np.float32),
+                       (np.repeat(np.arange(n), lengths), rng.integers(0, n, int(lengths.sum())))), shape=(n, n))
+    view = ordered_structure(canonicalize(a), "degree")
+    for width in (64, 500):
+        tiles = len(SEGMENTS["tile_coo"](view, TileCooParams(width)))
+        assert tiles > 2  # a segment per tile
+        for family, params in (("tile_coo", TileCooParams(width)),
+                               ("tile_composite", TileCompositeParams(width, (8,) * tiles))):
+            listed = SEGMENTS[family](view, params)
+            assert segment_keys(view, family, params) == {key for key, _ in listed}

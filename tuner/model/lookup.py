@@ -16,7 +16,7 @@ from .locality import SECTOR_BYTES, cache_sectors
 from .profile_data import Profile
 from .tables import SegmentSums, block_threads, gather_fractions, sector_hit_rates, segment_sums, table_for
 from .tiled import TILED_SUMS
-from .warps import SEGMENTS, WARP, prebuild, warp_segments
+from .warps import SEGMENTS, WARP, prebuild, segment_keys, warp_segments
 
 DEFAULT_TAIL_FACTOR = 1.0  # a profile without the measured factor: the slowest warp as fast as alone
 TAIL_START = 0.5  # rows of a segment come in no particular order: its slowest warp starts halfway through it
@@ -233,10 +233,8 @@ def gather_ms(n: int, index_bytes: int, value_bytes: int, constants: dict) -> fl
 def can_predict(m: CanonicalMatrix, spec: Specialization, profile: Profile) -> bool:
     """True when ``profile`` measured every kernel shape the candidate's warps are looked up in (a profile
     made before a family existed lacks its shapes; ``python -m tuner profile`` resumes and adds them)."""
-    view = ordered_structure(m, getattr(spec.params, "order", NONE))  # the tiled families read its columns
-    # Each shape once: a tiled launch has a segment per tile (thousands) over a few shapes.
-    shapes = {key for key, _ in SEGMENTS[spec.family](view, spec.params)}
-    return all(profile.has(table_for(profile, key)[0]) for key in shapes)
+    view = ordered_structure(m, getattr(spec.params, "order", NONE))
+    return all(profile.has(table_for(profile, key)[0]) for key in segment_keys(view, spec.family, spec.params))
 
 
 def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profile, workers: int | None = None

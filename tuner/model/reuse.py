@@ -195,10 +195,14 @@ def rows_at_least(m, length: int) -> np.ndarray:
 
 
 def class_size(m, lo: int, hi: int | None) -> tuple[int, int]:
-    """Rows and entries of the rows with lo <= length < hi, from the row-length histogram."""
-    count, entries = row_histogram(m)
-    bottom, top = max(lo, 0), count.size if hi is None else min(hi, count.size)
-    return int(count[bottom:top].sum()), int(entries[bottom:top].sum())
+    """Rows and entries of the rows with lo <= length < hi, from the row-length histogram (its running sums,
+    once per view: the planner asks for a class's size once per kernel shape that samples it)."""
+    rows, entries = shared_layout(m, ("row_histogram_running",), lambda: tuple(
+        np.concatenate([[0.0], np.cumsum(h)]) for h in row_histogram(m)))
+    bottom, top = max(lo, 0), rows.size - 1 if hi is None else min(hi, rows.size - 1)
+    if top <= bottom:
+        return 0, 0
+    return int(rows[top] - rows[bottom]), int(entries[top] - entries[bottom])
 
 
 def class_rows_at(m, lo: int, hi: int | None, positions: np.ndarray) -> np.ndarray:
@@ -215,15 +219,20 @@ def class_rows_at(m, lo: int, hi: int | None, positions: np.ndarray) -> np.ndarr
     positions = np.asarray(positions, dtype=np.int64)
     if lo <= 0 and hi is None:
         return positions
-    per_chunk = rows_at_least(m, lo) - (0 if hi is None else rows_at_least(m, hi))
-    through = np.cumsum(per_chunk)
+    per_chunk, through = shared_layout(m, ("class_chunks", int(lo), hi), lambda: _running(
+        rows_at_least(m, lo) - (0 if hi is None else rows_at_least(m, hi))))  # the class's samples share them
     chunks = distinct_counts(np.searchsorted(through, positions, side="right"))[0]
     rows = chunks[:, None] * CHUNK_ROWS + np.arange(CHUNK_ROWS)
     length = row_lengths_at(m, np.minimum(rows, m.n_rows - 1))
     inside = (rows < m.n_rows) & (length >= lo) & ((length < hi) if hi is not None else True)
     # A member's position: the class's rows before its chunk, then its rank among its chunk's members.
     position = (through[chunks] - per_chunk[chunks])[:, None] + np.cumsum(inside, axis=1) - 1
-    return rows[inside][np.searchsorted(position[inside], positions)]
+    inside = inside.ravel()  # compress, not a boolean index: a quarter of its time
+    return np.compress(inside, rows)[np.searchsorted(np.compress(inside, position), positions)]
+
+
+def _running(per_chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return per_chunk, np.cumsum(per_chunk)
 
 
 def run_fractions(m, entries_per_block: int, hits: tuple, block_sectors: float = np.inf, key=()) -> np.ndarray:
