@@ -28,6 +28,48 @@ def test_bitonic_partition_balances_rows_and_non_zeros(parts):
     assert np.array_equal(p.position()[p.order], np.arange(5000))
 
 
+def test_a_one_rank_partition_made_from_the_counts_equals_bitonics_one_part():
+    from tuner.distributed.partition import whole_partition
+    lengths = np.diff(power_law(2000, seed=53).indptr)
+    made, dealt = whole_partition(2000, float(lengths.sum())), bitonic_partition(lengths, 1)
+    assert made.parts == dealt.parts == 1 and np.array_equal(made.owner, dealt.owner)
+    assert np.array_equal(made.rows[0], dealt.rows[0]) and np.array_equal(made.weight, dealt.weight)
+
+
+class _Relabelled:
+    """A product in a plan order of its own, as a relabelled compile's :class:`~tuner.kernel.SpMV` shows it."""
+
+    def __init__(self, M, order, rank):
+        self.M, self.col_order, self.row_rank = M, order, rank
+
+    def __call__(self, v):
+        return self.M @ v
+
+    def in_plan_order(self):
+        return lambda v: self.M[self.col_order][:, self.col_order] @ v
+
+
+@pytest.mark.parametrize("given_partition", [False, True])
+def test_plan_order_here_names_the_plans_node_order_and_refuses_rows_and_columns_ordered_apart(given_partition):
+    from tuner.distributed.partition import whole_partition
+    A = power_law(300, seed=55)
+    order = np.random.default_rng(56).permutation(300)
+    rank = np.empty(300, np.int64)
+    rank[order] = np.arange(300)
+    partition = whole_partition(300, float(A.nnz)) if given_partition else None
+
+    def found(rank_of_rows):
+        def rank_call(comm):
+            return DistributedSpMV(A, comm, partition=partition,
+                                   local_compile=lambda M: _Relabelled(M, order, rank_of_rows)).plan_order_here()
+        return LocalGroup(1).run(rank_call)[0]
+    nodes, inner = found(rank)
+    assert np.array_equal(nodes, order)  # the plan's i-th node is A's node order[i]
+    x = np.random.default_rng(57).random(300)
+    assert np.allclose(inner(x[nodes])[rank], A @ x)  # y back in A's order through the rank
+    assert found(np.roll(rank, 1)) is None  # rows relabelled unlike the columns: no one order to iterate in
+
+
 def test_bitonic_partition_orders_each_ranks_slots_by_decreasing_key_without_moving_rows_between_ranks():
     A = power_law(3000, seed=57)
     lengths = np.diff(A.indptr)

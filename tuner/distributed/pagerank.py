@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import codegen, gpu
 from ..formats import xp
+from ..formats.xp import host
 from ..formats.transpose import transpose
 from ..graph.device_pull import pull_on_device
 from ..graph.pagerank import (TOL_RULES, ConvergenceError, IterationInfo, _node_vector, edge_weights,
@@ -198,7 +199,7 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     d = p if dangling is None else _node_vector(dangling, n, "dangling")
     dtype = np.dtype(spmv.dtype)
     rows = spmv.rows
-    in_plan = spmv.plan_order()
+    in_plan = spmv.plan_order_here()
     if in_plan is not None:  # one GPU, a relabelled plan: the vectors live in its order, gathered never
         rows, inner = in_plan
         multiply = lambda v, out: inner(v, out=out)  # noqa: E731
@@ -246,9 +247,10 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
         raise ConvergenceError(f"PageRank did not converge in {max_iter} iterations (last change {error:.3g}, "
                                f"rule {tol_rule!r}, tol {tol})")
     iteration = met
-    if in_plan is not None:
-        ranks = np.empty(n)
-        ranks[rows] = cupy.asnumpy(x)
+    if in_plan is not None:  # back to A's order on the device: a scatter of n values there, not on the host
+        ranks = cupy.empty(n, np.float64)
+        ranks[picks] = x
+        ranks = host(ranks)
     elif in_order:
         ranks = cupy.asnumpy(x).astype(np.float64)
     else:

@@ -67,6 +67,19 @@ class RowPartition:
         return where
 
 
+def whole_partition(rows: int, weight: float) -> RowPartition:
+    """One rank dealt all ``rows`` in order, of total ``weight``: :func:`bitonic_partition`'s one part, made
+    without its per-row weights (a one-GPU product needs none of them counted).
+
+    Example:
+        >>> p = whole_partition(3, 7.0)
+        >>> p.rows[0].tolist(), p.owner.tolist(), p.weight.tolist()
+        ([0, 1, 2], [0, 0, 0], [7.0])
+    """
+    return RowPartition(parts=1, owner=np.zeros(rows, np.int64), rows=(np.arange(rows, dtype=np.int64),),
+                        weight=np.array([weight]))
+
+
 def bitonic_partition(weights: np.ndarray, parts: int, order_by: np.ndarray | None = None, xp=np) -> RowPartition:
     """Deal the rows to ``parts`` ranks in bitonic order of their ``weights`` (ties by row index); each
     rank's rows ascending, or by decreasing ``order_by`` (ties by row index) where given and ``parts`` > 1.
@@ -90,9 +103,7 @@ def bitonic_partition(weights: np.ndarray, parts: int, order_by: np.ndarray | No
     if np.any(weights < 0) or not np.all(np.isfinite(weights)):
         raise ValueError("row weights must be finite and non-negative")
     if parts == 1:  # one rank deals itself every row, in order: nothing to sort, pick or count
-        return RowPartition(parts=1, owner=np.zeros(weights.size, np.int64),
-                            rows=(np.arange(weights.size, dtype=np.int64),),
-                            weight=np.array([weights.sum(dtype=np.float64)]))
+        return whole_partition(weights.size, float(weights.sum(dtype=np.float64)))
     if order_by is not None:
         order_by = np.asarray(order_by)
         if order_by.shape != weights.shape:

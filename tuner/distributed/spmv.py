@@ -13,11 +13,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import gpu
-from ..formats.xp import host
+from ..formats.xp import host, module as module_of
 from ..matrix import MatrixError, canonicalize, check_vector_dtype, check_vector_shape
 from ..stages import Stages
 from .comm import Communicator
-from .partition import RowPartition, bitonic_partition, square_partition
+from .partition import bitonic_partition  # noqa: F401 - an example uses it
+from .partition import RowPartition, square_partition, whole_partition
 
 RANK_KERNELS = ("auto", "tiles", "compile")
 
@@ -123,15 +124,17 @@ class DistributedSpMV:
         device_comm = comm.size > 1 and hasattr(comm, "allgather_into")
         clock = Stages()
         # One rank keeps every row in order and counts no column.
+        partition_given = partition
         if partition is None:
             partition = square_partition(m.row_lengths, m.col_lengths, comm.size, _sorts(device_comm)) \
-                if comm.size > 1 else bitonic_partition(m.row_lengths, 1)
+                if comm.size > 1 else whole_partition(m.n_rows, float(m.nnz))
         self.partition = partition
         clock.stage("partition")
         if self.partition.parts != comm.size or self.partition.owner.size != m.n_rows:
             raise ValueError(f"the partition has {self.partition.parts} parts of {self.partition.owner.size} rows; "
                              f"the communicator {comm.size} ranks and A {m.n_rows} rows")
         self.rows = self.partition.rows[comm.rank]
+        self._rows_in_order = comm.size == 1 and partition_given is None  # whole_partition's rows: 0..n-1
         tuned = local_compile is None
         # What multiplies, for reports: the generic kernel (tune='none'), the tuned one, or the caller's.
         self.kernel_kind = ("generic" if options.get("tune") == "none" else "tuned") if tuned else "given"
@@ -174,6 +177,7 @@ class DistributedSpMV:
         self = cls.__new__(cls)
         self.comm, self.partition = comm, partition
         self.rows = partition.rows[comm.rank]
+        self._rows_in_order = False
         self.kernel_kind, self.dtype = "tiled", np.dtype(dtype)
         self.local = self._own = self._rest = None
         self._tiles, self.local_nnz = kernel, kernel.tiles.nnz
@@ -236,15 +240,32 @@ class DistributedSpMV:
             ...                   .plan_order())  # a product with no order of its own
             [None]
         """
+        found = self.plan_order_here()
+        return None if found is None else (host(found[0]), found[1])
+
+    def plan_order_here(self):
+        """:meth:`plan_order` with the order where the plan keeps it (on the device for a layout built there):
+        for callers that pick and place vectors on the device, without the order's round trip to the host.
+
+        Example:
+            >>> from tuner.distributed.comm import LocalGroup
+            >>> LocalGroup(1).run(lambda c: DistributedSpMV(sp.eye(4, format="csr"), c, local_compile=lambda M: M.dot)
+            ...                   .plan_order_here())
+            [None]
+        """
         local = self.local
         if self.comm.size != 1 or local is None or not hasattr(local, "in_plan_order"):
             return None
-        if local.col_order is None or local.row_rank is None:
+        order, rank = local.col_order, local.row_rank
+        if order is None or rank is None:
             return None
-        order, rank = host(local.col_order), host(local.row_rank)
-        if not np.array_equal(rank[order], np.arange(order.size, dtype=rank.dtype)):
+        xp = module_of(order)
+        rank = host(rank) if xp is np else xp.asarray(rank)
+        # The same permutation for rows and columns (square plans relabel both alike): checked where they live.
+        if not bool((rank[order] == xp.arange(order.size, dtype=rank.dtype)).all()):
             return None
-        return self.rows[order], local.in_plan_order()
+        # The plan's i-th node is rows[order[i]]; a rank dealt every row in order (rows 0..n-1) needs no pick.
+        return (order if self._rows_in_order else xp.asarray(self.rows)[order]), local.in_plan_order()
 
     def scatter(self, x: np.ndarray) -> np.ndarray:
         """This rank's entries of a whole vector."""
