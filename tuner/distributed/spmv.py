@@ -13,7 +13,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import gpu
-from ..formats.xp import host, module as module_of
+from ..formats.xp import host, largest, module as module_of
 from ..matrix import MatrixError, canonicalize, check_vector_dtype, check_vector_shape
 from ..stages import Stages
 from .comm import Communicator
@@ -261,8 +261,9 @@ class DistributedSpMV:
             return None
         xp = module_of(order)
         rank = host(rank) if xp is np else xp.asarray(rank)
-        # The same permutation for rows and columns (square plans relabel both alike): checked where they live.
-        if not bool((rank[order] == xp.arange(order.size, dtype=rank.dtype)).all()):
+        # The same permutation for rows and columns (square plans relabel both alike): checked where they live,
+        # by xp.largest rather than CuPy's all(), whose reduction kernel takes seconds to build on first use.
+        if largest(rank[order] != xp.arange(order.size, dtype=rank.dtype)):
             return None
         # The plan's i-th node is rows[order[i]]; a rank dealt every row in order (rows 0..n-1) needs no pick.
         return (order if self._rows_in_order else xp.asarray(self.rows)[order]), local.in_plan_order()
