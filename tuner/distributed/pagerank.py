@@ -24,7 +24,6 @@ import numpy as np
 
 from .. import codegen, gpu
 from ..formats import xp
-from ..formats.xp import host
 from ..formats.transpose import transpose
 from ..graph.device_pull import pull_on_device
 from ..graph.pagerank import (TOL_RULES, ConvergenceError, IterationInfo, _node_vector, edge_weights,
@@ -250,7 +249,7 @@ def pagerank_on_devices(A, comm, alpha: float = 0.85, personalization=None, max_
     if in_plan is not None:  # back to A's order on the device: a scatter of n values there, not on the host
         ranks = cupy.empty(n, np.float64)
         ranks[picks] = x
-        ranks = host(ranks)
+        ranks = xp.host(ranks)
     elif in_order:
         ranks = cupy.asnumpy(x).astype(np.float64)
     else:

@@ -124,7 +124,7 @@ class DistributedSpMV:
         device_comm = comm.size > 1 and hasattr(comm, "allgather_into")
         clock = Stages()
         # One rank keeps every row in order and counts no column.
-        partition_given = partition
+        self._rows_in_order = comm.size == 1 and partition is None  # whole_partition's rows: 0..n-1
         if partition is None:
             partition = square_partition(m.row_lengths, m.col_lengths, comm.size, _sorts(device_comm)) \
                 if comm.size > 1 else whole_partition(m.n_rows, float(m.nnz))
@@ -134,7 +134,6 @@ class DistributedSpMV:
             raise ValueError(f"the partition has {self.partition.parts} parts of {self.partition.owner.size} rows; "
                              f"the communicator {comm.size} ranks and A {m.n_rows} rows")
         self.rows = self.partition.rows[comm.rank]
-        self._rows_in_order = comm.size == 1 and partition_given is None  # whole_partition's rows: 0..n-1
         tuned = local_compile is None
         # What multiplies, for reports: the generic kernel (tune='none'), the tuned one, or the caller's.
         self.kernel_kind = ("generic" if options.get("tune") == "none" else "tuned") if tuned else "given"
@@ -262,7 +261,7 @@ class DistributedSpMV:
         xp = module_of(order)
         rank = host(rank) if xp is np else xp.asarray(rank)
         # The same permutation for rows and columns (square plans relabel both alike): checked where they live,
-        # by xp.largest rather than CuPy's all(), whose reduction kernel takes seconds to build on first use.
+        # by largest as the other device checks are (tuner.formats.xp says why not CuPy's reductions).
         if largest(rank[order] != xp.arange(order.size, dtype=rank.dtype)):
             return None
         # The plan's i-th node is rows[order[i]]; a rank dealt every row in order (rows 0..n-1) needs no pick.
