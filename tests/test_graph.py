@@ -244,7 +244,7 @@ def test_hits_options_and_bad_input():
 
 @pytest.mark.gpu
 def test_hits_through_the_tuned_spmv_equals_the_host_products():
-    A = graph(3000, 66)
+    A = graph(1500, 66)  # below DEVICE_MIN_NODES: ARPACK on the host, the products on the GPU
     (h, a), info = tuner.hits(A, return_info=True)
     h2, a2 = tuner.hits(A, backend="scipy")
     assert info.backend == "tuned" and np.abs(h - h2).max() <= 1e-9 and np.abs(a - a2).max() <= 1e-9
@@ -305,7 +305,7 @@ def test_hits_picks_the_device_for_graphs_from_the_lanczos_threshold_and_names_w
     for comm, limit in ((object(), None), (None, "2G")):
         with pytest.raises(ValueError, match="backend='device' runs every Lanczos step on one GPU"):
             hits_module._backend_for("device", big, comm, limit)
-    assert hits_module.lanczos_vectors(big, 8, 1 << 20) == 0  # not even 8 vectors: hits runs ARPACK instead
+    assert hits_module.lanczos_vectors(1 << 14, 8, 1 << 20) == 0  # not even 8 vectors: hits runs ARPACK instead
     monkeypatch.setattr(device_reorder, "available", lambda: False)
     with pytest.raises(tuner.gpu.NoDeviceError, match="CuPy reaches no GPU here"):
         hits_module._backend_for("device", big, None, None)

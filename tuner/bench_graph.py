@@ -14,9 +14,10 @@ Rows (models/<gpu-slug>/bench-graph.json), host SciPy matrix in, NumPy result ou
 * ``rwr``: the same with the walk restarting at the three nodes of largest out-degree.
 * ``simrank``: :func:`tuner.simrank` through our SpGEMM against the same two products an iteration through
   CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), for our number of iterations, on small generated graphs.
-* ``hits``: :func:`tuner.hits` as a user calls it (its default solver: CuPy's Lanczos on the GPU, or on
-  graphs of fewer than ``DEVICE_MIN_NODES`` nodes ARPACK on the host, the products by A and Aᵀ on this GPU)
-  against the same solver with cuSPARSE's products through CuPy, both from the same start vector.
+* ``hits``: :func:`tuner.hits` as a user calls it (its default solver: thick-restart Lanczos on the GPU
+  (:mod:`tuner.graph.lanczos`), or on graphs of fewer than ``DEVICE_MIN_NODES`` nodes ARPACK on the host, the
+  products by A and Aᵀ on this GPU) against the same algorithm as CuPy offers it (its thick-restart Lanczos,
+  ``eigsh``, on the GPU; ARPACK where ours ran ARPACK) with cuSPARSE's products, both from the same start.
 * ``betweenness``: :func:`tuner.betweenness` on the GPU from ``BETWEENNESS_SOURCES`` sampled sources against
   a separately written batched Brandes on CuPy (cuSPARSE SpMM per BFS level, the levels kept as Brandes'
   stack), the same sources, each side in batches of as many as 1 GiB of its n x batch arrays holds.
@@ -362,22 +363,21 @@ def bench_simrank(source: str) -> GraphRow:
 
 def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, tol: float = 1e-8):
     """NetworkX's HITS with every product by A and Aᵀ on cuSPARSE through CuPy, float64, by the solver
-    :func:`tuner.hits` ran (``on_device``: CuPy's Lanczos on the device,
-    :func:`~tuner.graph.hits.device_authorities` as ours; else ARPACK on the host): ((hubs, authorities),
-    products, setup s, iterations s)."""
+    :func:`tuner.hits` ran (``on_device``: Lanczos on the device, CuPy's own (:func:`cupy_authorities`); else
+    ARPACK on the host): ((hubs, authorities), products, setup s, iterations s)."""
     import cupy
     import cupyx
     import cupyx.scipy.sparse as cpsp
     from scipy.sparse.linalg import LinearOperator, svds
 
-    from .graph.hits import LANCZOS_VECTORS, device_authorities
+    from .graph.hits import LANCZOS_VECTORS
     t0 = time.perf_counter()
     forward = cpsp.csr_matrix(sp.csr_matrix(A, dtype=np.float64))
     backward = forward.T.tocsr()
     _sync()
     t1 = time.perf_counter()
     if on_device:
-        a, products = device_authorities(lambda v, out: cupyx.cusparse.spmv(forward, v, y=out),
+        a, products = cupy_authorities(lambda v, out: cupyx.cusparse.spmv(forward, v, y=out),
                                          lambda v, out: cupyx.cusparse.spmv(backward, v, y=out), A.shape[0],
                                          start, max_iter, tol, np.float64, LANCZOS_VECTORS)
         h = forward @ a
@@ -398,6 +398,41 @@ def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, to
     h = through(forward)(a)
     t2 = time.perf_counter()
     return (h / h.sum(), a / a.sum()), calls[0], t1 - t0, t2 - t1
+
+
+def cupy_authorities(forward, backward, n: int, start, max_iter: int, tol: float, dtype, vectors: int):
+    """:func:`~tuner.graph.hits.device_authorities` as a careful CuPy user writes it: CuPy's thick-restart
+    Lanczos (``cupyx.scipy.sparse.linalg.eigsh``, ``vectors`` of basis, ``max_iter`` restarts of it) on a
+    LinearOperator of Aᵀ A, the same start, stopping rule and ConvergenceError: (authorities, products)."""
+    import cupy
+    from cupyx.scipy.sparse.linalg import LinearOperator, eigsh
+
+    from .graph.hits import _total
+    from .graph.pagerank import ConvergenceError
+    dtype = np.dtype(dtype)
+    y, u = cupy.empty(n, dtype), cupy.empty(n, dtype)
+    calls = [0]
+
+    def normal(v):  # Aᵀ A v: eigsh copies the result out of u before the next call
+        calls[0] += 1
+        forward(cupy.ascontiguousarray(v), y)
+        backward(y, u)
+        return u
+    v0 = cupy.ones(n, dtype) if start is None else cupy.asarray(start, dtype=dtype)
+    forward(v0, y)
+    limit = tol * _total(y, y) / _total(v0, v0)  # relative to the start's Rayleigh quotient
+    most = max_iter * vectors  # CuPy counts products, ARPACK restarts
+    w, x = eigsh(LinearOperator((n, n), matvec=normal, dtype=dtype), k=1, which="LA", v0=v0, ncv=vectors,
+                 maxiter=most, tol=limit)
+    a, lam = cupy.ascontiguousarray(x[:, 0]), float(w[0])
+    if calls[0] >= most:  # stopped by the limit: converged only if the residual says so
+        r = normal(a) - lam * a
+        residual = _total(r, r) ** 0.5
+        if residual > max(limit, 64 * np.finfo(dtype).eps * abs(lam)):
+            raise ConvergenceError(f"HITS: CuPy's Lanczos did not converge in {max_iter} restarts (tol {tol})")
+    if _total(a) < 0:
+        a = -a
+    return a, 2 * calls[0] + 1
 
 
 def bench_hits(source: str) -> GraphRow:
@@ -566,7 +601,7 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
             "command": command, "commands": commands, "gpu": {"name": info.name, "memory_bytes": info.memory_bytes},
             "timing": (f"wall seconds between device synchronisations; float32 PageRank/RWR to a per-node change "
                        f"below {TOL} (cuSPARSE: the same iterations); HITS float64, ARPACK's tolerance and basis "
-                       f"(cuSPARSE: the same solver, device Lanczos or host ARPACK); betweenness "
+                       f"(cuSPARSE: thick-restart Lanczos as CuPy's eigsh makes it, or ARPACK where ours ran it); betweenness "
                        f"{BETWEENNESS_SOURCES} sampled sources; SimRank float64, NetworkX's tolerance"),
             "rows": kept + [asdict(r) for r in rows]}, indent=1) + "\n")
     return rows

@@ -5,16 +5,16 @@ them. Lanczos iterations find it where a plain power iteration on Aᵀ A needs h
 leading singular values are close:
 
 * ``backend='device'`` (the default where CuPy reaches a GPU, for graphs of ``DEVICE_MIN_NODES`` nodes or
-  more): CuPy's thick-restart Lanczos (``cupyx.scipy.sparse.linalg.eigsh``) on Aᵀ A, its vectors on the
-  device, each product by Aᵀ A two launches of the tuned SpMV (:func:`device_authorities`);
+  more): thick-restart Lanczos on Aᵀ A with its vectors on the device (:mod:`tuner.graph.lanczos`), each
+  product by Aᵀ A two launches of the tuned SpMV (:func:`device_authorities`);
 * ``'tuned'``: ARPACK on the host (``scipy.sparse.linalg.svds``, k=1, as NetworkX calls it), each product by A
   or Aᵀ the tuned SpMV's, the vector crossing PCIe both ways;
 * ``'scipy'``: the same ARPACK iterations with SciPy's products.
 
-A Lanczos step on the device costs a fixed twenty-odd host calls (a few tenths of a millisecond); ARPACK's
-step on the host costs passes over its vectors and two round trips of n values over PCIe, growing with n:
-below ``DEVICE_MIN_NODES`` nodes the host's step is the cheaper, above it the device's. Both keep a basis of
-``LANCZOS_VECTORS``, so they take about as many products.
+A Lanczos step on the device costs a fixed six launches (about a tenth of a millisecond of host time, the
+two products included); ARPACK's step on the host costs passes over its vectors and two round trips of n values
+over PCIe, growing with n: below ``DEVICE_MIN_NODES`` nodes the host's step is the cheaper, above it the
+device's. Both keep a basis of ``LANCZOS_VECTORS``, so they take about as many products.
 
 With a communicator (``comm``, :mod:`tuner.distributed`) every rank runs the same ARPACK iterations on the
 host from the same start, and each product by A or Aᵀ is split by rows among the ranks (their GPUs, or SciPy
@@ -29,10 +29,11 @@ import scipy.sparse as sp  # noqa: F401 - the example uses it
 
 from ..formats.transpose import transpose
 from ..matrix import MatrixError, check_value_dtype
+from .lanczos import leading_eigenpair
 from .pagerank import ConvergenceError, IterationInfo, _multiply, _node_vector, adjacency, default_backend
 
 BACKENDS = ("device", "tuned", "scipy")
-DEVICE_MIN_NODES = 1 << 14  # the default runs Lanczos on the device from here on (module docstring)
+DEVICE_MIN_NODES = 1 << 11  # the default runs Lanczos on the device from here on (module docstring)
 LANCZOS_VECTORS = 20  # ARPACK's basis for one singular triple as svds (and so NetworkX) sets it
 DEVICE_SHARE = 2  # the Lanczos basis may take at most half the device's free memory
 
@@ -63,15 +64,17 @@ def lanczos_vectors(n: int, itemsize: int, free_bytes: int) -> int:
 
 
 def device_authorities(forward, backward, n: int, start, max_iter: int, tol: float, dtype, vectors: int):
-    """A's leading right singular vector by CuPy's thick-restart Lanczos on Aᵀ A on the device: (authorities
-    as a CuPy vector of unit norm, summing to a positive value; products by A or Aᵀ made). ``forward(v, out)``
-    and ``backward(v, out)`` write A v and Aᵀ v into ``out`` (CuPy vectors of ``dtype``); ``start``: the first
-    Lanczos vector (None: all ones, which the nonnegative leading vector of a graph is never orthogonal to);
-    ``vectors``: the basis (:func:`lanczos_vectors`). ``max_iter`` and ``tol`` are ARPACK's as NetworkX passes
-    them: restarts of the basis, and the residual relative to the eigenvalue, here scaled by the Rayleigh
-    quotient of the start (at most the eigenvalue: a stopping rule at least as strict). Raises
+    """A's leading right singular vector by thick-restart Lanczos on Aᵀ A on the device
+    (:func:`~tuner.graph.lanczos.leading_eigenpair`: two products and four kernels a step, the host reading the
+    coefficients once per cycle of the basis): (authorities as a CuPy vector of unit norm, summing to a positive
+    value; products by A or Aᵀ made). ``forward(v, out)`` and ``backward(v, out)`` write A v and Aᵀ v into
+    ``out`` (CuPy vectors of ``dtype``); ``start``: the first Lanczos vector (None: all ones, which the
+    nonnegative leading vector of a graph is never orthogonal to); ``vectors``: the basis
+    (:func:`lanczos_vectors`). ``max_iter`` and ``tol`` are ARPACK's as NetworkX passes them: cycles of the
+    basis, and the residual relative to the eigenvalue, here relative to the Rayleigh quotient of the start (at
+    most the eigenvalue: a stopping rule at least as strict). Raises
     :class:`~tuner.graph.pagerank.ConvergenceError` where the residual is still above it after ``max_iter``
-    restarts (CuPy's eigsh returns without saying so).
+    cycles (and above the rounding of the eigenvalue).
 
     Example (on a GPU machine; cuSPARSE's products):
         >>> F = cupyx.scipy.sparse.csr_matrix(A); B = F.T.tocsr()                      # doctest: +SKIP
@@ -80,33 +83,21 @@ def device_authorities(forward, backward, n: int, start, max_iter: int, tol: flo
         ...                                  1e-8, np.float64, LANCZOS_VECTORS)          # doctest: +SKIP
     """
     import cupy
-    from cupyx.scipy.sparse.linalg import LinearOperator, eigsh
     dtype = np.dtype(dtype)
-    y, u = cupy.empty(n, dtype), cupy.empty(n, dtype)
-    calls = [0]
+    y = cupy.empty(n, dtype)
 
-    def normal(v):  # Aᵀ A v: eigsh copies the result out of u before the next call
-        calls[0] += 1
-        forward(cupy.ascontiguousarray(v), y)
-        backward(y, u)
-        return u
+    def normal(v, out):  # Aᵀ A v
+        forward(v, y)
+        backward(y, out)
     v0 = cupy.ones(n, dtype) if start is None else cupy.asarray(start, dtype=dtype)
-    forward(v0, y)
-    rayleigh = _total(y, y) / _total(v0, v0)
-    limit = tol * rayleigh
-    most = max_iter * vectors  # CuPy counts products, ARPACK restarts
-    w, x = eigsh(LinearOperator((n, n), matvec=normal, dtype=dtype), k=1, which="LA", v0=v0, ncv=vectors,
-                 maxiter=most, tol=limit)
-    a, lam = cupy.ascontiguousarray(x[:, 0]), float(w[0])
-    if calls[0] >= most:  # stopped by the limit: converged only if the residual says so
-        r = normal(a) - lam * a
-        residual = _total(r, r) ** 0.5
-        if residual > max(limit, 64 * np.finfo(dtype).eps * abs(lam)):
-            raise ConvergenceError(f"HITS: Lanczos did not converge in {max_iter} restarts (tol {tol}; residual "
-                                   f"{residual / max(lam, np.finfo(dtype).tiny):.3g} of the eigenvalue)")
+    pair = leading_eigenpair(normal, v0, min(vectors, n), max_iter, tol)
+    if not pair.converged and pair.residual > 64 * np.finfo(dtype).eps * abs(pair.value):
+        raise ConvergenceError(f"HITS: Lanczos did not converge in {max_iter} restarts (tol {tol}; residual "
+                               f"{pair.residual / max(pair.value, np.finfo(dtype).tiny):.3g} of the eigenvalue)")
+    a = pair.vector
     if _total(a) < 0:
         a = -a
-    return a, 2 * calls[0] + 1
+    return a, 2 * pair.products
 
 
 def _total(v, w=None) -> float:
@@ -259,7 +250,7 @@ def _backend_for(backend: str | None, n: int, comm, device_memory_limit) -> str:
         from .. import gpu
         from ..formats import device_reorder
         if not device_reorder.available():
-            raise gpu.NoDeviceError("HITS with backend='device' runs CuPy's Lanczos, and CuPy reaches no GPU here: "
+            raise gpu.NoDeviceError("HITS with backend='device' runs Lanczos on the GPU, and CuPy reaches no GPU here: "
                                     "use backend='tuned' or 'scipy'")
     return backend
 
