@@ -177,6 +177,16 @@ __device__ void block_sums(double* acc, int cols, double* partials) {
     }
 }
 
+// Every thread: acc zeroed and, where c is given, the first cols coefficients in the block's shared c.
+__device__ __forceinline__ void begin(double* acc, double* c, const double* coef, int cols) {
+#pragma unroll
+    for (int i = 0; i < MAXV; ++i) acc[i] = 0.0;
+    if (c != nullptr) {
+        if (threadIdx.x < MAXV) c[threadIdx.x] = threadIdx.x < cols ? coef[threadIdx.x] : 0.0;
+        __syncthreads();
+    }
+}
+
 // The grid's sums, in block order (the same at every call), by the last block; the counter is reset.
 __device__ void grid_sums(const double* partials, int cols, double* out, unsigned int* arrivals) {
     if (threadIdx.x < cols) {
@@ -189,11 +199,10 @@ __device__ void grid_sums(const double* partials, int cols, double* out, unsigne
 
 // coef[i] = V[i] . u for i < cols.
 template <typename T>
-__global__ void __launch_bounds__(BLOCK) lanczos_project(const T* V, const T* u, long long n, int cols,
+__global__ void __launch_bounds__(BLOCK, 2) lanczos_project(const T* V, const T* u, long long n, int cols,
                                                          double* partials, unsigned int* arrivals, double* coef) {
     double acc[MAXV];
-#pragma unroll
-    for (int i = 0; i < MAXV; ++i) acc[i] = 0.0;
+    begin(acc, nullptr, nullptr, cols);
     for (long long k = blockIdx.x * (long long)BLOCK + threadIdx.x; k < n; k += (long long)gridDim.x * BLOCK) {
         double uk = (double)u[k];
 #pragma unroll
@@ -205,25 +214,23 @@ __global__ void __launch_bounds__(BLOCK) lanczos_project(const T* V, const T* u,
 
 // u -= sum_i coef[i] V[i], then again[i] = V[i] . u: each thread reprojects the entries it updated.
 template <typename T>
-__global__ void __launch_bounds__(BLOCK) lanczos_remove_project(const T* V, T* u, long long n, int cols,
+__global__ void __launch_bounds__(BLOCK, 2) lanczos_remove_project(const T* V, T* u, long long n, int cols,
                                                                 const double* coef, double* partials,
                                                                 unsigned int* arrivals, double* again) {
     __shared__ double c[MAXV];
-    if (threadIdx.x < MAXV) c[threadIdx.x] = threadIdx.x < cols ? coef[threadIdx.x] : 0.0;
-    __syncthreads();
     double acc[MAXV];
-#pragma unroll
-    for (int i = 0; i < MAXV; ++i) acc[i] = 0.0;
+    begin(acc, c, coef, cols);
     for (long long k = blockIdx.x * (long long)BLOCK + threadIdx.x; k < n; k += (long long)gridDim.x * BLOCK) {
-        double v[MAXV];
         double uk = (double)u[k];
 #pragma unroll
-        for (int i = 0; i < MAXV; ++i) if (i < cols) { v[i] = (double)V[i * n + k]; uk -= c[i] * v[i]; }
+        for (int i = 0; i < MAXV; ++i) if (i < cols) uk -= c[i] * (double)V[i * n + k];
         T stored = (T)uk;
         u[k] = stored;
         uk = (double)stored;
+        // The basis entries again, from L1 (the warp's sectors of them were just read): held in registers
+        // beside the sums they would halve the kernel's occupancy.
 #pragma unroll
-        for (int i = 0; i < MAXV; ++i) if (i < cols) acc[i] += v[i] * uk;
+        for (int i = 0; i < MAXV; ++i) if (i < cols) acc[i] += (double)V[i * n + k] * uk;
     }
     block_sums(acc, cols, partials);
     if (last_block(arrivals)) grid_sums(partials, cols, again, arrivals);
@@ -232,16 +239,13 @@ __global__ void __launch_bounds__(BLOCK) lanczos_remove_project(const T* V, T* u
 // u -= sum_i again[i] V[i]; column j of H gets coef + again and beta[j] the norm of u (0 where u is only
 // rounding: at most eps2 of the product's square norm, the Krylov space closed).
 template <typename T>
-__global__ void __launch_bounds__(BLOCK) lanczos_remove_norm(const T* V, T* u, long long n, int cols,
+__global__ void __launch_bounds__(BLOCK, 2) lanczos_remove_norm(const T* V, T* u, long long n, int cols,
                                                              const double* coef, const double* again,
                                                              double* partials, unsigned int* arrivals, double* H,
                                                              double* beta, int j, int ncv, double eps2) {
     __shared__ double c[MAXV];
-    if (threadIdx.x < MAXV) c[threadIdx.x] = threadIdx.x < cols ? again[threadIdx.x] : 0.0;
-    __syncthreads();
     double acc[MAXV];
-#pragma unroll
-    for (int i = 0; i < MAXV; ++i) acc[i] = 0.0;
+    begin(acc, c, again, cols);
     for (long long k = blockIdx.x * (long long)BLOCK + threadIdx.x; k < n; k += (long long)gridDim.x * BLOCK) {
         double uk = (double)u[k];
 #pragma unroll
