@@ -381,8 +381,8 @@ def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, to
     t1 = time.perf_counter()
     if on_device:
         a, products = cupy_authorities(lambda v, out: cupyx.cusparse.spmv(forward, v, y=out),
-                                         lambda v, out: cupyx.cusparse.spmv(backward, v, y=out), A.shape[0],
-                                         start, max_iter, tol, np.float64, LANCZOS_VECTORS)
+                                       lambda v, out: cupyx.cusparse.spmv(backward, v, y=out), A.shape[0],
+                                       start, max_iter, tol, np.float64, LANCZOS_VECTORS)
         h = forward @ a
         h, a = (h / h.sum()).get(), (a / a.sum()).get()
         _sync()
@@ -411,7 +411,6 @@ def cupy_authorities(forward, backward, n: int, start, max_iter: int, tol: float
     from cupyx.scipy.sparse.linalg import LinearOperator, eigsh
 
     from .graph.hits import _total
-    from .graph.pagerank import ConvergenceError
     dtype = np.dtype(dtype)
     y, u = cupy.empty(n, dtype), cupy.empty(n, dtype)
     calls = [0]
@@ -604,8 +603,8 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
             "command": command, "commands": commands, "gpu": {"name": info.name, "memory_bytes": info.memory_bytes},
             "timing": (f"wall seconds between device synchronisations; float32 PageRank/RWR to a per-node change "
                        f"below {TOL} (cuSPARSE: the same iterations); HITS float64, ARPACK's tolerance and basis "
-                       f"(cuSPARSE: thick-restart Lanczos as CuPy's eigsh makes it, or ARPACK where ours ran it); betweenness "
-                       f"{BETWEENNESS_SOURCES} sampled sources; SimRank float64, NetworkX's tolerance"),
+                       f"(cuSPARSE: thick-restart Lanczos as CuPy's eigsh makes it, or ARPACK where ours ran it); "
+                       f"betweenness {BETWEENNESS_SOURCES} sampled sources; SimRank float64, NetworkX's tolerance"),
             "rows": kept + [asdict(r) for r in rows]}, indent=1) + "\n")
     return rows
 

@@ -2,8 +2,8 @@
 the host out of the steps.
 
 CuPy's ``eigsh`` makes each Lanczos step of some fifteen host calls (cuBLAS dots, norms, axpys and two gemvs,
-kernels of its own, the operator's copies): on a graph of 10^5 edges they cost ten times the step's two
-products. Here a step is the operator's products and four kernels (:data:`SOURCE`): the projection of the new
+kernels of its own, the operator's copies): on cit-HepPh (4 x 10^5 edges, H200) 0.36 ms a step, where the
+calls of its two products take 0.04 ms. Here a step is the operator's products and four kernels (:data:`SOURCE`): the projection of the new
 vector on the basis, its removal fused with a second projection (classical Gram-Schmidt twice: the basis stays
 orthogonal to rounding, whatever the Ritz values' spread), the second removal with the vector's norm, and the
 normalised vector written into the basis. Each reduction ends in the grid's last block (no second launch), the
