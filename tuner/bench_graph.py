@@ -272,13 +272,10 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
             for graph, on_device in itertools.product((A, weighted), (True, False)):
                 hits(graph, nstart=np.ones(A.shape[0]), backend="device" if on_device else "tuned")
                 cusparse_hits(graph, np.ones(A.shape[0]), on_device)
-            # Lanczos restarting its basis (a graph of close singular values does; the warm-up graph converges
-            # in one basis): each side's kernels of the restart (CuPy's eigsh builds its own on a machine's first
-            # use).
+            # Our Lanczos restarting its basis (a graph of close singular values does; the warm-up graph
+            # converges in one basis).
             with contextlib.suppress(ConvergenceError):
                 hits(A, nstart=np.ones(A.shape[0]), backend="device", tol=1e-30, max_iter=3)
-            with contextlib.suppress(ConvergenceError):
-                cusparse_hits(A, np.ones(A.shape[0]), True, max_iter=3, tol=1e-30)
         if "betweenness" in algorithms:
             betweenness(A, k=4, seed=0, backend="device")
             cusparse_betweenness(A, np.arange(4), 4)
