@@ -187,6 +187,17 @@ __device__ __forceinline__ void begin(double* acc, double* c, const double* coef
     }
 }
 
+// u[k] -= sum_i c[i] V[i][k], stored in u's type; the stored value, as a double.
+template <typename T>
+__device__ __forceinline__ double remove_at(const T* V, T* u, const double* c, int cols, long long n, long long k) {
+    double uk = (double)u[k];
+#pragma unroll
+    for (int i = 0; i < MAXV; ++i) if (i < cols) uk -= c[i] * (double)V[i * n + k];
+    T stored = (T)uk;
+    u[k] = stored;
+    return (double)stored;
+}
+
 // The grid's sums, in block order (the same at every call), by the last block; the counter is reset.
 __device__ void grid_sums(const double* partials, int cols, double* out, unsigned int* arrivals) {
     if (threadIdx.x < cols) {
@@ -221,12 +232,7 @@ __global__ void __launch_bounds__(BLOCK, 2) lanczos_remove_project(const T* V, T
     double acc[MAXV];
     begin(acc, c, coef, cols);
     for (long long k = blockIdx.x * (long long)BLOCK + threadIdx.x; k < n; k += (long long)gridDim.x * BLOCK) {
-        double uk = (double)u[k];
-#pragma unroll
-        for (int i = 0; i < MAXV; ++i) if (i < cols) uk -= c[i] * (double)V[i * n + k];
-        T stored = (T)uk;
-        u[k] = stored;
-        uk = (double)stored;
+        double uk = remove_at(V, u, c, cols, n, k);
         // The basis entries again, from L1 (the warp's sectors of them were just read): held in registers
         // beside the sums they would halve the kernel's occupancy.
 #pragma unroll
@@ -247,12 +253,8 @@ __global__ void __launch_bounds__(BLOCK, 2) lanczos_remove_norm(const T* V, T* u
     double acc[MAXV];
     begin(acc, c, again, cols);
     for (long long k = blockIdx.x * (long long)BLOCK + threadIdx.x; k < n; k += (long long)gridDim.x * BLOCK) {
-        double uk = (double)u[k];
-#pragma unroll
-        for (int i = 0; i < MAXV; ++i) if (i < cols) uk -= c[i] * (double)V[i * n + k];
-        T stored = (T)uk;
-        u[k] = stored;
-        acc[0] += (double)stored * (double)stored;
+        double uk = remove_at(V, u, c, cols, n, k);
+        acc[0] += uk * uk;
     }
     block_sums(acc, 1, partials);
     if (last_block(arrivals)) {
