@@ -677,16 +677,16 @@ def test_simrank_goes_dense_on_the_device_once_a_power_law_graphs_similarities_f
     assert abs(S - host).max() <= 1e-12 and np.array_equal(S.diagonal(), np.ones(A.shape[0]))
 
 
-def _dense_on_the_host(monkeypatch, ratio):
+def _dense_on_the_host(monkeypatch, ratio, lookahead=True):
     """simrank's dense iterations on NumPy with SciPy's product, as if a GPU of ``ratio`` x the host's
-    bandwidth had room for them."""
+    bandwidth had room for them (each iteration queued ahead where ``lookahead``)."""
     import importlib
     from tuner.graph import dense_simrank
     simrank_module = importlib.import_module("tuner.graph.simrank")  # the package's name is the function
     monkeypatch.setattr(simrank_module, "bandwidth_ratio", lambda: ratio)
     monkeypatch.setattr(simrank_module, "dense_fits_device", lambda n: True)
     monkeypatch.setattr(simrank_module, "device_simrank", lambda Wt, S: dense_simrank.DenseSimRank(
-        S, dense_simrank.host_product(Wt), np))
+        S, dense_simrank.host_product(Wt), np, lookahead=lookahead))
     monkeypatch.setattr(simrank_module, "_product", lambda backend: lambda X, Y: (X @ Y).tocsr())
 
 
@@ -704,9 +704,10 @@ def test_simrank_dense_iterations_continue_the_sparse_ones_to_networkxs_result(m
     assert "dense" not in tuner.simrank(A, backend="tuned", threshold=1e-3, return_info=True)[1].backend
 
 
-def test_simrank_dense_iterations_stop_where_the_host_ones_do_and_not_one_later(monkeypatch):
+@pytest.mark.parametrize("lookahead", [True, False])
+def test_simrank_dense_iterations_stop_where_the_host_ones_do_and_not_one_later(monkeypatch, lookahead):
     from tuner.graph.pagerank import ConvergenceError
-    _dense_on_the_host(monkeypatch, 1e6)  # dense from the first iteration
+    _dense_on_the_host(monkeypatch, 1e6, lookahead)  # dense from the first iteration
     A = graph(120, 71)
     reference, ref_info = tuner.simrank(A, return_info=True)
     S, info = tuner.simrank(A, backend="tuned", max_iterations=ref_info.iterations, return_info=True)
@@ -714,6 +715,15 @@ def test_simrank_dense_iterations_stop_where_the_host_ones_do_and_not_one_later(
     assert info.error == pytest.approx(ref_info.error, abs=1e-15) and info.error <= 1e-4
     with pytest.raises(ConvergenceError, match=f"in {ref_info.iterations - 1} iterations"):
         tuner.simrank(A, backend="tuned", max_iterations=ref_info.iterations - 1)
+
+
+def test_dense_simrank_refuses_a_second_importance_factor():
+    from tuner.graph.dense_simrank import DenseSimRank, host_product
+    Wt = sp.csr_matrix(np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))  # 0 -> 1, 0 -> 2
+    it = DenseSimRank(sp.identity(3, format="csr"), host_product(Wt), np)
+    assert it.step(0.9) == pytest.approx(0.9 - 1e-5 * 0.9, abs=1e-15)  # S(1, 2) from 0 to 0.9
+    with pytest.raises(ValueError, match="one importance factor: 0.9, then 0.8"):
+        it.step(0.8)
 
 
 class _CompiledScipyProduct:
@@ -743,6 +753,48 @@ def test_simrank_goes_dense_from_the_first_iteration_where_compiling_a_sparse_on
     # without it the sparse iterations go on while their host bytes are fewer
     assert (first == 1) == (cost > 0) and len(product.seen) == 2 * (first - 1)
     assert abs(S - tuner.simrank(A)).max() <= 1e-12
+
+
+def test_the_simrank_finish_kernel_compiles_for_sm_90(tmp_path):
+    from tuner import codegen
+    from tuner.cache import Cache
+    from tuner.graph.dense_simrank import FINISH_SOURCE
+    assert b"simrank_finish" in codegen.compile_source(FINISH_SOURCE, arch="sm_90", cache=Cache(tmp_path)).cubin
+
+
+@pytest.mark.gpu
+def test_the_device_iteration_parts_equal_numpys_on_poisoned_outputs():
+    cupy = pytest.importorskip("cupy")
+    import cupyx.scipy.sparse as csp
+    from tuner.graph.dense_simrank import CachedSpmm, device_finish, host_finish
+    rng = np.random.default_rng(5)
+    n = 700
+    Wt = sp.random(n, n, density=0.01, format="csr", random_state=5, dtype=np.float64)
+    X = np.asfortranarray(rng.uniform(0.0, 1.0, (n, n)))
+    wt = csp.csr_matrix(Wt)
+    wt.sum_duplicates()
+    spmm = CachedSpmm(wt)
+    x = cupy.asarray(X, order="F")
+    outs = [cupy.full((n, n), np.nan, order="F") for _ in range(2)]
+    for _ in range(2):  # the second round through the kept descriptors and work space
+        spmm(x, outs[0])
+        spmm(x, outs[1], alpha=0.9, transposed=True)
+        assert np.abs(outs[0].get() - Wt @ X).max() <= 1e-12
+        assert np.abs(outs[1].get() - 0.9 * (Wt @ X.T)).max() <= 1e-12
+        outs[0].fill(np.nan), outs[1].fill(np.nan)
+    finish = device_finish(cupy, n)
+    pairs = [[np.asfortranarray(rng.uniform(0.0, 1.0, (n, n))) for _ in range(2)] for _ in range(3)]
+    on_device = [[cupy.asarray(a, order="F") for a in pair] for pair in pairs]
+    # Three finishes queued before any is read: the first's maxima and the third's take the same buffer
+    # only after the first was read
+    first, second = finish(*on_device[0]), finish(*on_device[1])
+    assert first() == host_finish(*pairs[0])
+    third = finish(*on_device[2])
+    assert second() == host_finish(*pairs[1]) and third() == host_finish(*pairs[2])
+    for (new, _), (new_d, _) in zip(pairs, on_device):
+        assert np.array_equal(new_d.get(), new)  # the diagonal set to 1 on both
+    with pytest.raises(ValueError, match="column-major"):
+        spmm(cupy.ones((n, n)), outs[0])
 
 
 def test_simrank_goes_dense_when_the_sparse_products_host_bytes_outweigh_the_dense_device_bytes():

@@ -272,10 +272,16 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
             for graph, on_device in itertools.product((A, weighted), (True, False)):
                 hits(graph, nstart=np.ones(A.shape[0]), backend="device" if on_device else "tuned")
                 cusparse_hits(graph, np.ones(A.shape[0]), on_device)
-            # Our Lanczos restarting its basis (a graph of close singular values does; the warm-up graph
-            # converges in one basis).
+            # The restarts of a basis, which a graph of close singular values needs (the warm-up graph
+            # converges in one basis of 20 to the last bit, so CuPy's restart, whose update builds kernels of
+            # its own, runs with a basis of 3), and the cuSPARSE side's flip of a Ritz vector that came out
+            # negative (numpy's eigh sets its sign).
             with contextlib.suppress(ConvergenceError):
                 hits(A, nstart=np.ones(A.shape[0]), backend="device", tol=1e-30, max_iter=3)
+            with contextlib.suppress(ConvergenceError):
+                cusparse_hits(A, np.ones(A.shape[0]), True, max_iter=3, tol=1e-30, vectors=3)
+            import cupy
+            cupy.negative(cupy.ones(A.shape[0]))
         if "betweenness" in algorithms:
             betweenness(A, k=4, seed=0, backend="device")
             cusparse_betweenness(A, np.arange(4), 4)
@@ -361,10 +367,12 @@ def bench_simrank(source: str) -> GraphRow:
         max_abs_diff_vs_cusparse=float(abs(S - ref_cu).max()), cusparse_how=how, ours_how=info.backend)
 
 
-def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, tol: float = 1e-8):
+def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, tol: float = 1e-8,
+                  vectors: int | None = None):
     """NetworkX's HITS with every product by A and Aᵀ on cuSPARSE through CuPy, float64, by the solver
-    :func:`tuner.hits` ran (``on_device``: Lanczos on the device, CuPy's own (:func:`cupy_authorities`); else
-    ARPACK on the host): ((hubs, authorities), products, setup s, iterations s)."""
+    :func:`tuner.hits` ran (``on_device``: Lanczos on the device, CuPy's own (:func:`cupy_authorities`) with a
+    basis of ``vectors``, default ``LANCZOS_VECTORS``; else ARPACK on the host): ((hubs, authorities),
+    products, setup s, iterations s)."""
     import cupy
     import cupyx
     import cupyx.scipy.sparse as cpsp
@@ -379,7 +387,7 @@ def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, to
     if on_device:
         a, products = cupy_authorities(lambda v, out: cupyx.cusparse.spmv(forward, v, y=out),
                                        lambda v, out: cupyx.cusparse.spmv(backward, v, y=out), A.shape[0],
-                                       start, max_iter, tol, np.float64, LANCZOS_VECTORS)
+                                       start, max_iter, tol, np.float64, vectors or LANCZOS_VECTORS)
         h = forward @ a
         h, a = (h / h.sum()).get(), (a / a.sum()).get()
         _sync()

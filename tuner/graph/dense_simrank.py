@@ -14,7 +14,9 @@ columns (cuSPARSE's SpMM):
     T = Wᵀ S_k,    S_k+1 = c Wᵀ Tᵀ    (S_k is symmetric: Tᵀ = S_k W),
 
 then the unit diagonal and NetworkX's stopping rule, all on the device; only each iteration's gap (n column
-maxima) comes back, and S once at the end.
+maxima) comes back, and S once at the end. On a small graph the host's calls take as long as the device's
+work, so there the next iteration is queued before the host waits for the last one's gap
+(:func:`lookahead_pays`).
 
 Example (1,000 nodes, 10,000 edges, a device 300 times the host's bandwidth; products compiled, then not):
     >>> dense_pays(10_000, 1_000, 10_000, 300.0), dense_pays(10_000, 1_000, 100_000, 300.0)
@@ -25,11 +27,11 @@ Example (1,000 nodes, 10,000 edges, a device 300 times the host's bandwidth; pro
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 import scipy.sparse as sp
 
-from ..formats.xp import host
 
 RTOL = 1e-5  # numpy.allclose's, which NetworkX's stopping rule uses with atol=tolerance
 SPARSE_BYTES = 12  # host bytes per scalar product of the sparse iteration: its result's value and index
@@ -61,11 +63,21 @@ def dense_pays(w_nnz: int, n: int, sparse_products: int, bandwidth_ratio: float,
 
 
 def bandwidth_ratio() -> float:
-    """This GPU's streaming bandwidth (its profile's copy bandwidth) over :data:`HOST_GBS`; 0 without a GPU
+    """This GPU's streaming bandwidth (:func:`device_bandwidth_gbs`) over :data:`HOST_GBS`; 0 without a GPU
     or a profile (no dense iterations).
 
     Example (on a GPU machine):
         >>> bandwidth_ratio() > 100   # doctest: +SKIP
+        True
+    """
+    return device_bandwidth_gbs() / HOST_GBS
+
+
+def device_bandwidth_gbs() -> float:
+    """This GPU's streaming bandwidth in GB/s, its profile's copy bandwidth; 0 without a GPU or a profile.
+
+    Example (on a GPU machine):
+        >>> device_bandwidth_gbs() > 1000   # doctest: +SKIP
         True
     """
     from .. import gpu
@@ -76,7 +88,29 @@ def bandwidth_ratio() -> float:
         profile = load_profile(gpu.device_info().name)
     except FileNotFoundError:
         return 0.0
-    return float(profile.constants["copy_bandwidth_gbs"]) / HOST_GBS
+    return float(profile.constants["copy_bandwidth_gbs"])
+
+
+# The host's time to queue one dense iteration (two SpMMs through CachedSpmm, the finish launch and its copy:
+# about 0.15 ms on an H200's host, where rmat:10's iteration took 0.25 ms with the device's share overlapped).
+HOST_QUEUE_S = 1.5e-4
+LOOKAHEAD_ITERATIONS = 4  # the iterations a queued-ahead one must take at most, in host time (lookahead_pays)
+
+
+def lookahead_pays(w_nnz: int, n: int, device_gbs: float) -> bool:
+    """Whether :class:`DenseSimRank` queues each iteration ahead: where the device's share of one
+    (:data:`DENSE_BYTES` per entry of Wᵀ and node at ``device_gbs``) takes less than the host's queueing of
+    :data:`LOOKAHEAD_ITERATIONS`. Queued ahead, an iteration gains the shorter of the two shares, and a run
+    that stops computes one iteration it does not use; where the device's share is the longer one, the gain
+    (the host's share an iteration) takes more iterations to repay that one than SimRank's few.
+
+    Example (4,250 GB/s):
+        >>> lookahead_pays(12_210, 1_024, 4250.0), lookahead_pays(53_486, 4_096, 4250.0)
+        (True, False)
+    """
+    if not device_gbs > 0:
+        return False
+    return DENSE_BYTES * int(w_nnz) * int(n) / (device_gbs * 1e9) < LOOKAHEAD_ITERATIONS * HOST_QUEUE_S
 
 
 def dense_bytes(n: int, itemsize: int = 8) -> int:
@@ -123,8 +157,17 @@ class DenseSimRank:
     """SimRank's iterations from S (a SciPy matrix) on dense n x n arrays of ``xp`` (NumPy or CuPy) in
     column-major order, with ``product(X, out, alpha=1.0, transposed=False)`` writing alpha Wᵀ op(X) into
     ``out`` (op(X) = Xᵀ where ``transposed``; X and out column-major, as cuSPARSE's SpMM takes them, so that
-    no step copies a transpose); ``on()`` a context in which ``xp``'s work runs (the GPU the arrays live on);
-    ``dense(S)`` and ``sparse(X)`` S as such an array and back as a SciPy CSR matrix (default: on the host).
+    no step copies a transpose); ``finish(new, old)`` setting new's unit diagonal and returning a function
+    that gives the gap of NumPy's allclose between them (waiting for it where the device computes it;
+    default: :func:`host_finish`'s value); ``on()`` a context in which ``xp``'s work runs (the GPU the arrays
+    live on); ``dense(S)`` and ``sparse(X)`` S as such an array and back as a SciPy CSR matrix (default: on
+    the host).
+
+    With ``lookahead`` (:func:`lookahead_pays`), each :meth:`step` queues the iteration after the one it
+    returns before it waits for that one's gap, so the device computes while the host waits and queues,
+    instead of after it (a graph of a few thousand nodes takes about as long to queue an iteration as to
+    compute it). The iteration queued ahead writes the third array, so the one returned stays for
+    :meth:`result`; a run that stops computes one iteration it does not use.
 
     Example (NumPy, SciPy's product):
         >>> Wt = sp.csr_matrix(np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))  # 0 -> 1, 0 -> 2
@@ -133,49 +176,179 @@ class DenseSimRank:
         (0.9, 0.0, [[1.0, 0.0, 0.0], [0.0, 1.0, 0.9], [0.0, 0.9, 1.0]])
     """
 
-    def __init__(self, S: sp.spmatrix, product, xp, on=contextlib.nullcontext, dense=None, sparse=None):
+    def __init__(self, S: sp.spmatrix, product, xp, on=contextlib.nullcontext, dense=None, sparse=None,
+                 finish=None, lookahead: bool = True):
         n = S.shape[0]
+        self._lookahead = lookahead
         self._xp, self._product, self._on = xp, product, on
         self._sparse = sparse or sp.csr_matrix
+        self._finish = finish or (lambda new, old: (lambda gap=host_finish(new, old): gap))
         with on():
             self._s = (dense or (lambda M: np.asfortranarray(M.toarray(), dtype=np.float64)))(S)
             self._t = xp.empty((n, n), np.float64, order="F")
             self._next = xp.empty((n, n), np.float64, order="F")
-        self._gap = _gap_kernel(xp)
+        self._result = self._s
+        self._ahead = None  # (c, the gap) of the iteration queued ahead of the next step
+        self._c = None
 
     def step(self, c: float) -> float:
-        """One iteration; the largest of ``|S_k+1 - S_k| - RTOL |S_k+1|`` over the entries (NumPy's allclose
-        with atol=tolerance holds where it is at most the tolerance)."""
+        """One iteration with importance factor ``c`` (the same at every call); the largest of
+        ``|S_k+1 - S_k| - RTOL |S_k+1|`` over the entries (NumPy's allclose with atol=tolerance holds where it
+        is at most the tolerance)."""
+        if self._c is None:
+            self._c = c
+        elif c != self._c:
+            raise ValueError(f"DenseSimRank iterates one importance factor: {self._c}, then {c}")
         with self._on():
-            self._product(self._s, self._t)                              # T = Wᵀ S
-            self._product(self._t, self._next, alpha=c, transposed=True)  # c Wᵀ Tᵀ = c Wᵀ S W
-            self._xp.fill_diagonal(self._next, 1.0)
-            gap = float(self._gap(self._next, self._s))
+            gap = self._ahead or self._queue(c)
+            self._result = self._s
+            self._ahead = self._queue(c) if self._lookahead else None
+            return float(gap())
+
+    def _queue(self, c: float):
+        """Queue the iteration from the latest S (which becomes its result); its gap's function."""
+        self._product(self._s, self._t)                              # T = Wᵀ S
+        self._product(self._t, self._next, alpha=c, transposed=True)  # c Wᵀ Tᵀ = c Wᵀ S W
+        gap = self._finish(self._next, self._s)
         self._s, self._next = self._next, self._s
         return gap
 
     def result(self) -> sp.csr_matrix:
-        """S as a SciPy CSR matrix (its zeros left out)."""
+        """S of the latest step as a SciPy CSR matrix (its zeros left out)."""
         with self._on():
-            return self._sparse(self._s)
+            return self._sparse(self._result)
 
 
-def _gap_kernel(xp):
-    """max(|new - old| - RTOL |new|) over the entries: one fused pass on the device (no n x n temporaries),
-    a maximum per column there (CuPy gives a reduction a block per output: one output would leave the GPU to a
-    single block; the columns of the column-major arrays are contiguous), the n maxima's on the host."""
-    if xp is np:
-        return lambda new, old: (np.abs(new - old) - RTOL * np.abs(new)).max()
-    columns = xp.ReductionKernel("float64 s1, float64 s0", "float64 gap", f"fabs(s1 - s0) - {RTOL!r} * fabs(s1)",
-                                 "fmax(a, b)", "gap = a", "-1e300", "simrank_gap")
-    return lambda new, old: host(columns(new.T, old.T, axis=1)).max()
+def host_finish(new: np.ndarray, old: np.ndarray) -> float:
+    """``new``'s diagonal set to 1, then max(|new - old| - RTOL |new|) over the entries (NumPy arrays).
+
+    Example:
+        >>> new = np.array([[0.5, 0.2], [0.2, 0.5]])
+        >>> round(host_finish(new, np.eye(2)), 6), new.diagonal().tolist()
+        (0.199998, [1.0, 1.0])
+    """
+    np.fill_diagonal(new, 1.0)
+    return float((np.abs(new - old) - RTOL * np.abs(new)).max())
+
+
+# new's unit diagonal and each column's largest |new - old| - RTOL |new|, a block per column (the arrays are
+# column-major: a column is contiguous), in one launch: fill_diagonal and a reduction are two launches and
+# their host calls, which on a graph of a few thousand nodes take longer than the iteration's products.
+FINISH_BLOCK = 256
+FINISH_SOURCE = r"""
+#define BLOCK FINISH_BLOCK
+extern "C" __global__ void __launch_bounds__(BLOCK)
+simrank_finish(double* next, const double* old, double* gaps, long long n) {
+    const long long j = blockIdx.x;
+    double* column = next + j * n;
+    const double* was = old + j * n;
+    double gap = -1e300;
+    for (long long i = threadIdx.x; i < n; i += BLOCK) {
+        double s1 = column[i];
+        if (i == j) { s1 = 1.0; column[i] = 1.0; }
+        gap = fmax(gap, fabs(s1 - was[i]) - RTOL * fabs(s1));
+    }
+    __shared__ double partial[BLOCK / 32];
+    for (int o = 16; o > 0; o >>= 1) gap = fmax(gap, __shfl_down_sync(0xffffffffu, gap, o));
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = gap;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < BLOCK / 32; ++w) gap = fmax(gap, partial[w]);
+        gaps[j] = gap;
+    }
+}
+""".replace("FINISH_BLOCK", str(FINISH_BLOCK)).replace("RTOL", repr(RTOL))
+
+
+def device_finish(cupy, n: int):
+    """``finish(new, old)`` of :class:`DenseSimRank` on n x n CuPy arrays: :data:`FINISH_SOURCE`'s one launch
+    and a copy of the n column maxima into page-locked memory, queued; the function it returns waits for the
+    copy and gives their largest. Two such buffers alternate, so an iteration queued ahead does not write
+    the maxima the host is about to read.
+
+    Example (on a GPU machine):
+        >>> finish = device_finish(cupy, 1000)   # doctest: +SKIP
+        >>> gap = finish(new, old)()             # doctest: +SKIP
+    """
+    kernel = _finish_kernel(cupy, cupy.cuda.Device().id)
+    gaps = [cupy.empty(n, np.float64) for _ in range(2)]
+    maxima = [np.frombuffer(cupy.cuda.alloc_pinned_memory(8 * n), np.float64, n) for _ in range(2)]
+    turn = [0]
+
+    def finish(new, old):
+        k = turn[0]
+        turn[0] ^= 1
+        stream = cupy.cuda.get_current_stream()
+        kernel((n,), (FINISH_BLOCK,), (new, old, gaps[k], np.int64(n)))
+        cupy.cuda.runtime.memcpyAsync(maxima[k].ctypes.data, gaps[k].data.ptr, 8 * n,
+                                      cupy.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        copied = stream.record()
+
+        def gap():
+            copied.synchronize()
+            return float(maxima[k].max())
+        return gap
+    return finish
+
+
+@functools.cache
+def _finish_kernel(cupy, device: int):
+    """The finish kernel loaded on ``device``, once per process (a RawKernel made anew looks its binary up
+    in CuPy's cache on disk at its first launch)."""
+    return cupy.RawKernel(FINISH_SOURCE, "simrank_finish")
+
+
+class CachedSpmm:
+    """cuSPARSE's SpMM ``out = alpha a op(X)`` of one CuPy CSR matrix ``a`` by column-major CuPy arrays, the
+    descriptors and work space of each (X, out, transpose) made at its first call and kept:
+    ``cupyx.cusparse.spmm`` makes three descriptors, asks for the work space's size and allocates it at every
+    call, host time that on a graph of a few thousand nodes outlasts the product. The cache holds X and out
+    (keyed by their addresses and shapes), so a key always names the same arrays.
+
+    Example (on a GPU machine):
+        >>> spmm = CachedSpmm(wt); spmm(S, T); spmm(T, S2, alpha=0.9, transposed=True)   # doctest: +SKIP
+    """
+
+    def __init__(self, a):
+        import cupy
+        import cupyx.cusparse
+        from cupy._core import _dtype
+        from cupy_backends.cuda.libs import cusparse
+        if not a.has_canonical_format:
+            raise ValueError("CachedSpmm takes a CSR matrix in canonical format (sorted, no duplicates)")
+        self._cupy, self._cusparse, self._descriptors = cupy, cusparse, cupyx.cusparse
+        self._a, self._desc_a = a, cupyx.cusparse.SpMatDescriptor.create(a)
+        self._type = _dtype.to_cuda_dtype(a.dtype)
+        self._plans: dict = {}
+
+    def __call__(self, X, out, alpha: float = 1.0, transposed: bool = False) -> None:
+        cusparse = self._cusparse
+        handle = self._cupy.cuda.device.get_cusparse_handle()
+        op_a = cusparse.CUSPARSE_OPERATION_NON_TRANSPOSE
+        op_b = cusparse.CUSPARSE_OPERATION_TRANSPOSE if transposed else op_a
+        scalars = np.array([alpha, 0.0], np.float64)  # alpha, beta: read from the host during the call
+        alpha_at, beta_at = scalars.ctypes.data, scalars.ctypes.data + 8
+        key = (X.data.ptr, X.shape, out.data.ptr, out.shape, bool(transposed))
+        plan = self._plans.get(key)
+        if plan is None:
+            if not (X.flags.f_contiguous and out.flags.f_contiguous):
+                raise ValueError("CachedSpmm takes column-major arrays")
+            desc_b = self._descriptors.DnMatDescriptor.create(X)
+            desc_c = self._descriptors.DnMatDescriptor.create(out)
+            size = cusparse.spMM_bufferSize(handle, op_a, op_b, alpha_at, self._desc_a.desc, desc_b.desc, beta_at,
+                                            desc_c.desc, self._type, cusparse.CUSPARSE_MM_ALG_DEFAULT)
+            plan = self._plans[key] = (X, out, desc_b, desc_c, self._cupy.empty(max(int(size), 1), np.int8))
+        _, _, desc_b, desc_c, work = plan
+        cusparse.spMM(handle, op_a, op_b, alpha_at, self._desc_a.desc, desc_b.desc, beta_at, desc_c.desc,
+                      self._type, cusparse.CUSPARSE_MM_ALG_DEFAULT, work.data.ptr)
 
 
 def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
     """:class:`DenseSimRank` on this GPU: Wᵀ uploaded once, S uploaded sparse and made dense there, each
-    product cuSPARSE's SpMM through CuPy with the transpose and the factor c in its call (the SpMM family of
-    :mod:`tuner.spmm` is built for blocks of a few columns, not n of them; see :func:`dense_fits_device`
-    first), the result made sparse there (cuSPARSE's dense-to-CSR) and copied back as CSR.
+    product cuSPARSE's SpMM (:class:`CachedSpmm`) with the transpose and the factor c in its call (the SpMM
+    family of :mod:`tuner.spmm` is built for blocks of a few columns, not n of them; see
+    :func:`dense_fits_device` first), the diagonal and the gap in one launch (:func:`device_finish`), the
+    result made sparse there (cuSPARSE's dense-to-CSR) and copied back as CSR.
 
     Example (on a GPU machine):
         >>> it = device_simrank(Wt, S)   # doctest: +SKIP
@@ -189,9 +362,8 @@ def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
     with device_reorder.on_device():  # the process's GPU (tuner.gpu.select_device), here and in every step
         wt = cpsp.csr_matrix(sp.csr_matrix(Wt, dtype=np.float64))
         wt.sum_duplicates()  # canonical, as cuSPARSE's SpMM wants it (a no-op for Wt made by SciPy)
-
-    def product(X, out, alpha=1.0, transposed=False):
-        cupyx.cusparse.spmm(wt, X, c=out, alpha=alpha, transb=transposed)
+        product, finish = CachedSpmm(wt), device_finish(cupy, Wt.shape[0])
+    lookahead = lookahead_pays(Wt.nnz, Wt.shape[0], device_bandwidth_gbs())
 
     def dense(M):
         out = cupy.zeros(M.shape, np.float64, order="F")
@@ -199,4 +371,5 @@ def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
 
     def sparse(X):
         return cupyx.cusparse.denseToSparse(X, format="csr").get()
-    return DenseSimRank(S, product, cupy, on=device_reorder.on_device, dense=dense, sparse=sparse)
+    return DenseSimRank(S, product, cupy, on=device_reorder.on_device, dense=dense, sparse=sparse, finish=finish,
+                        lookahead=lookahead)
