@@ -198,6 +198,8 @@ def _networkx_pagerank(A, p: np.ndarray | None) -> np.ndarray:
 
 def bench_pagerank(source: str, algorithm: str, dtype=np.float32) -> GraphRow:
     """One PageRank ('pagerank') or random walk with restart ('rwr') row."""
+    import cupy
+
     from .distributed.nccl import SoloDevice
     from .distributed.pagerank import pagerank_on_devices, pull_product
     from .graph import pagerank
@@ -250,6 +252,8 @@ def bench_pagerank(source: str, algorithm: str, dtype=np.float32) -> GraphRow:
 def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
     """Every path a row of ``algorithms`` times, once on each warm-up graph (SimRank: one small graph),
     unrecorded (no NetworkX)."""
+    import cupy
+
     from .distributed.nccl import SoloDevice
     from .distributed.pagerank import pagerank_on_devices, pull_product
     from .graph import betweenness, hits, pagerank, resident, simrank
@@ -280,7 +284,6 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
                 hits(A, nstart=np.ones(A.shape[0]), backend="device", tol=1e-30, max_iter=3)
             with contextlib.suppress(ConvergenceError):
                 cusparse_hits(A, np.ones(A.shape[0]), True, max_iter=3, tol=1e-30, vectors=3)
-            import cupy
             cupy.negative(cupy.ones(A.shape[0]))
         if "betweenness" in algorithms:
             betweenness(A, k=4, seed=0, backend="device")

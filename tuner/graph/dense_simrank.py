@@ -188,7 +188,7 @@ class DenseSimRank:
             self._t = xp.empty((n, n), np.float64, order="F")
             self._next = xp.empty((n, n), np.float64, order="F")
         self._result = self._s
-        self._ahead = None  # (c, the gap) of the iteration queued ahead of the next step
+        self._ahead = None  # the gap's function of the iteration queued ahead of the next step
         self._c = None
 
     def step(self, c: float) -> float:
@@ -317,11 +317,14 @@ class CachedSpmm:
         if not a.has_canonical_format:
             raise ValueError("CachedSpmm takes a CSR matrix in canonical format (sorted, no duplicates)")
         self._cupy, self._cusparse, self._descriptors = cupy, cusparse, cupyx.cusparse
-        self._a, self._desc_a = a, cupyx.cusparse.SpMatDescriptor.create(a)
+        self._a, self._desc_a = a, cupyx.cusparse.SpMatDescriptor.create(a)  # held: the descriptor points at it
         self._type = _dtype.to_cuda_dtype(a.dtype)
         self._plans: dict = {}
 
     def __call__(self, X, out, alpha: float = 1.0, transposed: bool = False) -> None:
+        if self._a.nnz == 0:  # as cupyx.cusparse.spmm: no product to call cuSPARSE for
+            out.fill(0)
+            return
         cusparse = self._cusparse
         handle = self._cupy.cuda.device.get_cusparse_handle()
         op_a = cusparse.CUSPARSE_OPERATION_NON_TRANSPOSE
