@@ -191,3 +191,32 @@ def test_compile_failure_releases_the_lock(tmp_path):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises BlockingIOError if still held
     finally:
         os.close(fd)
+
+
+def test_a_binary_this_process_has_is_not_read_from_its_cache_again_but_another_cache_builds_its_own(
+        tmp_path, monkeypatch):
+    src = 'extern "C" __global__ void k(float* y) { y[0] = 7.f; }'
+    first = codegen.compile_source(src, cache=Cache(tmp_path / "a"))
+    monkeypatch.setattr(Cache, "get", lambda *a, **k: pytest.fail("the cache's file was read again"))
+    again = codegen.compile_source(src, cache=Cache(tmp_path / "a"))
+    assert not first.cached and again.cached and again.cubin == first.cubin
+    monkeypatch.undo()
+    other = codegen.compile_source(src, cache=Cache(tmp_path / "b"))
+    assert not other.cached and other.key == first.key
+
+
+def test_render_renders_a_context_of_plain_values_once_and_any_other_each_time(monkeypatch):
+    calls = []
+    real = codegen.environment().get_template
+    def counted(name, *a, **k):  # the template's own includes come through here too
+        if name == "csr_vector.cu.j2":
+            calls.append(name)
+        return real(name, *a, **k)
+    monkeypatch.setattr(codegen.environment(), "get_template", counted)
+    ctx = dict(VAL="float", IDX="int", value_free=True, threads_per_row=2, block_size=64, kernel_name="memo_k",
+               unroll=4)
+    assert codegen.render("csr_vector.cu.j2", ctx) == codegen.render("csr_vector.cu.j2", dict(ctx))
+    assert "#define TPR 2" in codegen.render("csr_vector.cu.j2", ctx) and len(calls) == 1
+    codegen.render("csr_vector.cu.j2", {**ctx, "block_size": (64,)})  # a tuple: not memoised
+    codegen.render("csr_vector.cu.j2", {**ctx, "block_size": (64,)})
+    assert len(calls) == 3
