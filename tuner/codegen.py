@@ -75,7 +75,7 @@ def render(template: str, context: dict) -> str:
 
 
 PLAIN = (str, int, float, bool, type(None))  # the context values render() memoises on
-MEMO_ENTRIES = 1024  # sources and binaries a process keeps (render, compile_source), the oldest let go first
+MEMO_ENTRIES = 256  # sources and binaries a process keeps (render, compile_source; 30-80 KB a cubin), oldest out first
 _rendered: dict = {}
 _binaries: dict = {}
 _memo_lock = threading.Lock()
