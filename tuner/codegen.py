@@ -190,7 +190,7 @@ def compile_source(source: str, arch: str = DEFAULT_ARCH, options: tuple[str, ..
     with cache.lock(kind, key):
         body = cache.get(kind, key)  # put by whoever held the lock before us
         if body is not None:
-            return Binary(key=key, cubin=body, arch=arch, cached=True)
+            return _remembered(memo_key, Binary(key=key, cubin=body, arch=arch, cached=True))
         src_path = cache.write(cache.root / "src" / f"{key}.cu", source.encode())
         with tempfile.TemporaryDirectory(prefix="tuner-nvcc-") as tmp:
             out = Path(tmp) / f"kernel.{kind}"

@@ -180,7 +180,7 @@ class DenseSimRank:
                  finish=None, lookahead: bool = True):
         n = S.shape[0]
         self._lookahead = lookahead
-        self._xp, self._product, self._on = xp, product, on
+        self._product, self._on = product, on
         self._sparse = sparse or sp.csr_matrix
         self._finish = finish or (lambda new, old: (lambda gap=host_finish(new, old): gap))
         with on():
