@@ -269,19 +269,36 @@ def test_the_gpu_transposes_to_the_same_arrays_as_scipy(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_pinned_transfers_round_trip_arrays_larger_than_their_staging_buffers():
-    pytest.importorskip("cupy")
-    a = np.random.default_rng(7).integers(-2**31, 2**31 - 1, size=3 * device_reorder.STAGE_BYTES // 4 + 12345,
+@pytest.mark.parametrize("bought", [True, False])
+def test_pinned_transfers_round_trip_arrays_larger_than_their_staging_buffers(bought, monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    from tuner.staging import StagingRental
+    rental = StagingRental(bought)
+    monkeypatch.setattr(device_reorder, "RENTAL", rental)
+    a = np.random.default_rng(7).integers(-2**29, 2**29, size=3 * device_reorder.STAGE_BYTES // 4 + 12345,
                                           dtype=np.int32)
+    cupy.cuda.Device().synchronize()
+    poison = cupy.full(a.size, -7, np.int32)  # memory the upload may be handed once it is freed
+    del poison
     on_gpu = device_reorder.upload(a)
     assert np.array_equal(on_gpu.get(), a)
-    back = device_reorder.download(on_gpu)
-    assert back.dtype == a.dtype and np.array_equal(back, a)
+    out = np.full(a.size, -1, np.int32)
+    back = device_reorder.download(on_gpu * 2 + 1, out=out)  # a kernel still queued when the copy starts
+    assert back is out and np.array_equal(back, a * 2 + 1)
+    # Unbought, both copies went pageable (twice the array's bytes, within the rent); bought, none did.
+    assert rental.rented == (0 if bought else 2 * a.nbytes) and rental.bought == bought
+    with cupy.cuda.Stream(non_blocking=True):  # a background tuning's copies are staged, whatever was rented
+        again = device_reorder.upload(a)
+        assert np.array_equal(again.get(), a)
+    assert rental.bought and rental.rented == (0 if bought else 2 * a.nbytes)
 
 
 @pytest.mark.gpu
-def test_a_download_into_a_given_array_fills_it_on_every_path(tmp_path):
+@pytest.mark.parametrize("bought", [True, False])
+def test_a_download_into_a_given_array_fills_it_on_every_path(bought, tmp_path, monkeypatch):
     cupy = pytest.importorskip("cupy")
+    from tuner.staging import StagingRental
+    monkeypatch.setattr(device_reorder, "RENTAL", StagingRental(bought))  # the largest staged, or pageable
     rng = np.random.default_rng(10)
     for n in (5, device_reorder.PAGEABLE_MAX_BYTES // 4 + 3, device_reorder.DIRECT_MAX_BYTES // 4 + 11):
         a = rng.integers(-2**31, 2**31 - 1, n, dtype=np.int32)
@@ -312,6 +329,26 @@ def test_copies_through_page_locked_blocks_keep_every_value_dtype_and_shape_on_a
         m = cupy.arange(2 * 300_000, dtype=cupy.float32).reshape(300_000, 2)
         assert np.array_equal(xp.host(m[:, 1]), np.arange(1, 600_000, 2, dtype=np.float32))  # a strided view
         assert xp.host(m).shape == (300_000, 2)
+
+
+def test_copies_go_pageable_until_their_bytes_would_pay_for_locking_the_staging_buffers():
+    from tuner import staging
+    rent = staging.RENT_FACTOR * 2 * staging.STAGE_BYTES
+    rental = staging.StagingRental()
+    assert not rental.locked(rent // 2) and not rental.locked(rent // 2)  # exactly the rent: still pageable
+    assert rental.rented == rent and not rental.bought
+    assert rental.locked(1) and rental.bought  # the next byte locks them, and every later copy uses them
+    assert rental.locked(rent) and rental.rented == rent
+    at_once = staging.StagingRental()
+    assert at_once.locked(rent + 1) and at_once.rented == 0  # one copy past the rent locks them at once
+    beside = staging.StagingRental()
+    assert beside.locked(1 << 20, may_rent=False) and beside.bought and beside.locked(1 << 20)
+    ahead = staging.StagingRental()
+    ahead.expect(rent)  # a matrix whose arrays fit in the rent together: each still goes pageable
+    assert not ahead.bought and not ahead.locked(rent // 2) and not ahead.locked(rent // 2)
+    ahead = staging.StagingRental()
+    ahead.expect(rent + 1)  # together past it: locked before the first, none of them rented
+    assert ahead.bought and ahead.locked(rent // 2) and ahead.rented == 0
 
 
 @pytest.mark.parametrize("pieces", [0.01, 0.1, 0.3, 1, 2, 4.7])

@@ -485,6 +485,7 @@ def test_resident_pagerank_stages_its_node_vectors_after_the_setups_kernels(monk
     monkeypatch.setattr(device_reorder, "DIRECT_MAX_BYTES", 4096)
     monkeypatch.setattr(device_reorder, "PAGEABLE_MAX_BYTES", 4096)
     monkeypatch.setattr(staging, "STAGE_BYTES", 4096)
+    monkeypatch.setattr(device_reorder, "RENTAL", staging.StagingRental(bought=True))
     A = large_graph(24)
     seeds = np.zeros(A.shape[0])
     seeds[[3, 5, 7]] = 1.0

@@ -138,6 +138,20 @@ def _empty_pool():
     cupy.get_default_memory_pool().free_all_blocks()
 
 
+def _fresh_staging() -> None:
+    """CuPy's pinned host memory handed back and the staging rental started anew
+    (:class:`~tuner.staging.StagingRental`): each row's first runs, ours and cuSPARSE's (CuPy locks host
+    memory the size of a large array it copies), lock their buffers as a process's first call of that size
+    does, whatever rows ran before."""
+    import cupy
+
+    from .formats import device_reorder
+    from .staging import StagingRental
+    _sync()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
+    device_reorder.RENTAL = StagingRental()
+
+
 @functools.cache
 def _cusparse_update(cupy):
     """cuSPARSE PageRank's fused update: x_new, the next rank cache and each node's change in one kernel."""
@@ -604,6 +618,7 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
     # costs (CuPy's kernels compiled or loaded from its disk cache, modules loaded), which a user pays once.
     _warm_up(algorithms)
     for _, fn, args in (progress(jobs) if progress else jobs):
+        _fresh_staging()
         rows.append(fn(*args))
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({

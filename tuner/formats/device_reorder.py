@@ -19,14 +19,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..staging import DIRECT_MAX_BYTES, STAGE_BYTES, drain, feed
+from ..staging import DIRECT_MAX_BYTES, STAGE_BYTES, StagingRental, drain, feed
 from .device_sort import key_bits, sort
 from .xp import host, like, module, segment_of_scan
 
 # A copy between the device and pageable host memory holds up every other thread's kernel launches for its
 # whole length (an 80 MB copy down held a caller's products 20 ms each on an H200); upload and download copy
-# past this size through page-locked memory on the current stream, which holds up only that stream.
+# past this size through page-locked memory on the current stream, which holds up only that stream: always
+# from a background tuning's stream, and from a caller's once the rental has bought it (before, what a
+# caller's pageable copy holds up is at most a tuning beside it).
 PAGEABLE_MAX_BYTES = 1 << 18
+RENTAL = StagingRental()  # whether copies past PAGEABLE_MAX_BYTES go through locked memory yet
 MIN_NNZ = 1 << 20  # below this the host permutes in tens of milliseconds: not worth two copies
 # Work of an entry being relabelled, with room to spare: its row (4 B), its key and the sort's second buffer
 # (8 B each), its value and the value's second buffer; the layout builders' per-entry arrays stay below it too.
@@ -125,6 +128,7 @@ def device_csr(m) -> DeviceCsr:
         hit = _copies.get(m)
         if hit is None:
             with on_device():
+                expect_uploads(m.indptr.nbytes, m.indices.nbytes, 0 if m.value_free else m.data.nbytes)
                 hit = DeviceCsr(upload(m.indptr), upload(m.indices), None if m.value_free else upload(m.data))
             _copies[m] = hit
     return hit
@@ -215,11 +219,23 @@ def finish() -> None:
             cupy.cuda.get_current_stream().synchronize()
 
 
+def expect_uploads(*nbytes: int) -> None:
+    """Arrays of ``nbytes`` each are about to be uploaded one after another (a matrix's): the staging rental
+    (:data:`RENTAL`) buys the buffers first where those that would go through them pass its rent together.
+
+    Example:
+        >>> expect_uploads(4 << 20, 40 << 20)  # doctest: +SKIP
+    """
+    RENTAL.expect(sum(b for b in nbytes if b > PAGEABLE_MAX_BYTES))
+
+
 def upload(array: np.ndarray):
     """A CuPy copy of a host array: up to :data:`PAGEABLE_MAX_BYTES` directly, up to
     :data:`~tuner.staging.DIRECT_MAX_BYTES` through one page-locked block on the current stream, larger ones
     through two pinned staging buffers (pageable copies run at a tenth of PCIe's rate and hold other threads'
-    launches), each filled by several threads while the other one is on its way.
+    launches), each filled by several threads while the other one is on its way; all of them once locking
+    host memory pays (:data:`RENTAL`): until then a caller's copies on a default stream go pageable, on the
+    current stream.
 
     Example (on a GPU machine):
         >>> upload(np.arange(5)).get().tolist()  # doctest: +SKIP
@@ -231,6 +247,9 @@ def upload(array: np.ndarray):
     n = a.nbytes
     if n <= PAGEABLE_MAX_BYTES:
         out.set(a)
+        return out
+    if not RENTAL.locked(n, _foreground(cupy)):
+        out.set(a, stream=cupy.cuda.get_current_stream())  # ordered after the stream's kernels, as below
         return out
     if n <= DIRECT_MAX_BYTES:  # one locked block of CuPy's pool, copied on the current stream
         stream = cupy.cuda.get_current_stream()
@@ -257,7 +276,8 @@ def upload(array: np.ndarray):
 def download(array, out: np.ndarray | None = None) -> np.ndarray:
     """A host copy of a CuPy array, as :func:`upload` copies (small ones directly, mid-sized ones through
     one page-locked block) or through two pinned staging buffers, each emptied by several threads while
-    the next one fills (a copy into pageable memory runs at a tenth of PCIe's rate). ``out``: a
+    the next one fills (a copy into pageable memory runs at a tenth of PCIe's rate), once locking host
+    memory pays (:data:`RENTAL`). ``out``: a
     C-contiguous host array of its shape and dtype to copy into (default: a new one).
 
     Example (on a GPU machine):
@@ -273,6 +293,9 @@ def download(array, out: np.ndarray | None = None) -> np.ndarray:
     n = out.nbytes
     if n <= PAGEABLE_MAX_BYTES:
         np.copyto(out, array.get())
+        return out
+    if not RENTAL.locked(n, _foreground(cupy)):
+        cupy.ascontiguousarray(array).get(stream=cupy.cuda.get_current_stream(), out=out)
         return out
     if n <= DIRECT_MAX_BYTES:  # one locked block of CuPy's pool, copied on the current stream
         locked = _locked_like(cupy, out)
@@ -292,6 +315,12 @@ def download(array, out: np.ndarray | None = None) -> np.ndarray:
         done[k] = stream.record()
     drain(out.reshape(-1).view(np.uint8), stages, fetch, lambda k: done[k].synchronize())
     return out
+
+
+def _foreground(cupy) -> bool:
+    """Whether this thread copies on a default stream (legacy or per-thread), as a caller does; a background
+    tuning queues on a stream of its own beside the caller's products, which a pageable copy would hold up."""
+    return cupy.cuda.get_current_stream().ptr in (0, 1, 2)  # null, cudaStreamLegacy, cudaStreamPerThread
 
 
 def _locked_like(cupy, a: np.ndarray) -> np.ndarray:

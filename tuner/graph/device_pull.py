@@ -172,6 +172,7 @@ def _pull(A, n: int, weighted: bool, dtype: np.dtype, relabel: bool = False, for
     with device_reorder.on_device() as cupy:
         import cupyx.scipy.sparse as cpsp
         up = device_reorder.upload
+        device_reorder.expect_uploads(4 * (n + 1), 4 * A.nnz, A.data.nbytes if weighted else 0)
         indptr, indices = up(A.indptr.astype(np.int32, copy=False)), up(A.indices.astype(np.int32, copy=False))
         data = up(A.data) if weighted else None
         valid, lo, hi = _valid(cupy, indptr, indices, data, n)
