@@ -627,7 +627,9 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
             "timing": (f"wall seconds between device synchronisations; float32 PageRank/RWR to a per-node change "
                        f"below {TOL} (cuSPARSE: the same iterations); HITS float64, ARPACK's tolerance and basis "
                        f"(cuSPARSE: thick-restart Lanczos as CuPy's eigsh makes it, or ARPACK where ours ran it); "
-                       f"betweenness {BETWEENNESS_SOURCES} sampled sources; SimRank float64, NetworkX's tolerance"),
+                       f"betweenness {BETWEENNESS_SOURCES} sampled sources; SimRank float64, NetworkX's tolerance; "
+                       f"each row starts with CuPy's page-locked host memory handed back and our staging rental anew "
+                       f"(both sides' first runs lock memory as a process's first call does)"),
             "rows": kept + [asdict(r) for r in rows]}, indent=1) + "\n")
     return rows
 
