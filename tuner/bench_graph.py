@@ -212,8 +212,6 @@ def _networkx_pagerank(A, p: np.ndarray | None) -> np.ndarray:
 
 def bench_pagerank(source: str, algorithm: str, dtype=np.float32) -> GraphRow:
     """One PageRank ('pagerank') or random walk with restart ('rwr') row."""
-    import cupy
-
     from .distributed.nccl import SoloDevice
     from .distributed.pagerank import pagerank_on_devices, pull_product
     from .graph import pagerank

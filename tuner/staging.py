@@ -73,17 +73,22 @@ class StagingRental:
         """Copies of ``nbytes`` in all follow (a matrix's arrays): where they would pass the rent, the buffers
         are bought before the first of them rather than after some were rented, a cost they would not save."""
         with self._lock:
-            if self.rented + nbytes > RENT_FACTOR * 2 * STAGE_BYTES:
+            if self.rented + nbytes > _rent():
                 self.bought = True
 
     def locked(self, nbytes: int, may_rent: bool = True) -> bool:
         """Whether to copy ``nbytes`` through locked memory (True) or pageable (False, counted)."""
         with self._lock:
-            if not self.bought and may_rent and self.rented + nbytes <= RENT_FACTOR * 2 * STAGE_BYTES:
+            if not self.bought and may_rent and self.rented + nbytes <= _rent():
                 self.rented += nbytes
                 return False
             self.bought = True
             return True
+
+
+def _rent() -> int:
+    """Bytes a process copies pageable before it locks: :data:`RENT_FACTOR` times the two staging buffers."""
+    return RENT_FACTOR * 2 * STAGE_BYTES
 
 
 def drain(dst: np.ndarray, stages: list, fetch: Callable[[int, int, int], None],
