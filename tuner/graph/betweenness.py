@@ -119,11 +119,17 @@ def _device_graph(cupy, W: sp.csr_matrix) -> tuple:
     (out-edge pointers, out-edge targets, tasks)), int32, with each way's warp tasks (:func:`_edge_tasks`); W's
     index arrays uploaded once, its transpose made there (cuSPARSE)."""
     import cupyx.scipy.sparse as cpsp
+
+    from ..formats import device_reorder
     if W.nnz >= 2**31:
         raise ValueError(f"betweenness on the device takes graphs of fewer than 2^31 edges, this one has {W.nnz:,}: "
                          "use backend='scipy'")
-    P = cpsp.csr_matrix((cupy.ones(W.nnz, np.float32), cupy.asarray(W.indices, dtype=np.int32),
-                         cupy.asarray(W.indptr, dtype=np.int32)), shape=W.shape)
+    # Through the project's staging (locked memory only where that pays), not cupy.asarray, which locks
+    # host memory of each array's size for a copy made once.
+    up = device_reorder.upload
+    device_reorder.expect_uploads(4 * W.nnz, 4 * (W.shape[0] + 1))
+    indices, indptr = up(W.indices.astype(np.int32, copy=False)), up(W.indptr.astype(np.int32, copy=False))
+    P = cpsp.csr_matrix((cupy.ones(W.nnz, np.float32), indices, indptr), shape=W.shape)
     PT = P.T.tocsr()
     return tuple((M.indptr, M.indices, _edge_tasks(M.indptr)) for M in (PT, P))
 

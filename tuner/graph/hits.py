@@ -83,13 +83,15 @@ def device_authorities(forward, backward, n: int, start, max_iter: int, tol: flo
         ...                                  1e-8, np.float64, LANCZOS_VECTORS)          # doctest: +SKIP
     """
     import cupy
+
+    from ..formats import device_reorder
     dtype = np.dtype(dtype)
     y = cupy.empty(n, dtype)
 
     def normal(v, out):  # Aᵀ A v
         forward(v, y)
         backward(y, out)
-    v0 = cupy.ones(n, dtype) if start is None else cupy.asarray(start, dtype=dtype)
+    v0 = cupy.ones(n, dtype) if start is None else device_reorder.upload(np.asarray(start, dtype=dtype))
     pair = leading_eigenpair(normal, v0, min(vectors, n), max_iter, tol)
     if not pair.converged and pair.residual > 64 * np.finfo(dtype).eps * abs(pair.value):
         raise ConvergenceError(f"HITS: Lanczos did not converge in {max_iter} restarts (tol {tol}; residual "

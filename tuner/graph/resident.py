@@ -238,7 +238,7 @@ def node_vector(values, n: int, what: str, dtype):
     if values is None:
         return cupy.full(n, 1.0 / n, dtype)
     if not isinstance(values, np.ndarray) or values.dtype.kind not in "fiub":
-        return cupy.asarray(_node_vector(values, n, what).astype(dtype))
+        return device_reorder.upload(_node_vector(values, n, what).astype(dtype))
     check_node_size(what, values.size, n)
     v = device_reorder.upload(np.ascontiguousarray(values).reshape(-1)).astype(np.float64, copy=False)
     # Kernels of our own (CuPy's any and sum build CUB kernels, seconds each, on a machine's first use)

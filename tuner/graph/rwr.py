@@ -97,6 +97,7 @@ def rwr_block(A, P: np.ndarray, restart: float = 0.15, max_iter: int = 100, tol:
     """
     import cupy
 
+    from ..formats import device_reorder
     from ..formats.transpose import transpose
     from ..spmm import compile_spmm
     if tol_rule not in TOL_RULES:
@@ -111,9 +112,10 @@ def rwr_block(A, P: np.ndarray, restart: float = 0.15, max_iter: int = 100, tol:
     dangling_nodes, inverse = rank_cache_factors(W)
     product = compile_spmm(transpose(W, np.float64), np.zeros((n, k)))
     alpha = 1.0 - restart
-    p = cupy.asarray(P, dtype=np.float64)
-    inv = cupy.asarray(inverse)[:, None]
-    dangling = cupy.asarray(dangling_nodes.astype(np.float64))
+    up = device_reorder.upload  # staged where locking pays; cupy.asarray locks memory of P's size every call
+    p = up(np.ascontiguousarray(P, dtype=np.float64))
+    inv = up(np.asarray(inverse, dtype=np.float64))[:, None]
+    dangling = up(dangling_nodes.astype(np.float64))
     x = cupy.full((n, k), 1.0 / n)
     cache, pulled = cupy.empty((n, k)), cupy.empty((n, k))
     limit = n * tol if tol_rule == "networkx" else tol
