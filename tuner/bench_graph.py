@@ -48,7 +48,7 @@ from .cache import cold_plans
 from .graph.pagerank import ConvergenceError
 from .graph.simrank import column_normalised
 
-ALGORITHMS = ("pagerank", "rwr", "hits", "betweenness", "simrank")
+ALGORITHMS = ("pagerank", "rwr", "rwr_many", "hits", "betweenness", "simrank")
 TOL = 1e-7  # per node: float32 ranks change by a few ulps of the largest rank (1e-8 at 0.1) at their fixed point
 ALPHA = 0.85
 NETWORKX_NNZ = 5_000_000  # NetworkX's PageRank takes seconds per million edges: compared up to here
@@ -61,6 +61,7 @@ DEFAULT_GENERATED = ("rmat:20", "rmat:23", "rmat:25")
 HITS_GENERATED = ("rmat:20", "rmat:23")
 BETWEENNESS_GENERATED = ("rmat:20",)
 BETWEENNESS_SOURCES = 64  # sampled sources (seed 0) of each betweenness row
+RWR_SETS = 8  # the seed sets of an rwr_many row: one node each, drawn (seed 0) from the nodes with out-edges
 NETWORKX_BETWEENNESS_NNZ = 150_000  # NetworkX's Brandes in Python: about 0.1 s per source at 100k edges
 KRONECKER = (("cnr-2000.npz", 4),)  # 260M entries: the Kronecker-scaled web graph the targets name
 TARGET_ITERATIONS = 50  # the end-to-end run the targets are stated for
@@ -261,6 +262,82 @@ def bench_pagerank(source: str, algorithm: str, dtype=np.float32) -> GraphRow:
         max_abs_diff_vs_cusparse=float(np.abs(x - ref_cu).max()))
 
 
+def cusparse_rwr_many(A, P: np.ndarray, iterations: int) -> tuple[np.ndarray, float, float]:
+    """Random walks with restart for every column of ``P`` on cuSPARSE through CuPy, float64, the whole block
+    for exactly ``iterations`` steps: (probabilities, setup s, iterations s). As a careful CuPy user writes it:
+    the graph uploaded as it is, out-weights summed and Aᵀ transposed on the GPU; an iteration is cuSPARSE's
+    SpMM of the block of rank caches (column-major, its faster order), cuBLAS's product for the columns'
+    dangling sums and one fused kernel for the update, the next caches and each entry's change, whose largest
+    per column stays on the device."""
+    import cupy
+    import cupyx.scipy.sparse as cpsp
+    t0 = time.perf_counter()
+    W = cpsp.csr_matrix(sp.csr_matrix(A).astype(np.float64, copy=False))
+    out = W.sum(axis=1).ravel()
+    is_dangling = out == 0
+    inv = cupy.where(is_dangling, 0, 1 / cupy.where(is_dangling, 1, out))[:, None]
+    dangling = is_dangling.astype(np.float64)
+    At = W.T.tocsr()
+    del W
+    pv = cupy.asfortranarray(cupy.asarray(P, dtype=np.float64))
+    x = cupy.full(P.shape, 1.0 / P.shape[0], order="F")
+    update = _cusparse_update(cupy)
+    _sync()
+    t1 = time.perf_counter()
+    cache = cupy.asfortranarray(x * inv)
+    for _ in range(iterations):
+        pulled = At @ cache
+        x, cache, change = update(pulled, pv, inv, x, (dangling @ x)[None, :], ALPHA)
+        largest = change.max(axis=0)  # the stopping test's figures, left on the device
+    largest.get()
+    t2 = time.perf_counter()
+    return cupy.asnumpy(x), t1 - t0, t2 - t1
+
+
+def bench_rwr_many(source: str) -> GraphRow:
+    """One row of ``RWR_SETS`` random walks with restart at once (float64, per-node tolerance): ours walk
+    together (:func:`tuner.graph.rwr_block`), cuSPARSE's block runs our longest walk's iterations; ``ours_how``
+    also gives the same walks run one by one."""
+    from .graph import rwr
+    A = abs(loaders.load(source))
+    n = A.shape[0]
+    sets = [[int(v)] for v in np.random.default_rng(0).choice(np.flatnonzero(np.diff(A.indptr)), RWR_SETS,
+                                                              replace=False)]
+    P = np.zeros((n, RWR_SETS))
+    P[[s[0] for s in sets], np.arange(RWR_SETS)] = 1.0
+
+    def ours_run():
+        t0 = time.perf_counter()
+        x, infos = rwr(A, sets, restart=1 - ALPHA, tol=TOL, tol_rule="per_node", max_iter=1000, backend="device",
+                       return_info=True)
+        return x, infos, time.perf_counter() - t0
+    _empty_pool()
+    x, infos, ours = ours_run()
+    iterations = max(i.iterations for i in infos)
+    _empty_pool()
+    ref_cu, cu_setup, cu_iter = cusparse_rwr_many(A, P, iterations)
+    _, _, ours_repeat = ours_run()
+    _, cu_setup_again, cu_iter_again = cusparse_rwr_many(A, P, iterations)
+    t0 = time.perf_counter()
+    for s in sets:
+        rwr(A, s, restart=1 - ALPHA, tol=TOL, tol_rule="per_node", max_iter=1000, backend="device")
+    one_by_one = time.perf_counter() - t0
+    ref_nx = _networkx_pagerank(A, P[:, 0]) if A.nnz <= NETWORKX_NNZ else None
+    setup = infos[0].seconds["setup"]
+    return GraphRow(
+        algorithm="rwr_many", name=loaders.display_name(source), nnz=int(A.nnz), iterations=iterations,
+        ours_s=ours, cusparse_s=cu_setup + cu_iter, speedup=(cu_setup + cu_iter) / ours,
+        ours_iter_ms=1e3 * infos[0].seconds["iterations"] / iterations, cusparse_iter_ms=1e3 * cu_iter / iterations,
+        spmv_ms=None, tuned_iter_ms=None, tuned_setup_s=None, tuned_max_abs_diff=None, setup_s=setup,
+        cusparse_setup_s=cu_setup, ours_50_s=None, cusparse_50_s=None, speedup_50=None, ours_repeat_s=ours_repeat,
+        cusparse_repeat_s=cu_setup_again + cu_iter_again,
+        max_abs_diff_vs_networkx=None if ref_nx is None else float(np.abs(x[:, 0] - ref_nx).max()),
+        max_abs_diff_vs_cusparse=float(np.abs(x - ref_cu).max()),
+        cusparse_how=f"{RWR_SETS} columns, cuSPARSE SpMM, {iterations} iterations for all",
+        ours_how=(f"{infos[0].backend}; iterations per walk {sorted(i.iterations for i in infos)}; "
+                  f"the same walks one by one: {one_by_one:.4f} s"))
+
+
 def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
     """Every path a row of ``algorithms`` times, once on each warm-up graph (SimRank: one small graph),
     unrecorded (no NetworkX)."""
@@ -300,6 +377,19 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
         if "betweenness" in algorithms:
             betweenness(A, k=4, seed=0, backend="device")
             cusparse_betweenness(A, np.arange(4), 4)
+    if "rwr_many" in algorithms:
+        from .graph import rwr
+        A = abs(loaders.load(WARM_UP[1]))
+        P = np.zeros((A.shape[0], RWR_SETS))
+        P[np.arange(RWR_SETS), np.arange(RWR_SETS)] = 1.0
+        weighted = A.copy()
+        weighted.data = np.random.default_rng(0).uniform(0.5, 2.0, A.nnz)
+        # every product candidate, a narrowed block, a weighted graph's device checks and out-weights, and the
+        # float64 resident kernel of the walks one by one
+        for graph in (A, weighted, abs(loaders.load(WARM_UP[0]))):
+            rwr(graph, [[i] for i in range(RWR_SETS)], backend="device", tol=TOL)
+            rwr(graph, 0, backend="device", tol=TOL)
+        cusparse_rwr_many(A, P, 3)
     for source in WARM_UP if {"pagerank", "rwr"} & set(algorithms) else ():
         A = abs(loaders.load(source))
         weighted = A.copy()
@@ -603,6 +693,7 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
     if unknown:
         raise ValueError(f"unknown algorithms {unknown}: choose from {list(ALGORITHMS)}")
     jobs = [(a, bench_pagerank, (s, a)) for s in suite for a in ("pagerank", "rwr") if a in algorithms]
+    jobs += [("rwr_many", bench_rwr_many, (s,)) for s in suite if "rwr_many" in algorithms]
     for algorithm, fn, generated in (("hits", bench_hits, HITS_GENERATED),
                                      ("betweenness", bench_betweenness, BETWEENNESS_GENERATED)):
         if algorithm in algorithms:
@@ -625,6 +716,7 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
             "timing": (f"wall seconds between device synchronisations; float32 PageRank/RWR to a per-node change "
                        f"below {TOL} (cuSPARSE: the same iterations); HITS float64, ARPACK's tolerance and basis "
                        f"(cuSPARSE: thick-restart Lanczos as CuPy's eigsh makes it, or ARPACK where ours ran it); "
+                       f"rwr_many {RWR_SETS} single-node seed sets at once, float64, per-node {TOL}; "
                        f"betweenness {BETWEENNESS_SOURCES} sampled sources; SimRank float64, NetworkX's tolerance; "
                        f"each row starts with CuPy's page-locked host memory handed back and our staging rental anew "
                        f"(both sides' first runs lock memory as a process's first call does)"),

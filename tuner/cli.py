@@ -833,9 +833,10 @@ def build_parser() -> argparse.ArgumentParser:
                                             "betweenness: the files and rmat:20; SimRank: rmat:10, rmat:12)")
     p.add_argument("--data-dir", default=None, help="folder of real matrices (default $TUNER_DATA_DIR or ../shared/data)")
     p.add_argument("--out", default=None, help="JSON file (default models/<gpu-slug>/bench-graph.json)")
-    p.add_argument("--algorithms", nargs="+", choices=["pagerank", "rwr", "hits", "betweenness", "simrank"],
-                   default=["pagerank", "rwr", "hits", "betweenness", "simrank"],
-                   help="the algorithms to run (default: all five)")
+    graph_algorithms = ["pagerank", "rwr", "rwr_many", "hits", "betweenness", "simrank"]
+    p.add_argument("--algorithms", nargs="+", choices=graph_algorithms, default=graph_algorithms,
+                   help="the algorithms to run (default: all six; rwr_many: eight seed sets walking at once "
+                        "against a cuSPARSE block of eight)")
     p.set_defaults(func=cmd_bench_graph)
 
     p = sub.add_parser("bench-stream", help="SpMV, PageRank and SpGEMM streamed through a device-memory budget",
