@@ -96,8 +96,9 @@ class GraphRow:
         max_abs_diff_vs_networkx: against NetworkX in float64 (None where not run); max_abs_diff_vs_cusparse:
             against the cuSPARSE loop's result.
         cusparse_how: SimRank's cuSPARSE loop timed (the faster of its sparse S through SpGEMM and its dense
-            S through SpMM, both run); None for the others.
-        ours_how: what ours ran (SimRank: sparse, or dense from which iteration); None for the others.
+            S through SpMM, both run), or rwr_many's block; None for the others.
+        ours_how: what ours ran (SimRank: sparse, or dense from which iteration; rwr_many: the product kept,
+            each walk's iterations and the same walks one call each); None for the others.
     """
 
     algorithm: str

@@ -118,9 +118,10 @@ def rwr(A, seeds, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
 def rwr_block(A, P: np.ndarray, restart: float = 0.15, max_iter: int = 100, tol: float = 1e-6,
               weighted: bool = True, tol_rule: str = "per_node") -> tuple[np.ndarray, list[IterationInfo]]:
     """Random walks with restart for every column of ``P`` (n x k restart distributions, each summing to 1; a
-    NumPy array or a SciPy sparse matrix, as :func:`restart_block` makes) at once on the GPU (:func:`~tuner.graph.walks.walk_block`): the graph is uploaded and transposed on the
-    device once, and each iteration pulls the k rank caches through one multi-vector product (the fastest on
-    the walk's first iterations of :mod:`tuner.spmm`'s kernels and cuSPARSE's), then each column takes
+    NumPy array or a SciPy sparse matrix, as :func:`restart_block` makes) at once on the GPU
+    (:func:`~tuner.graph.walks.walk_block`): the graph is uploaded and transposed on the device once, and each
+    iteration pulls the k rank caches through one multi-vector product (the fastest on the walk's first
+    iterations of :mod:`tuner.spmm`'s kernels and cuSPARSE's), then each column takes
     PageRank's update with its own restart and dangling distribution. Each column stops at the iteration where
     its change meets the tolerance (its rule as :func:`~tuner.graph.pagerank.pagerank`'s), as it would walking
     alone. Returns the n x k probabilities (float64) and an IterationInfo per column. A graph the device path

@@ -10,8 +10,8 @@ copy to page-locked memory), and stops once every column has met it.
 The product is chosen on the walk's own first iterations: each candidate (cuSPARSE's SpMM through CuPy, then
 the ``row_groups`` SpMMs of :mod:`tuner.spmm` for k columns from the most lanes per row down, while fewer lanes
 pay) runs ``TUNING_REPEATS`` iterations, the last one timed, and the fastest takes the rest; every one of those
-iterations is a step of the walk. Candidates sum
-a row's entries in different orders, so the last bits of a result may depend on the one chosen.
+iterations is a step of the walk. Candidates sum a row's entries in different orders, so the last bits of a
+result may depend on the one chosen.
 """
 from __future__ import annotations
 
