@@ -292,6 +292,20 @@ def test_rwr_command_takes_seed_nodes_and_refuses_others(no_gpu, capsys, tmp_pat
     assert "--seeds takes node numbers" in capsys.readouterr().err
 
 
+def test_rwr_command_walks_each_seed_set_given_into_a_column_of_its_own(no_gpu, capsys, tmp_path):
+    import tuner
+    out = tmp_path / "rwr.csv"
+    assert cli.main(["rwr", "rmat:9", "--seeds", "3,40", "--seeds", "7", "--out", str(out), "--top", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "from 2 seed sets" in printed and "set 1" in printed and "set 2" in printed
+    table = np.loadtxt(out, delimiter=",", skiprows=1)
+    assert table.shape == (512, 3) and out.read_text().splitlines()[0] == "node,set 1,set 2"
+    both = tuner.rwr(tuner.load("rmat:9"), [[3, 40], [7]], backend="scipy")
+    assert np.array_equal(table[:, 1:], both)
+    assert cli.main(["rwr", "rmat:8", "--seeds", "1", "--seeds", "2", "--sharded"]) == 2
+    assert "--sharded walks one seed set" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [["pagerank", "rmat:8"], ["rwr", "rmat:8", "--seeds", "1"]])
 def test_a_sharded_walk_without_several_ranks_is_a_clear_error(capsys, command):
     assert cli.main(command + ["--sharded"]) == 2

@@ -243,14 +243,19 @@ def cmd_pagerank(args) -> int:
 def cmd_rwr(args) -> int:
     from .graph import rwr
     from .graph.rwr import seed_vector
+    sets = []
+    for each in args.seeds:
+        try:
+            sets.append([int(s) for s in each.split(",") if s.strip()])
+        except ValueError:
+            raise ValueError(f"--seeds takes node numbers separated by commas, got {each!r}") from None
+    seeds = sets[0]
+    if args.sharded and len(sets) > 1:
+        raise ValueError("--sharded walks one seed set: give --seeds once")
     _check_sharded(args)
     spawned, comm = _ranks(args)
     if spawned is not None:
         return spawned
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds takes node numbers separated by commas, got {args.seeds!r}") from None
     if args.sharded:
         x, info, _, _, _ = _sharded_walk(args, comm, True, alpha=1 - args.restart, max_iter=args.max_iter,
                                          tol=args.tol, tol_rule=args.tol_rule,
@@ -265,14 +270,20 @@ def cmd_rwr(args) -> int:
     if backend is None:
         return NO_GPU_EXIT
     A = _load_graph(args.graph, comm)
-    x, info = rwr(A, seeds, restart=args.restart, max_iter=args.max_iter, tol=args.tol, tol_rule=args.tol_rule,
-                  backend=backend, return_info=True, comm=comm, device_memory_limit=args.device_memory_limit,
-                  tune=args.tune)
+    x, infos = rwr(A, sets if len(sets) > 1 else seeds, restart=args.restart, max_iter=args.max_iter, tol=args.tol,
+                   tol_rule=args.tol_rule, backend=backend, return_info=True, comm=comm,
+                   device_memory_limit=args.device_memory_limit, tune=args.tune)
     if comm is None or comm.rank == 0:
-        print(f"random walk with restart {args.restart} from {len(seeds)} seed(s) on "
-              f"{loaders.display_name(args.graph)}: {info.iterations} iterations, last change {info.error:.3g} "
-              f"({args.tol_rule} rule), {info.backend}")
-        _report_scores(args, {"probability": x})
+        if len(sets) == 1:
+            print(f"random walk with restart {args.restart} from {len(seeds)} seed(s) on "
+                  f"{loaders.display_name(args.graph)}: {infos.iterations} iterations, last change "
+                  f"{infos.error:.3g} ({args.tol_rule} rule), {infos.backend}")
+            _report_scores(args, {"probability": x})
+        else:
+            print(f"random walks with restart {args.restart} from {len(sets)} seed sets on "
+                  f"{loaders.display_name(args.graph)}: {', '.join(str(i.iterations) for i in infos)} iterations "
+                  f"({args.tol_rule} rule), {infos[0].backend}")
+            _report_scores(args, {f"set {j + 1}": x[:, j] for j in range(len(sets))})
     return 0
 
 
@@ -712,7 +723,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "personalised on the seeds), through the tuned SpMV on this GPU or SciPy on the "
                                    "host (--backend scipy; the default without a GPU).")
     p.add_argument("graph", help=MATRIX_HELP)
-    p.add_argument("--seeds", required=True, help="seed nodes, e.g. 0,17,42 (a node twice: twice the weight)")
+    p.add_argument("--seeds", required=True, action="append",
+                   help="seed nodes, e.g. 0,17,42 (a node twice: twice the weight); given again, another seed set: "
+                        "the sets walk together on the GPU, a column each in --out")
     p.add_argument("--restart", type=float, default=0.15, help="restart probability (default %(default)s)")
     p.add_argument("--max-iter", type=int, default=100, help="most iterations (default %(default)s)")
     p.add_argument("--tol", type=float, default=1e-6, help="tolerance (default %(default)s)")
