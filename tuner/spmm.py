@@ -67,12 +67,21 @@ def candidates(k: int) -> list[SpmmParams]:
 
 
 def render(k: int, params: SpmmParams, value_dtype, index_dtype) -> str:
-    """The CUDA source of one specialisation.
+    """The CUDA source of one specialisation; parameters that are not a candidate for ``k`` columns
+    (:func:`candidates`) are refused: fewer lanes than a column pass would leave the kernel no entry stream,
+    and its loop over a row's entries would never end.
 
     Example:
         >>> "#define LANES 8" in render(4, SpmmParams(8, 128), np.float32, np.int32)
         True
+        >>> render(40, SpmmParams(16, 128), np.float32, np.int32)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: SpmmParams(lanes=16, block_size=128) is not a candidate for 40 columns: lanes from 32 to 32 ...
     """
+    if params not in candidates(k):
+        raise ValueError(f"{params} is not a candidate for {k} columns: lanes from {column_pass(k)} to 32 in powers "
+                         f"of two, blocks of {BLOCK_SIZES}")
     return codegen.render(TEMPLATE, dict(VAL=CTYPES[np.dtype(value_dtype)], IDX=CTYPES[np.dtype(index_dtype)],
                                          K=compiled_width(k), KP=column_pass(k), LANES=params.lanes,
                                          block_size=params.block_size, kernel_name=KERNEL))
