@@ -25,13 +25,12 @@ import numpy as np
 from .. import codegen, gpu
 from ..formats import xp
 from ..formats.transpose import transpose
-from ..graph.device_pull import pull_on_device
+from ..graph.device_pull import VALUE_CTYPES, pull_on_device
 from ..graph.pagerank import (TOL_RULES, ConvergenceError, IterationInfo, _node_vector, edge_weights,
                               rank_cache_factors)
 from .spmv import DistributedSpMV
 
 STEP_BLOCK = 256
-_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 
 
 class _Step:
@@ -41,7 +40,7 @@ class _Step:
         import cupy
         info = gpu.device_info()
         name = f"pagerank_step_{dtype.name}"
-        source = codegen.render("pagerank_step.cu.j2", dict(VAL=_CTYPES[dtype], block_size=STEP_BLOCK,
+        source = codegen.render("pagerank_step.cu.j2", dict(VAL=VALUE_CTYPES[dtype], block_size=STEP_BLOCK,
                                                              kernel_name=name))
         self.update = gpu.Kernel(codegen.compile_source(source, info.arch).cubin, name, "PPPPPPPPPPPqdi")
         self.finish = self.update.sibling(name + "_finish", "PPqqPiPdq")

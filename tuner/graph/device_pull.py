@@ -257,7 +257,7 @@ def relabelled(indptr, indices, data, order):
 
 
 CHECK_BLOCK = 256
-_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+VALUE_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}  # the graph kernels' value types
 _check_kernels: dict = {}
 
 
@@ -271,7 +271,7 @@ def checks_source(dtype) -> tuple[str, str]:
     """
     dtype = np.dtype(dtype)
     name = f"pull_checks_{dtype.name}"
-    return name, codegen.render("pull_checks.cu.j2", dict(VAL=_CTYPES[dtype], block_size=CHECK_BLOCK,
+    return name, codegen.render("pull_checks.cu.j2", dict(VAL=VALUE_CTYPES[dtype], block_size=CHECK_BLOCK,
                                                            kernel_name=name))
 
 
@@ -294,7 +294,7 @@ def _check_kernel(cupy, dtype):
     key = (np.dtype(dtype).name, device.id)
     if key not in _check_kernels:
         arch = f"sm_{device.compute_capability}"
-        for each in _CTYPES:
+        for each in VALUE_CTYPES:
             _check_kernels[(each.name, device.id)] = cupy_function(cupy, *checks_source(each), arch)
     return _check_kernels[key][0]
 

@@ -24,14 +24,13 @@ import numpy as np
 
 from .. import codegen
 from ..formats import xp
-from .device_pull import cupy_function, pull_arrays
+from .device_pull import VALUE_CTYPES, cupy_function, pull_arrays
 from .pagerank import ConvergenceError, IterationInfo, _node_vector, check_node_size, check_node_values
 
 RESIDENT_BLOCK = 256
 CHUNKS = (32, 64, 128, 256)  # Wᵀ's entries a warp pulls at a time: one to eight steps of 32
 L2_SHARE = 4  # the rank cache's share of L2 beyond which degree order pays (relabel_pays)
 CHUNKS_PER_SM = 64  # about the warps an SM holds: a graph with fewer entries takes smaller chunks
-_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _kernels: dict = {}
 _built: set = set()  # (value type, arch) whose variants compile_all has put in the binary cache
 
@@ -61,12 +60,12 @@ def resident_source(dtype, pattern: bool, chunk: int) -> tuple[str, str]:
         ('pagerank_resident_float32_pattern_256', True)
     """
     dtype = np.dtype(dtype)
-    if dtype not in _CTYPES:
+    if dtype not in VALUE_CTYPES:
         raise ValueError(f"resident PageRank runs in float32 or float64, got {dtype}")
     if chunk not in CHUNKS:
         raise ValueError(f"chunk must be one of {CHUNKS}, got {chunk}")
     name = f"pagerank_resident_{dtype.name}_{'pattern' if pattern else 'weighted'}_{chunk}"
-    return name, codegen.render("pagerank_resident.cu.j2", dict(VAL=_CTYPES[dtype], block_size=RESIDENT_BLOCK,
+    return name, codegen.render("pagerank_resident.cu.j2", dict(VAL=VALUE_CTYPES[dtype], block_size=RESIDENT_BLOCK,
                                                                  chunk=chunk, pattern=pattern, kernel_name=name))
 
 

@@ -21,12 +21,12 @@ import numpy as np
 
 from .. import codegen, spmm
 from ..formats import device_reorder
+from .device_pull import VALUE_CTYPES
 
 STEP_BLOCK = 256
 TUNING_REPEATS = 2  # iterations per candidate product while tuning: the first warms it up, the last is timed
 CUSPARSE = "cusparse"  # the library's SpMM, a candidate beside ours
 VECTORS = 6  # n x k arrays held at once: two walks, the rank caches, the pull, the restart block, cuSPARSE's result
-_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 _loaded: dict = {}  # (source, device) -> (function or functions, module)
 
 
@@ -58,10 +58,10 @@ def step_source(dtype) -> tuple[str, str]:
         ('walks_float64', True)
     """
     dtype = np.dtype(dtype)
-    if dtype not in _CTYPES:
+    if dtype not in VALUE_CTYPES:
         raise ValueError(f"the walks run in float32 or float64, got {dtype}")
     name = f"walks_{dtype.name}"
-    return name, codegen.render("walks_step.cu.j2", dict(VAL=_CTYPES[dtype], block_size=STEP_BLOCK,
+    return name, codegen.render("walks_step.cu.j2", dict(VAL=VALUE_CTYPES[dtype], block_size=STEP_BLOCK,
                                                          kernel_name=name))
 
 
