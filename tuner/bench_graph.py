@@ -163,6 +163,19 @@ def _cusparse_update(cupy):
         "cache = x_new * inv; change = fabs(x_new - x)", "bench_cusparse_pagerank_update")
 
 
+def _cusparse_pull(A, dtype):
+    """(Aᵀ, 1 / out-weight with 0 where dangling, 1 where dangling else 0) on the GPU in ``dtype``, as a careful
+    CuPy user makes them for a pull iteration: the graph uploaded as it is (no checks), out-weights summed and
+    Aᵀ transposed there by cuSPARSE."""
+    import cupy
+    import cupyx.scipy.sparse as cpsp
+    W = cpsp.csr_matrix(sp.csr_matrix(A).astype(dtype, copy=False))
+    out = W.sum(axis=1).ravel()
+    is_dangling = out == 0
+    inv = cupy.where(is_dangling, 0, 1 / cupy.where(is_dangling, 1, out)).astype(dtype, copy=False)
+    return W.T.tocsr(), inv, is_dangling.astype(dtype)
+
+
 def cusparse_pagerank(A, iterations: int, p: np.ndarray, dtype=np.float32) -> tuple[np.ndarray, float, float]:
     """The pull iteration on cuSPARSE through CuPy for exactly ``iterations`` steps: (ranks, setup s,
     iterations s). ``p``: teleport and dangling distribution. As a careful CuPy user writes it: the graph
@@ -171,15 +184,8 @@ def cusparse_pagerank(A, iterations: int, p: np.ndarray, dtype=np.float32) -> tu
     kernel for the update, the next rank cache and each node's change, whose largest stays on the device
     (the loop runs a known number of iterations: the host never waits inside it)."""
     import cupy
-    import cupyx.scipy.sparse as cpsp
     t0 = time.perf_counter()
-    W = cpsp.csr_matrix(sp.csr_matrix(A).astype(dtype, copy=False))
-    out = W.sum(axis=1).ravel()
-    is_dangling = out == 0
-    inv = cupy.where(is_dangling, 0, 1 / cupy.where(is_dangling, 1, out)).astype(dtype)
-    dangling = is_dangling.astype(dtype)
-    At = W.T.tocsr()
-    del W
+    At, inv, dangling = _cusparse_pull(A, dtype)
     pv = cupy.asarray(p.astype(dtype))
     x = cupy.full(At.shape[0], 1.0 / At.shape[0], dtype)
     update = _cusparse_update(cupy)
@@ -271,15 +277,9 @@ def cusparse_rwr_many(A, P: np.ndarray, iterations: int) -> tuple[np.ndarray, fl
     dangling sums and one fused kernel for the update, the next caches and each entry's change, whose largest
     per column stays on the device."""
     import cupy
-    import cupyx.scipy.sparse as cpsp
     t0 = time.perf_counter()
-    W = cpsp.csr_matrix(sp.csr_matrix(A).astype(np.float64, copy=False))
-    out = W.sum(axis=1).ravel()
-    is_dangling = out == 0
-    inv = cupy.where(is_dangling, 0, 1 / cupy.where(is_dangling, 1, out))[:, None]
-    dangling = is_dangling.astype(np.float64)
-    At = W.T.tocsr()
-    del W
+    At, inv, dangling = _cusparse_pull(A, np.float64)
+    inv = inv[:, None]
     pv = cupy.asfortranarray(cupy.asarray(P, dtype=np.float64))
     x = cupy.full(P.shape, 1.0 / P.shape[0], order="F")
     update = _cusparse_update(cupy)
