@@ -479,14 +479,15 @@ def test_every_pagerank_step_specialisation_compiles(val, tmp_path):
 
 @pytest.mark.parametrize("val", ["float", "double"])
 @pytest.mark.parametrize("pattern", [False, True])
-def test_every_resident_pagerank_specialisation_compiles(val, pattern, tmp_path):
+@pytest.mark.parametrize("single", [False, True])
+def test_every_resident_pagerank_specialisation_compiles(val, pattern, single, tmp_path):
     from tuner import codegen
     from tuner.cache import Cache
-    from tuner.graph.resident import CHUNKS, resident_source
-    for chunk in CHUNKS:
-        name, source = resident_source(np.float32 if val == "float" else np.float64, pattern, chunk)
+    from tuner.graph.resident import CHUNKS, SINGLE_CHUNKS, resident_source
+    for chunk in SINGLE_CHUNKS if single else CHUNKS:
+        name, source = resident_source(np.float32 if val == "float" else np.float64, pattern, chunk, single)
         assert f"typedef {val} val_t;" in source and f"#define PATTERN {int(pattern)}" in source
-        assert f"#define CHUNK {chunk}" in source
+        assert f"#define CHUNK {chunk}" in source and f"#define SINGLE {int(single)}" in source
         assert name in source and len(codegen.compile_source(source, cache=Cache(tmp_path)).cubin) > 0
 
 
@@ -495,12 +496,12 @@ def test_the_first_resident_compile_builds_every_chunk_and_weighting_of_its_valu
     from tuner.graph.resident import compile_all
     cache = Cache(tmp_path)
     built = compile_all(np.float64, "sm_90", cache)
-    assert len({b.key for b in built}) == 8 and not any(b.cached for b in built)
+    assert len({b.key for b in built}) == 14 and not any(b.cached for b in built)
     assert all(b.cached for b in compile_all(np.float64, "sm_90", cache))
 
 
 def test_the_resident_grid_and_chunks_cover_the_graph_within_what_the_gpu_holds():
-    from tuner.graph.resident import chunk_for, grid_for, resident_source
+    from tuner.graph.resident import chunk_for, grid_for, resident_source, single_fits
     assert grid_for(chunks=0, n=1, max_blocks=792) == 1
     assert grid_for(chunks=9, n=100, max_blocks=792) == 2  # 8 warps a block: 9 chunks need 2 blocks
     assert grid_for(chunks=8, n=600, max_blocks=792) == 3  # 256 nodes a block
@@ -508,8 +509,15 @@ def test_the_resident_grid_and_chunks_cover_the_graph_within_what_the_gpu_holds(
     # 64 chunks an SM: 132 SMs hold 8448 chunks of 32 entries, of 64, ...
     assert [chunk_for(nnz, 132) for nnz in (1, 270_336, 270_337, 1_081_344, 1_081_345, 10**9)] == \
         [32, 32, 64, 128, 256, 256]
+    # The single kernel wants a warp for every chunk and a thread for every node of the grid it gets.
+    assert single_fits(chunks=8, n=256, grid=1) and not single_fits(chunks=9, n=256, grid=1)
+    assert not single_fits(chunks=8, n=257, grid=1)
+    assert single_fits(chunks=9, n=600, grid=grid_for(chunks=9, n=600, max_blocks=792))
+    assert not single_fits(chunks=10**6, n=10**6, grid=grid_for(10**6, 10**6, 792))
     with pytest.raises(ValueError, match="float32 or float64"):
         resident_source(np.float16, False, 256)
+    with pytest.raises(ValueError, match="for the single kernel, got 256"):
+        resident_source(np.float32, False, 256, single=True)
     with pytest.raises(ValueError, match="chunk must be one of"):
         resident_source(np.float32, False, 48)
 
@@ -530,14 +538,17 @@ def in_degree_graph(in_degrees, n, seed):
 @pytest.mark.gpu
 @pytest.mark.parametrize("relabel", [False, True])
 @pytest.mark.parametrize("tol_rule", ["per_node", "networkx"])
-@pytest.mark.parametrize("chunk", [32, 64, 128, 256])
+@pytest.mark.parametrize("chunk, single", [(32, True), (64, True), (128, True), (32, False), (64, False),
+                                           (128, False), (256, False)])
 def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning_chunks(tol_rule, chunk, relabel,
-                                                                                       monkeypatch):
+                                                                                       single, monkeypatch):
+    """Both kernels: the single one (a chunk a warp, a node a thread, read once), which a graph this small
+    gets, and the one whose warps and threads take their chunks and nodes in turns, every iteration."""
     pytest.importorskip("cupy")
     from tuner.distributed.nccl import SoloDevice
     from tuner.distributed.pagerank import pagerank_on_devices
     from tuner.graph import resident
-    monkeypatch.setattr(resident, "chunk_for", lambda nnz, sm_count: chunk)
+    monkeypatch.setattr(resident, "_chunking", lambda dtype, pattern, n, nnz, sm_count: (chunk, single))
     monkeypatch.setattr(resident, "relabel_pays", lambda n, dtype, l2_bytes: relabel)
     n = 3000
     # Wᵀ's rows: one chunk exactly, one from a chunk's start across two, a hub across many, empty rows, rows
@@ -555,7 +566,7 @@ def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning
     x, info = pagerank_on_devices(A, SoloDevice(), personalization=p, tol=1e-13, tol_rule=tol_rule, max_iter=500,
                                   dtype=np.float64, return_info=True, tune="none")
     assert info.backend.startswith("resident") and abs(info.iterations - host_info.iterations) <= 1
-    assert np.abs(x - host).max() <= 1e-12
+    assert ("read once" in info.backend) == single and np.abs(x - host).max() <= 1e-12
     # The kernel has no atomics: a run repeats bit for bit (where the out-weights, summed by atomic adds on
     # the device, are too: every edge weighing the same).
     runs = [pagerank_on_devices(A, SoloDevice(), personalization=p, tol=1e-13, tol_rule=tol_rule, max_iter=500,
@@ -564,6 +575,47 @@ def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning
     loop = pagerank_on_devices(A, SoloDevice(), personalization=p, tol=1e-13, tol_rule=tol_rule, max_iter=500,
                                dtype=np.float64, tune="none", resident=False)
     assert np.abs(loop - x).max() <= 1e-12
+
+
+@pytest.mark.gpu
+def test_a_small_graph_runs_the_single_kernel_with_the_smallest_chunk_the_gpu_holds_and_a_large_one_does_not():
+    pytest.importorskip("cupy")
+    import cupy
+
+    from tuner.graph import resident
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    chunk, single = resident._chunking(np.dtype(np.float32), True, 8_000, 100_000, sms)
+    blocks = resident._kernel(np.dtype(np.float32), True, chunk, True)[1]
+    assert single and resident.single_fits(-(-100_000 // chunk), 8_000, blocks)
+    smaller = [c for c in resident.SINGLE_CHUNKS if c < chunk]
+    assert all(not resident.single_fits(-(-100_000 // c), 8_000, resident._kernel(np.dtype(np.float32), True, c,
+                                                                                 True)[1]) for c in smaller)
+    assert resident._chunking(np.dtype(np.float32), True, 10**6, 16 * 10**6, sms) == (256, False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("chunk, single", [(32, True), (128, True), (32, False), (256, False)])
+def test_resident_pagerank_ranks_the_nodes_without_in_edges_before_the_first_and_after_the_last_row(chunk, single,
+                                                                                                  monkeypatch):
+    """Wᵀ's rows without entries before the first chunk's first row and after the last chunk's last: no chunk
+    pulls them, their rank is the teleport and dangling terms alone."""
+    pytest.importorskip("cupy")
+    from tuner.graph import resident
+    monkeypatch.setattr(resident, "_chunking", lambda dtype, pattern, n, nnz, sm_count: (chunk, single))
+    monkeypatch.setattr(resident, "relabel_pays", lambda n, dtype, l2_bytes: False)
+    n = 2000
+    A = graph(n, 73).tolil()
+    A[:, :45] = 0  # nodes 0-44 and the last 45 have no in-edge
+    A[:, n - 45:] = 0
+    A[:, 500:501] = 0
+    A = A.tocsr()
+    A.eliminate_zeros()
+    p = np.random.default_rng(6).uniform(0.1, 1.0, n)
+    host = tuner.pagerank(A, personalization=p, tol=1e-13, tol_rule="per_node", max_iter=500, backend="scipy")
+    x, info = tuner.pagerank(A, personalization=p, tol=1e-13, tol_rule="per_node", max_iter=500, backend="device",
+                             dtype=np.float64, return_info=True)
+    assert info.backend.startswith("resident") and ("read once" in info.backend) == single
+    assert np.abs(x - host).max() <= 1e-12
 
 
 @pytest.mark.gpu

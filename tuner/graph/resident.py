@@ -2,17 +2,18 @@
 
 Driven from the host, an iteration is a product, an update and a read of the change: four launches and a
 round trip, about 0.1 ms, against a 5-20 us product on a graph of a few million edges. Here one launch runs
-every iteration: each is two grid-wide phases (the pull over equal chunks of Wᵀ's entries, then the update,
-the next rank cache and the block partials), and every block reduces the partials in the same order, so all
-stop together when the change meets the tolerance. The grid is what the GPU holds at once (a cooperative
+every iteration: each is one grid-wide phase and one barrier (the pull over equal chunks of Wᵀ's entries,
+each row updated where its pull ends: its rank, its next rank cache and the block partials), and every block
+reduces the partials in the same order, so all stop together when the change meets the tolerance. The grid is what the GPU holds at once (a cooperative
 launch), at most what the graph's chunks and nodes need. It reads Wᵀ as :mod:`~tuner.graph.device_pull`
 leaves it on the device: no layout to build, so it is also what an untuned PageRank runs on a large graph.
 Where the rank cache outgrows a quarter of L2 (:func:`relabel_pays`), the nodes are numbered by decreasing
 out-degree first (one pass over the edges there): the node vectors go into that order once and the ranks
 come back in the caller's.
 
-Nothing in the kernel is atomic, so a run repeats bit for bit on the same GPU from the same factors; a
-weighted graph's out-weights are summed by atomic adds on the device, which may round differently from one
+Which thread updates a row, and in which order a row crossing chunks adds its parts, depend on the graph
+alone (the kernel's only atomics count parts), so a run repeats bit for bit on the same GPU from the same
+factors; a weighted graph's out-weights are summed by atomic adds on the device, which may round differently from one
 setup to the next.
 """
 from __future__ import annotations
@@ -29,6 +30,9 @@ from .pagerank import ConvergenceError, IterationInfo, _node_vector, check_node_
 
 RESIDENT_BLOCK = 256
 CHUNKS = (32, 64, 128, 256)  # Wᵀ's entries a warp pulls at a time: one to eight steps of 32
+# The single kernel's chunks (resident_source): with 256 entries its warp's chunk in registers leaves room for
+# two blocks an SM, and cit-HepPh iterated in 24 us where the kernel taking chunks in turns needed 15 (H200).
+SINGLE_CHUNKS = (32, 64, 128)
 L2_SHARE = 4  # the rank cache's share of L2 beyond which degree order pays (relabel_pays)
 CHUNKS_PER_SM = 64  # about the warps an SM holds: a graph with fewer entries takes smaller chunks
 _kernels: dict = {}
@@ -50,23 +54,29 @@ class ResidentRun:
     grid: int
 
 
-def resident_source(dtype, pattern: bool, chunk: int) -> tuple[str, str]:
+def resident_source(dtype, pattern: bool, chunk: int, single: bool = False) -> tuple[str, str]:
     """The kernel's name and CUDA source for values of ``dtype``; ``pattern``: every edge has one weight,
-    passed as an argument instead of read per edge; ``chunk``: entries a warp pulls at a time (of ``CHUNKS``).
+    passed as an argument instead of read per edge; ``chunk``: entries a warp pulls at a time (of ``CHUNKS``);
+    ``single``: for a grid with a warp per chunk and a thread per node, which then read their chunk and node
+    once instead of every iteration (:func:`single_fits`).
 
     Example:
         >>> name, source = resident_source(np.float32, True, 256)
         >>> name, "#define PATTERN 1" in source
         ('pagerank_resident_float32_pattern_256', True)
+        >>> resident_source(np.float64, False, 32, single=True)[0]
+        'pagerank_resident_float64_weighted_32_single'
     """
     dtype = np.dtype(dtype)
     if dtype not in VALUE_CTYPES:
         raise ValueError(f"resident PageRank runs in float32 or float64, got {dtype}")
-    if chunk not in CHUNKS:
-        raise ValueError(f"chunk must be one of {CHUNKS}, got {chunk}")
-    name = f"pagerank_resident_{dtype.name}_{'pattern' if pattern else 'weighted'}_{chunk}"
+    if chunk not in (SINGLE_CHUNKS if single else CHUNKS):
+        raise ValueError(f"chunk must be one of {SINGLE_CHUNKS if single else CHUNKS}"
+                         f"{' for the single kernel' if single else ''}, got {chunk}")
+    name = f"pagerank_resident_{dtype.name}_{'pattern' if pattern else 'weighted'}_{chunk}{'_single' if single else ''}"
     return name, codegen.render("pagerank_resident.cu.j2", dict(VAL=VALUE_CTYPES[dtype], block_size=RESIDENT_BLOCK,
-                                                                 chunk=chunk, pattern=pattern, kernel_name=name))
+                                                                 chunk=chunk, pattern=pattern, single=single,
+                                                                 kernel_name=name))
 
 
 def chunk_for(nnz: int, sm_count: int) -> int:
@@ -97,6 +107,18 @@ def grid_for(chunks: int, n: int, max_blocks: int) -> int:
     return max(1, min(max_blocks, max(-(-chunks // warps), -(-n // RESIDENT_BLOCK))))
 
 
+def single_fits(chunks: int, n: int, grid: int) -> bool:
+    """Whether a ``grid`` of blocks has a warp for each of ``chunks`` and a thread for each of ``n`` nodes: the
+    run then takes the ``single`` kernel (:func:`resident_source`), which reads each warp's chunk and each
+    thread's node once instead of every iteration.
+
+    Example:
+        >>> single_fits(chunks=2966, n=13436, grid=371), single_fits(chunks=12564, n=325557, grid=528)
+        (True, False)
+    """
+    return chunks <= grid * (RESIDENT_BLOCK // 32) and n <= grid * RESIDENT_BLOCK
+
+
 def relabel_pays(n: int, dtype, l2_bytes: int) -> bool:
     """Whether a run numbers the nodes by decreasing out-degree (:func:`~tuner.graph.device_pull.degree_order`)
     before its first iteration: where the rank cache (``n`` values of ``dtype``) outgrows a quarter of the
@@ -113,34 +135,38 @@ def relabel_pays(n: int, dtype, l2_bytes: int) -> bool:
 
 
 def compile_all(dtype, arch: str, cache=None) -> list:
-    """Every specialisation of the kernel for ``dtype`` (pattern or weighted, each chunk size) built at once,
-    nvcc runs in parallel, into the binary cache: the first PageRank on a machine waits for one round of
-    compiles, not one per graph size met later.
+    """Every specialisation of the kernel for ``dtype`` (pattern or weighted, each chunk size, single or not)
+    built at once, nvcc runs in parallel, into the binary cache: the first PageRank on a machine waits for one
+    round of compiles, not one per graph size met later.
 
     Example:
         >>> import tempfile; from tuner.cache import Cache
         >>> len(compile_all(np.float32, "sm_90", Cache(tempfile.mkdtemp())))
-        8
+        14
     """
-    sources = [resident_source(dtype, pattern, chunk)[1] for pattern in (False, True) for chunk in CHUNKS]
+    sources = [resident_source(dtype, *variant)[1] for variant in _VARIANTS]
     return codegen.compile_many(sources, arch, cache=cache)
 
 
-def _kernel(dtype: np.dtype, pattern: bool, chunk: int):
+_VARIANTS = [(pattern, chunk, single) for pattern in (False, True) for single in (False, True)
+             for chunk in (SINGLE_CHUNKS if single else CHUNKS)]
+
+
+def _kernel(dtype: np.dtype, pattern: bool, chunk: int, single: bool):
     """(function, blocks the GPU holds at once) for the current device. The first call for a value type
-    loads every variant of it (pattern or weighted, each chunk size) at once: a process's first PageRank
-    pays for them, not its first PageRank of each graph size (a millisecond or two each, as long as a small
-    graph's whole run)."""
+    loads every variant of it (pattern or weighted, each chunk size, single or not) at once: a process's first
+    PageRank pays for them, not its first PageRank of each graph size (a millisecond or two each, as long as a
+    small graph's whole run)."""
     import cupy
     device = cupy.cuda.Device()
-    key = (dtype.name, pattern, chunk, device.id)
+    key = (dtype.name, pattern, chunk, single, device.id)
     hit = _kernels.get(key)
     if hit is None:
         arch = f"sm_{device.compute_capability}"
         if (dtype.name, arch) not in _built:
             compile_all(dtype, arch)
             _built.add((dtype.name, arch))
-        for variant in ((p, c) for p in (False, True) for c in CHUNKS):
+        for variant in _VARIANTS:
             function, module = cupy_function(cupy, *resident_source(dtype, *variant), arch)
             per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, RESIDENT_BLOCK, 0)
             blocks = per_sm * device.attributes["MultiProcessorCount"]
@@ -151,41 +177,62 @@ def _kernel(dtype: np.dtype, pattern: bool, chunk: int):
 
 @dataclass(frozen=True, eq=False)
 class ResidentLayout:
-    """Wᵀ's chunks and the work arrays of a run (CuPy).
+    """Wᵀ's chunks, the kernel that iterates on them and the work arrays of a run (CuPy).
 
     Attributes:
         chunk: entries a warp pulls at a time (:func:`chunk_for`); chunks: Wᵀ's chunks of that many entries.
         chunk_row: each chunk's first row, then the last row.
-        work: two rank caches, the rows' pulls, and the chunks' head and tail slots.
+        function: the kernel for the graph's value type, weighting and chunk, ``single`` where the grid fits
+            (:func:`single_fits`); grid: its blocks (:func:`grid_for`).
+        work: two rank caches, the rows' pulls, and the chunks' head and tail slots; partials: the blocks' sums.
         out: the run's [iterations, change, dangling sum].
     """
 
     chunk: int
     chunks: int
     chunk_row: object
+    function: object
+    single: bool
+    grid: int
     work: object
+    partials: object
     out: object
 
 
-def layout(matrix, dtype) -> ResidentLayout:
-    """The :class:`ResidentLayout` of Wᵀ (a CuPy CSR with int32 indices) for vectors of ``dtype``.
+def _chunking(dtype: np.dtype, pattern: bool, n: int, nnz: int, sm_count: int) -> tuple[int, bool]:
+    """(chunk, single) of a run: the smallest chunk whose single kernel the GPU holds with a warp for every
+    chunk and a thread for every node, else :func:`chunk_for`'s chunk for the kernel that takes them in turns."""
+    for chunk in SINGLE_CHUNKS:
+        chunks = -(-nnz // chunk)
+        if single_fits(chunks, n, grid_for(chunks, n, _kernel(dtype, pattern, chunk, True)[1])):
+            return chunk, True
+    return chunk_for(nnz, sm_count), False
+
+
+def layout(matrix, dtype, pattern: bool) -> ResidentLayout:
+    """The :class:`ResidentLayout` of Wᵀ (a CuPy CSR with int32 indices) for vectors of ``dtype``;
+    ``pattern``: every edge weighs the same (the kernel then reads no values). Loads the kernel (compiling
+    its variants the first time on this machine, :func:`compile_all`).
 
     Example (on a GPU machine):
-        >>> layout(pull.matrix, np.float32).chunks                          # doctest: +SKIP
+        >>> layout(pull.matrix, np.float32, True).chunks                     # doctest: +SKIP
         406
     """
     import cupy
     dtype = np.dtype(dtype)
     n, nnz = matrix.shape[0], int(matrix.indices.size)
-    chunk = chunk_for(nnz, cupy.cuda.Device().attributes["MultiProcessorCount"])
+    chunk, single = _chunking(dtype, pattern, n, nnz, cupy.cuda.Device().attributes["MultiProcessorCount"])
     chunks = -(-nnz // chunk)
     # Each chunk's first row (the last row whose pointer is at most its first entry), then the last row.
     starts = cupy.arange(chunks, dtype=np.int32) * chunk  # below nnz < 2^31
     chunk_row = cupy.empty(chunks + 1, np.int32)
     chunk_row[:chunks] = cupy.searchsorted(matrix.indptr, starts, side="right") - 1
     chunk_row[chunks] = max(n - 1, 0)
-    work = cupy.empty(3 * n + 2 * max(chunks, 1), dtype)
-    return ResidentLayout(chunk, chunks, chunk_row, work, cupy.zeros(3, np.float64))
+    function, max_blocks = _kernel(dtype, pattern, chunk, single)
+    grid = grid_for(chunks, n, max_blocks)
+    slots = max(chunks, 1)
+    return ResidentLayout(chunk, chunks, chunk_row, function, single, grid, cupy.empty(3 * n + 2 * slots, dtype),
+                          cupy.empty(2 * grid, np.float64), cupy.zeros(3, np.float64))
 
 
 def iterate(layout: ResidentLayout, matrix, pattern: float | None, inverse, dangling, x, p, d, alpha: float,
@@ -198,28 +245,20 @@ def iterate(layout: ResidentLayout, matrix, pattern: float | None, inverse, dang
     dtype; ``x``: the start, overwritten with the ranks. ``max_rule``: 0 for the L1 change, 1 for the largest.
 
     Example (on a GPU machine):
-        >>> ready = layout(Wt, np.float32)                                          # doctest: +SKIP
+        >>> ready = layout(Wt, np.float32, True)                                    # doctest: +SKIP
         >>> iterate(ready, Wt, 1.0, inv, dang, x, p, p, 0.85, n * 1e-6, 0, 100).iterations  # doctest: +SKIP
         17
     """
-    import cupy
     dtype = np.dtype(x.dtype)
-    n, chunks, work = x.size, layout.chunks, layout.work
-    function, max_blocks = _kernel(dtype, pattern is not None, layout.chunk)
-    grid = grid_for(chunks, n, max_blocks)
-    slots = max(chunks, 1)
-    cache_a, cache_b, direct = work[:n], work[n:2 * n], work[2 * n:3 * n]
-    head, tail = work[3 * n:3 * n + slots], work[3 * n + slots:]
-    partials = cupy.empty(2 * grid, np.float64)
     values = np.uint64(0) if pattern is not None else matrix.data
-    function((grid,), (RESIDENT_BLOCK,),
-             (matrix.indptr, matrix.indices, values, dtype.type(0 if pattern is None else pattern),
-              layout.chunk_row, np.int64(chunks), inverse, dangling, p, d, x, cache_a, cache_b, direct, head, tail,
-              partials, layout.out, np.int64(n), np.float64(alpha), np.float64(limit), np.int32(max_rule),
-              np.int32(max_iter)),
-             enable_cooperative_groups=True)
+    layout.function((layout.grid,), (RESIDENT_BLOCK,),
+                    (matrix.indptr, matrix.indices, values, dtype.type(0 if pattern is None else pattern),
+                     layout.chunk_row, np.int64(layout.chunks), inverse, dangling, p, d, x, layout.work,
+                     np.int64(max(layout.chunks, 1)), layout.partials, layout.out, np.int64(x.size),
+                     np.float64(alpha), np.float64(limit), np.int32(max_rule), np.int32(max_iter)),
+                    enable_cooperative_groups=True)
     iterations, error, _ = layout.out.get()
-    return ResidentRun(int(iterations), float(error), grid)
+    return ResidentRun(int(iterations), float(error), layout.grid)
 
 
 def node_vector(values, n: int, what: str, dtype):
@@ -273,8 +312,7 @@ def pagerank(A, alpha: float, personalization, max_iter: int, tol: float, nstart
         d_d = p_d if dangling is None else d_d[pull.order]
     inverse, is_dangling = pull.inverse.astype(dtype), pull.dangling.astype(dtype)
     limit = n * tol if tol_rule == "networkx" else tol
-    ready = layout(pull.matrix, dtype)
-    _kernel(dtype, pull.pattern is not None, ready.chunk)  # loaded (and compiled, the first time) before the clock
+    ready = layout(pull.matrix, dtype, pull.pattern is not None)  # the kernel loaded (built once) before the clock
     cupy.cuda.Device().synchronize()
     t1 = time.perf_counter()
     run = iterate(ready, pull.matrix, pull.pattern, inverse, is_dangling, x, p_d, d_d, alpha, limit,
@@ -291,5 +329,6 @@ def pagerank(A, alpha: float, personalization, max_iter: int, tol: float, nstart
     info = IterationInfo(run.iterations, run.error, {"setup": t1 - t0, "iterations": t2 - t1,
                                                      "gather": time.perf_counter() - t2},
                          f"resident generic kernel on 1 GPU ({run.grid} blocks"
+                         f"{', a chunk a warp and a node a thread, read once' if ready.single else ''}"
                          f"{', nodes by out-degree' if pull.order is not None else ''})")
     return (ranks, info) if return_info else ranks
