@@ -514,6 +514,9 @@ def test_the_resident_grid_and_chunks_cover_the_graph_within_what_the_gpu_holds(
     assert not single_fits(chunks=8, n=257, grid=1)
     assert single_fits(chunks=9, n=600, grid=grid_for(chunks=9, n=600, max_blocks=792))
     assert not single_fits(chunks=10**6, n=10**6, grid=grid_for(10**6, 10**6, 792))
+    assert grid_for(chunks=6336, n=1000, max_blocks=792, single=True) == 792
+    with pytest.raises(ValueError, match="6337 chunks and 1000 nodes on at most 792 blocks"):
+        grid_for(chunks=6337, n=1000, max_blocks=792, single=True)
     with pytest.raises(ValueError, match="float32 or float64"):
         resident_source(np.float16, False, 256)
     with pytest.raises(ValueError, match="for the single kernel, got 256"):

@@ -95,16 +95,21 @@ def chunk_for(nnz: int, sm_count: int) -> int:
     return CHUNKS[-1]
 
 
-def grid_for(chunks: int, n: int, max_blocks: int) -> int:
+def grid_for(chunks: int, n: int, max_blocks: int, single: bool = False) -> int:
     """Blocks of a run: enough for a warp per chunk and a thread per node, at most ``max_blocks`` (what the
-    GPU holds at once); fewer blocks make each grid-wide barrier cheaper.
+    GPU holds at once); fewer blocks make each grid-wide barrier cheaper. ``single``: for the single kernel,
+    which leaves out the chunks and nodes beyond a warp and a thread each: a ValueError where they do not fit.
 
     Example:
         >>> grid_for(chunks=405, n=8298, max_blocks=792), grid_for(10**6, 10**7, 792)
         (51, 792)
     """
     warps = RESIDENT_BLOCK // 32
-    return max(1, min(max_blocks, max(-(-chunks // warps), -(-n // RESIDENT_BLOCK))))
+    grid = max(1, min(max_blocks, max(-(-chunks // warps), -(-n // RESIDENT_BLOCK))))
+    if single and not single_fits(chunks, n, grid):
+        raise ValueError(f"the single resident kernel needs a warp a chunk and a thread a node: {chunks} chunks "
+                         f"and {n} nodes on at most {max_blocks} blocks")
+    return grid
 
 
 def single_fits(chunks: int, n: int, grid: int) -> bool:
@@ -214,9 +219,10 @@ def layout(matrix, dtype, pattern: bool) -> ResidentLayout:
     ``pattern``: every edge weighs the same (the kernel then reads no values). Loads the kernel (compiling
     its variants the first time on this machine, :func:`compile_all`).
 
-    Example (on a GPU machine):
-        >>> layout(pull.matrix, np.float32, True).chunks                     # doctest: +SKIP
-        406
+    Example (on a GPU machine; wiki-Vote on an H200):
+        >>> ready = layout(pull.matrix, np.float32, True)                   # doctest: +SKIP
+        >>> ready.chunk, ready.chunks, ready.single                         # doctest: +SKIP
+        (64, 1621, True)
     """
     import cupy
     dtype = np.dtype(dtype)
@@ -229,7 +235,7 @@ def layout(matrix, dtype, pattern: bool) -> ResidentLayout:
     chunk_row[:chunks] = cupy.searchsorted(matrix.indptr, starts, side="right") - 1
     chunk_row[chunks] = max(n - 1, 0)
     function, max_blocks = _kernel(dtype, pattern, chunk, single)
-    grid = grid_for(chunks, n, max_blocks)
+    grid = grid_for(chunks, n, max_blocks, single)
     slots = max(chunks, 1)
     return ResidentLayout(chunk, chunks, chunk_row, function, single, grid, cupy.empty(3 * n + 2 * slots, dtype),
                           cupy.empty(2 * grid, np.float64), cupy.zeros(3, np.float64))
