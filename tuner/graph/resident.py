@@ -2,18 +2,20 @@
 
 Driven from the host, an iteration is a product, an update and a read of the change: four launches and a
 round trip, about 0.1 ms, against a 5-20 us product on a graph of a few million edges. Here one launch runs
-every iteration: each is one grid-wide phase and one barrier (the pull over equal chunks of Wᵀ's entries,
-each row updated where its pull ends: its rank, its next rank cache and the block partials), and every block
-reduces the partials in the same order, so all stop together when the change meets the tolerance. The grid is what the GPU holds at once (a cooperative
-launch), at most what the graph's chunks and nodes need. It reads Wᵀ as :mod:`~tuner.graph.device_pull`
-leaves it on the device: no layout to build, so it is also what an untuned PageRank runs on a large graph.
+every iteration: each is two grid-wide phases (the pull over equal chunks of Wᵀ's entries, then the update,
+the next rank cache and the block partials), and every block reduces the partials in the same order, so all
+stop together when the change meets the tolerance. The grid is what the GPU holds at once (a cooperative
+launch), at most what the graph's chunks and nodes need. Where it holds a warp for every chunk and a thread
+for every node, the single kernel reads each warp's chunk and each thread's node once, before the first
+iteration (:func:`single_fits`): a small graph's iteration is a chain of dependent loads, and this leaves the
+gather of the ranks and the read of the rows' pulls. It reads Wᵀ as :mod:`~tuner.graph.device_pull` leaves
+it on the device: no layout to build, so it is also what an untuned PageRank runs on a large graph.
 Where the rank cache outgrows a quarter of L2 (:func:`relabel_pays`), the nodes are numbered by decreasing
 out-degree first (one pass over the edges there): the node vectors go into that order once and the ranks
 come back in the caller's.
 
-Which thread updates a row, and in which order a row crossing chunks adds its parts, depend on the graph
-alone (the kernel's only atomics count parts), so a run repeats bit for bit on the same GPU from the same
-factors; a weighted graph's out-weights are summed by atomic adds on the device, which may round differently from one
+Nothing in the kernel is atomic, so a run repeats bit for bit on the same GPU from the same factors; a
+weighted graph's out-weights are summed by atomic adds on the device, which may round differently from one
 setup to the next.
 """
 from __future__ import annotations
@@ -30,8 +32,8 @@ from .pagerank import ConvergenceError, IterationInfo, _node_vector, check_node_
 
 RESIDENT_BLOCK = 256
 CHUNKS = (32, 64, 128, 256)  # Wᵀ's entries a warp pulls at a time: one to eight steps of 32
-# The single kernel's chunks (resident_source): with 256 entries its warp's chunk in registers leaves room for
-# two blocks an SM, and cit-HepPh iterated in 24 us where the kernel taking chunks in turns needed 15 (H200).
+# The single kernel's chunks (resident_source): a chunk of 256 entries in registers leaves room for two blocks
+# an SM, too few warps to hide the gathers (slower than the kernel taking chunks in turns).
 SINGLE_CHUNKS = (32, 64, 128)
 L2_SHARE = 4  # the rank cache's share of L2 beyond which degree order pays (relabel_pays)
 CHUNKS_PER_SM = 64  # about the warps an SM holds: a graph with fewer entries takes smaller chunks
