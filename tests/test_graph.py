@@ -581,7 +581,7 @@ def test_resident_pagerank_equals_the_host_on_rows_filling_crossing_and_spanning
 
 
 @pytest.mark.gpu
-def test_a_small_graph_runs_the_single_kernel_with_the_smallest_chunk_the_gpu_holds_and_a_large_one_does_not():
+def test_a_small_graph_runs_the_single_resident_kernel_with_the_smallest_chunk_it_fits_a_large_one_does_not():
     pytest.importorskip("cupy")
     import cupy
 
