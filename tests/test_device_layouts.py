@@ -192,6 +192,28 @@ def test_the_gpu_counts_tile_runs_as_the_host_does(piece):
             _same_runs(u, v, (name, k, piece))
 
 
+@pytest.mark.parametrize("entries", [1, 3, 32, 256])
+def test_row_tasks_cover_each_row_in_order_and_the_devices_search_gives_the_hosts_rows(entries):
+    m = canonicalize(_cases()["empty_rows"])
+    lengths = np.diff(m.indptr)
+    rows, first, tasks = xp.row_tasks(m.indptr, entries, np.int32)
+    assert rows.dtype == first.dtype == np.int32 and tasks == int(np.sum(-(-lengths // entries)))
+    assert np.array_equal(np.diff(first), -(-lengths // entries)) and np.all(np.diff(rows) >= 0)
+    assert np.array_equal(np.bincount(rows, minlength=m.n_rows), np.diff(first))
+    # the device's rows: one search per task over the first tasks
+    assert np.array_equal(xp.segment_of_search(first[:-1], tasks).astype(np.int32), rows)
+
+
+@pytest.mark.gpu
+def test_row_tasks_on_the_device_equal_the_hosts():
+    cupy = pytest.importorskip("cupy")
+    m = canonicalize(_cases()["big"])
+    for entries in (1, 32, 256):
+        host = xp.row_tasks(m.indptr, entries, np.int64)
+        device = xp.row_tasks(cupy.asarray(m.indptr), entries, np.int64)
+        assert device[2] == host[2] and all(np.array_equal(cupy.asnumpy(d), h) for d, h in zip(device[:2], host[:2]))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [np.uint8, np.int32, np.int64, np.bool_])
 def test_the_devices_own_largest_and_tally_equal_numpys_max_and_bincount(dtype):

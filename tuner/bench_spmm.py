@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,8 @@ class SpmmRow:
     Attributes:
         name, nnz, k: the graph, its entries, the block's columns.
         ours_ms, cusparse_ms, speedup: the products and cusparse_ms / ours_ms.
-        params: our kernel's parameters; rel_error: max |ours - SciPy float64| / max |SciPy|.
+        params: our kernel's family and parameters; rel_error: max |ours - SciPy float64| / max |SciPy|.
+        candidate_ms: every candidate's ms as the tuning timed it (the plan's record), by label.
     """
 
     name: str
@@ -41,6 +42,7 @@ class SpmmRow:
     speedup: float
     params: str
     rel_error: float
+    candidate_ms: dict = field(default_factory=dict)
 
 
 def default_suite(data_dir=None) -> list[str]:
@@ -59,7 +61,7 @@ def bench_one(source: str, k: int, cache_dir=None) -> SpmmRow:
     import cupyx.cusparse as cusparse
     import cupyx.scipy.sparse as cpsp
 
-    from .spmm import compile_spmm
+    from .spmm import SpmmParams, compile_spmm, label
     A = loaders.load(source).astype(np.float32)
     X = np.random.default_rng(k).uniform(-1, 1, (A.shape[1], k)).astype(np.float32)
     spmm = compile_spmm(A, X, cache_dir=cache_dir)
@@ -83,16 +85,18 @@ def bench_one(source: str, k: int, cache_dir=None) -> SpmmRow:
     cu_err = float(np.abs(y.get() - expected).max() / max(np.abs(expected).max(), 1e-300))
     if not cu_err < 1e-3:  # the two products must agree before their times compare
         raise RuntimeError(f"cuSPARSE's SpMM of {source} differs from SciPy's by {cu_err:.2e} (relative)")
+    timed = {label(SpmmParams(**p)): round(ms, 5) for p, ms in spmm.plan.get("measured_ms", [])}
     return SpmmRow(loaders.display_name(source), int(A.nnz), k, ours_ms, cu_ms, cu_ms / ours_ms,
-                   f"lanes={spmm.params.lanes},block_size={spmm.params.block_size}", err)
+                   label(spmm.params), err, timed)
 
 
 def format_table(rows: list[SpmmRow]) -> str:
     """The rows as a fixed-width table.
 
     Example:
-        >>> format_table([SpmmRow("g", 10, 4, 0.5, 1.0, 2.0, "lanes=4,block_size=128", 1e-7)]).splitlines()[1].split()
-        ['g', '10', '4', '0.5000', '1.0000', '2.00x', '1.0e-07', 'lanes=4,block_size=128']
+        >>> row = SpmmRow("g", 10, 4, 0.5, 1.0, 2.0, "row_groups(lanes=4,block_size=128)", 1e-7)
+        >>> format_table([row]).splitlines()[1].split()
+        ['g', '10', '4', '0.5000', '1.0000', '2.00x', '1.0e-07', 'row_groups(lanes=4,block_size=128)']
     """
     lines = [f"{'graph':<26}{'nnz':>12}{'k':>4}{'ours ms':>10}{'cuSPARSE':>10}{'x':>8}{'error':>9}  params"]
     for r in rows:

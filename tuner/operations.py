@@ -55,7 +55,7 @@ REGISTRY: dict[str, Operation] = {op.name: op for op in (
     Operation("spgemm", 2, lambda ops: len(ops) == 2 and sp.issparse(ops[1]), spgemm.FAMILIES, spgemm.compile_spgemm,
               lambda A, B: (A.astype(np.float64) @ B.astype(np.float64)).tocsr(),
               "cupyx.scipy.sparse csr @ csr (cuSPARSE SpGEMM)", bench_spgemm.cli_run, False, spgemm.prebuild),
-    Operation("spmm", 2, lambda ops: len(ops) == 2 and not sp.issparse(ops[1]), {"row_groups": spmm.candidates},
+    Operation("spmm", 2, lambda ops: len(ops) == 2 and not sp.issparse(ops[1]), spmm.FAMILIES,
               spmm.compile_spmm, lambda A, X: A.astype(np.float64) @ np.asarray(X, np.float64),
               "cupyx.scipy.sparse csr @ dense block (cuSPARSE SpMM)", bench_spmm.cli_run, False),
 )}

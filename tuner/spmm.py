@@ -1,11 +1,13 @@
 """SpMM: Y = A X for a block of a few dense columns (the multi-vector product of batched random walks).
 
-``tuner.compile(A, X)`` with a dense ``X`` (n_cols x k) lands here. One family, ``row_groups``
-(templates/spmm.cu.j2): a group of lanes per row, ``KP`` of them per column pass (a power of two up to 32,
-so that a pass reads one entry's KP consecutive values of X at once) and ``lanes / KP`` entry streams per row
-whose sums are added with shuffles. Its parameters (lanes per row, block size) are tuned by timing every
-candidate on the product itself, a handful for any k, once per structure, block width and GPU: the choice is
-kept in the plan cache.
+``tuner.compile(A, X)`` with a dense ``X`` (n_cols x k) lands here. One kernel (templates/spmm.cu.j2), two
+families (:data:`FAMILIES`): ``row_groups`` gives each row a group of lanes, ``row_tasks`` each task of a row
+(up to ``task_steps`` entries per entry stream, :func:`task_entries`), so that a hub's row of a power-law graph
+is spread over many groups instead of walked by one while the rest of the grid idles. A group's lanes are
+``KP`` per column pass (a power of two up to 32, so that a pass reads one entry's KP consecutive values of X
+at once) times ``lanes / KP`` entry streams, whose sums are added with shuffles. The parameters are tuned by
+timing every candidate of both families on the product itself, a dozen or so for any k, once per structure,
+block width and GPU: the choice is kept in the plan cache.
 """
 from __future__ import annotations
 
@@ -18,27 +20,38 @@ from . import codegen, gpu
 from .cache import Cache, make_key
 from .families.base import CTYPES
 from .kernel import launch_on_views
+from .formats.xp import row_tasks
 from .matrix import MatrixError, canonicalize, structure_digest
 
 log = logging.getLogger("tuner.spmm")
 
 TEMPLATE = "spmm.cu.j2"
 KERNEL = "spmm_row_groups"
+SIGNATURE = "PPPPPPPqq"  # indptr, indices, data, x, y, task_row, task_first, items, k
 BLOCK_SIZES = (128, 256)
+TASK_BLOCK = 256
+TASK_STEPS = 32  # a row_tasks group's steps along each entry stream: a task's chain of dependent adds
 TIMING_REPEATS = 20
 
 
 @dataclass(frozen=True)
 class SpmmParams:
-    """The ``row_groups`` kernel's parameters.
+    """The kernel's parameters.
 
     Attributes:
-        lanes: lanes per row: the column pass width (:func:`column_pass`) times the entry streams, at most 32.
+        lanes: lanes per group: the column pass width (:func:`column_pass`) times the entry streams, at most 32.
         block_size: threads per block.
+        task_steps: 0 for a group per row (``row_groups``); else a group per task of up to ``task_steps``
+            entries per entry stream of one row (``row_tasks``, :func:`task_entries`).
     """
 
     lanes: int
     block_size: int
+    task_steps: int = 0
+
+    @property
+    def family(self) -> str:
+        return "row_tasks" if self.task_steps else "row_groups"
 
 
 def column_pass(k: int) -> int:
@@ -51,19 +64,73 @@ def column_pass(k: int) -> int:
     return min(32, 1 << max(0, int(k) - 1).bit_length())
 
 
-def candidates(k: int) -> list[SpmmParams]:
-    """Every parameter set for a block of ``k`` columns: lanes from one column pass to a warp, each block size.
+def lane_counts(k: int) -> list[int]:
+    """Lanes per group for a block of ``k`` columns: one column pass, then doubling up to a warp.
 
     Example:
-        >>> [(p.lanes, p.block_size) for p in candidates(16)]
-        [(16, 128), (16, 256), (32, 128), (32, 256)]
+        >>> lane_counts(3), lane_counts(40)
+        ([4, 8, 16, 32], [32])
     """
-    kp, out = column_pass(k), []
-    lanes = kp
+    out, lanes = [], column_pass(k)
     while lanes <= 32:
-        out += [SpmmParams(lanes, b) for b in BLOCK_SIZES]
+        out.append(lanes)
         lanes *= 2
     return out
+
+
+def row_groups_candidates(k: int) -> list[SpmmParams]:
+    """``row_groups``' parameter sets for ``k`` columns: every lane count, each block size.
+
+    Example:
+        >>> [(p.lanes, p.block_size) for p in row_groups_candidates(16)]
+        [(16, 128), (16, 256), (32, 128), (32, 256)]
+    """
+    return [SpmmParams(lanes, b) for lanes in lane_counts(k) for b in BLOCK_SIZES]
+
+
+def row_tasks_candidates(k: int) -> list[SpmmParams]:
+    """``row_tasks``' parameter sets for ``k`` columns: every lane count, tasks of :data:`TASK_STEPS` steps.
+
+    Example:
+        >>> [(p.lanes, p.task_steps) for p in row_tasks_candidates(16)]
+        [(16, 32), (32, 32)]
+    """
+    return [SpmmParams(lanes, TASK_BLOCK, TASK_STEPS) for lanes in lane_counts(k)]
+
+
+FAMILIES = {"row_groups": row_groups_candidates, "row_tasks": row_tasks_candidates}
+
+
+def candidates(k: int) -> list[SpmmParams]:
+    """Every parameter set of every family (:data:`FAMILIES`) for a block of ``k`` columns.
+
+    Example:
+        >>> [label(p) for p in candidates(32)]  # doctest: +NORMALIZE_WHITESPACE
+        ['row_groups(lanes=32,block_size=128)', 'row_groups(lanes=32,block_size=256)',
+         'row_tasks(lanes=32,block_size=256,task_steps=32)']
+    """
+    return [p for family in FAMILIES.values() for p in family(k)]
+
+
+def label(params: SpmmParams) -> str:
+    """A candidate's name in plans and reports.
+
+    Example:
+        >>> label(SpmmParams(8, 128)), label(SpmmParams(8, 256, 32))
+        ('row_groups(lanes=8,block_size=128)', 'row_tasks(lanes=8,block_size=256,task_steps=32)')
+    """
+    steps = f",task_steps={params.task_steps}" if params.task_steps else ""
+    return f"{params.family}(lanes={params.lanes},block_size={params.block_size}{steps})"
+
+
+def task_entries(k: int, params: SpmmParams) -> int:
+    """Entries of one task of ``row_tasks`` (0 for ``row_groups``): ``task_steps`` along each entry stream.
+
+    Example:
+        >>> task_entries(4, SpmmParams(32, 256, 32)), task_entries(4, SpmmParams(4, 256, 32))
+        (256, 32)
+    """
+    return params.task_steps * (params.lanes // column_pass(k))
 
 
 def render(k: int, params: SpmmParams, value_dtype, index_dtype) -> str:
@@ -74,17 +141,19 @@ def render(k: int, params: SpmmParams, value_dtype, index_dtype) -> str:
     Example:
         >>> "#define LANES 8" in render(4, SpmmParams(8, 128), np.float32, np.int32)
         True
+        >>> "#define TASK 64" in render(4, SpmmParams(8, 256, 32), np.float32, np.int32)
+        True
         >>> render(40, SpmmParams(16, 128), np.float32, np.int32)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: SpmmParams(lanes=16, block_size=128) is not a candidate for 40 columns: lanes from 32 to 32 ...
+        ValueError: SpmmParams(lanes=16, block_size=128, task_steps=0) is not a candidate for 40 columns: ...
     """
     if params not in candidates(k):
-        raise ValueError(f"{params} is not a candidate for {k} columns: lanes from {column_pass(k)} to 32 in powers "
-                         f"of two, blocks of {BLOCK_SIZES}")
+        raise ValueError(f"{params} is not a candidate for {k} columns: {[label(p) for p in candidates(k)]}")
     return codegen.render(TEMPLATE, dict(VAL=CTYPES[np.dtype(value_dtype)], IDX=CTYPES[np.dtype(index_dtype)],
                                          K=compiled_width(k), KP=column_pass(k), LANES=params.lanes,
-                                         block_size=params.block_size, kernel_name=KERNEL))
+                                         task=task_entries(k, params), block_size=params.block_size,
+                                         kernel_name=KERNEL))
 
 
 def compiled_width(k: int) -> int:
@@ -98,14 +167,14 @@ def compiled_width(k: int) -> int:
     return int(k) if k <= 32 else 0
 
 
-def grid(n_rows: int, params: SpmmParams) -> int:
-    """Blocks of a launch: ``lanes`` threads per row.
+def grid(items: int, params: SpmmParams) -> int:
+    """Blocks of a launch over ``items`` work items (rows, or tasks for ``row_tasks``): ``lanes`` threads each.
 
     Example:
         >>> grid(1000, SpmmParams(8, 256))
         32
     """
-    return -(-int(n_rows) * params.lanes // params.block_size)
+    return -(-int(items) * params.lanes // params.block_size)
 
 
 def check_block(X, n_rows: int, dtype, what: str = "X") -> tuple[int, int]:
@@ -143,6 +212,7 @@ class SpMM:
     Attributes:
         shape: (n_rows, n_cols) of A; k: columns of a block; dtype: of A, X and Y.
         params: the :class:`SpmmParams` compiled; plan: how they were chosen (each candidate's ms when timed).
+        ``row_tasks`` zeroes Y before each product where some row has no task or several.
 
     Example (on a GPU machine):
         >>> import numpy as np, scipy.sparse as sp, tuner                 # doctest: +SKIP
@@ -152,16 +222,14 @@ class SpMM:
         True
     """
 
-    def __init__(self, m, k: int, params: SpmmParams, cubin: bytes, X=None, arrays=None, plan: dict | None = None):
+    def __init__(self, m, k: int, params: SpmmParams, cubin: bytes, X=None, operands: "_Operands | None" = None,
+                 plan: dict | None = None):
         self.shape, self.k, self.dtype, self.params = m.shape, int(k), m.value_dtype, params
         self.plan = plan or {"params": asdict(params), "tune": "fixed"}
-        need = 0 if arrays else _matrix_bytes(m)
-        if need > gpu.free_memory(release_pool=True):
-            raise MatrixError(f"the product needs {need:,} bytes of GPU memory for A, "
-                              f"{gpu.free_memory():,} are free")
         # The matrix's device arrays, shared by the candidates a tuning times.
-        self._arrays = arrays or tuple(gpu.upload(np.ascontiguousarray(a)) for a in (m.indptr, m.indices, m.data))
-        self._kernel = gpu.Kernel(cubin, KERNEL, "PPPPPqq")
+        self._operands = operands or _Operands(m)
+        self._work = self._operands.work(task_entries(self.k, params))
+        self._kernel = gpu.Kernel(cubin, KERNEL, SIGNATURE)
         self._staging = None  # device X and Y for host blocks and timing: made on first use (device callers
         # bring their own, and would otherwise hold a second X and Y for nothing)
         self._block = None if X is None else np.ascontiguousarray(X, dtype=self.dtype)
@@ -179,8 +247,11 @@ class SpMM:
 
     def launch(self, x_ptr: int, y_ptr: int) -> None:
         """The product on device pointers (no checks: for timing loops and iterative solvers)."""
-        self._kernel.launch(grid(self.shape[0], self.params), self.params.block_size,
-                            *(int(a) for a in self._arrays), x_ptr, y_ptr, np.int64(self.shape[0]), np.int64(self.k))
+        task_row, task_first, items, zero = self._work
+        if zero:  # rows without a task keep these zeros; a shared row's tasks add into them
+            gpu.zero_async(y_ptr, self.shape[0] * self.k * self.dtype.itemsize)
+        self._kernel.launch(grid(items, self.params), self.params.block_size, *self._operands.arrays, x_ptr, y_ptr,
+                            task_row, task_first, np.int64(items), np.int64(self.k))
 
     def __call__(self, X=None, out=None):
         if X is None:
@@ -229,7 +300,44 @@ class SpMM:
         return float(np.median(gpu.time_launches(lambda: self.launch(int(x), int(y)), repeats, warmup)))
 
     def __repr__(self) -> str:
-        return f"<SpMM {self.shape[0]}x{self.shape[1]} by {self.k} columns {self.dtype.name} {self.params}>"
+        return f"<SpMM {self.shape[0]}x{self.shape[1]} by {self.k} columns {self.dtype.name} {label(self.params)}>"
+
+
+class _Operands:
+    """A's arrays on the device, shared by the candidates a tuning times, and ``row_tasks``' task arrays for each
+    task size, made on first use (:func:`~tuner.formats.xp.row_tasks` on the host, then uploaded)."""
+
+    def __init__(self, m):
+        need = _matrix_bytes(m)
+        if need > gpu.free_memory(release_pool=True):
+            raise MatrixError(f"the product needs {need:,} bytes of GPU memory for A, "
+                              f"{gpu.free_memory():,} are free")
+        self.m = m
+        self._arrays = tuple(gpu.upload(np.ascontiguousarray(a)) for a in (m.indptr, m.indices, m.data))
+        self.arrays = tuple(int(a) for a in self._arrays)
+        self._tasks: dict[int, tuple] = {}
+
+    def work(self, entries: int) -> tuple[int, int, int, bool]:
+        """(task_row pointer, task_first pointer, work items, whether Y is zeroed first) of a launch whose
+        groups take tasks of up to ``entries`` entries; ``entries`` 0: a group a row (no task arrays)."""
+        if not entries:
+            return 0, 0, self.m.n_rows, False
+        if entries not in self._tasks:
+            idx = self.m.index_dtype
+            row, first, tasks = row_tasks(np.asarray(self.m.indptr), entries, idx)
+            need = (row.size + first.size) * idx.itemsize
+            if need > gpu.free_memory(release_pool=True):
+                raise MatrixError(f"the row tasks need {need:,} bytes of GPU memory, {gpu.free_memory():,} are free")
+            zero = bool(np.any(np.diff(first) != 1))
+            # An empty array cannot be uploaded; a launch of no tasks reads none of it.
+            device = tuple(gpu.upload(a if a.size else np.zeros(1, idx)) for a in (row, first))
+            self._tasks[entries] = (device, tasks, zero)
+        (row, first), tasks, zero = self._tasks[entries]
+        return int(row), int(first), tasks, zero
+
+    def keep(self, entries: int) -> None:
+        """Free the task arrays of every task size but ``entries`` (once a tuning has chosen)."""
+        self._tasks = {e: t for e, t in self._tasks.items() if e == entries}
 
 
 def _matrix_bytes(m) -> int:
@@ -239,9 +347,10 @@ def _matrix_bytes(m) -> int:
 def compile_spmm(A, X, *, dtype=None, index_dtype=None, params: dict | None = None, cache_dir=None) -> SpMM:
     """Compile Y = A X for dense blocks X shaped like ``X`` (n_cols x k) on this GPU.
 
-    ``params`` ({'lanes': ..., 'block_size': ...}) skips the tuning; otherwise every candidate is timed on
-    A once per structure, block width, value type and GPU, and the fastest kept in the plan cache
-    (``cache_dir``: see :func:`tuner.compile`). ``dtype``: of A's values, X and Y (default: A's, as SpMV's).
+    ``params`` ({'lanes': ..., 'block_size': ..., 'task_steps': ...}: :class:`SpmmParams`; task_steps 0 or
+    left out: ``row_groups``) skips the tuning; otherwise every candidate of both families is timed on A once
+    per structure, block width, value type and GPU, and the fastest kept in the plan cache (``cache_dir``: see
+    :func:`tuner.compile`). ``dtype``: of A's values, X and Y (default: A's, as SpMV's).
 
     Example (on a GPU machine):
         >>> spmm = compile_spmm(A, np.ones((A.shape[1], 4)))   # doctest: +SKIP
@@ -253,52 +362,75 @@ def compile_spmm(A, X, *, dtype=None, index_dtype=None, params: dict | None = No
     _, k = check_block(X, m.n_cols, m.value_dtype)
     info = gpu.device_info()
     cache = Cache(cache_dir)
+    operands = None
     if params is not None:
         chosen, plan = SpmmParams(**params), None
         if chosen not in candidates(k):
             raise ValueError(f"{chosen} is not a candidate for {k} columns: {candidates(k)}")
     else:
-        key = make_key("spmm-plan", structure_digest(m), k, m.value_dtype.name, info.name, info.capability)
+        key = make_key("spmm-plan", structure_digest(m), k, m.value_dtype.name, info.name, info.capability,
+                       ",".join(FAMILIES))
         plan = cache.get_json("plan", key)
         if plan is not None:
             chosen = SpmmParams(**plan["params"])
         else:
-            chosen, plan = _tuned(m, k, info.arch, cache)
+            chosen, plan, operands = _tuned(m, k, info.arch, cache)
             cache.put_json("plan", key, plan)
     cubin = codegen.compile_source(render(k, chosen, m.value_dtype, m.index_dtype), info.arch, cache=cache).cubin
-    return SpMM(m, k, chosen, cubin, X=None if gpu.is_device_array(X) else X, plan=plan)
+    return SpMM(m, k, chosen, cubin, X=None if gpu.is_device_array(X) else X, operands=operands, plan=plan)
 
 
-def _tuned(m, k: int, arch: str, cache: Cache) -> tuple[SpmmParams, dict]:
-    """Every candidate timed on ``m`` (one upload shared): the fastest and the plan recording them all."""
+def _tuned(m, k: int, arch: str, cache: Cache) -> tuple[SpmmParams, dict, _Operands]:
+    """Every candidate timed on ``m`` (one upload shared): the fastest, the plan recording them all, and the
+    device operands (the chosen task size's arrays kept)."""
     specs = candidates(k)
     binaries = codegen.compile_many([render(k, p, m.value_dtype, m.index_dtype) for p in specs], arch, cache=cache)
-    arrays, times = None, {}
+    operands, times = _Operands(m), {}
     for p, b in zip(specs, binaries):
-        product = SpMM(m, k, p, b.cubin, arrays=arrays)
-        arrays = product._arrays
-        times[p] = product.time()
+        times[p] = SpMM(m, k, p, b.cubin, operands=operands).time()
     best = min(times, key=times.get)
+    operands.keep(task_entries(k, best))
     return best, {"params": asdict(best), "tune": "measure",
-                  "measured_ms": [[asdict(p), ms] for p, ms in sorted(times.items(), key=lambda t: t[1])]}
+                  "measured_ms": [[asdict(p), ms] for p, ms in sorted(times.items(), key=lambda t: t[1])]}, operands
 
 
 def evaluate(m, X: np.ndarray, params: SpmmParams) -> np.ndarray:
-    """What the kernel computes, in NumPy (float64): each column's sum over every entry stream of a row,
-    the streams' sums then added as the shuffles add them. For the CPU tests of the template's indexing.
+    """What the kernel computes, in NumPy (float64), from the same indexing: each work item's (a row's, or a
+    task's of ``row_tasks``) entries, each column's sum over every entry stream of the item, the streams' sums
+    then added as the shuffles add them and the items' sums into their rows (zero for a row of none). For
+    the CPU tests of the template's indexing; raises RuntimeError where the items do not cover every entry
+    exactly once.
 
     Example:
         >>> import scipy.sparse as sp
         >>> m = canonicalize(sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 3.0]])))
         >>> evaluate(m, np.array([[1.0, 10.0], [2.0, 20.0]]), SpmmParams(4, 128)).tolist()
         [[5.0, 50.0], [6.0, 60.0]]
+        >>> evaluate(m, np.array([[1.0, 10.0], [2.0, 20.0]]), SpmmParams(2, 256, 1)).tolist()
+        [[5.0, 50.0], [6.0, 60.0]]
     """
     k = X.shape[1]
     streams = params.lanes // column_pass(k)
-    rows = np.repeat(np.arange(m.n_rows), np.diff(m.indptr))
-    stream = (np.arange(m.nnz) - np.asarray(m.indptr)[rows]) % streams  # which stream takes each entry
-    partial = np.zeros((streams, m.n_rows, k))
+    indptr = np.asarray(m.indptr, np.int64)
+    entries = task_entries(k, params)
+    if entries:  # the kernel's task arithmetic
+        item_row, first, items = row_tasks(indptr, entries, np.int64)
+        start = indptr[item_row] + (np.arange(items) - first[item_row]) * entries
+        end = np.minimum(start + entries, indptr[item_row + 1])
+    else:
+        item_row, start, end = np.arange(m.n_rows), indptr[:-1], indptr[1:]
+    lengths = np.maximum(end - start, 0)
+    item = np.repeat(np.arange(item_row.size), lengths)
+    offset = np.arange(item.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # within its item
+    pos = start[item] + offset
+    if not np.array_equal(np.sort(pos), np.arange(m.nnz)):
+        raise RuntimeError(f"the work items of {label(params)} do not cover every entry exactly once")
+    stream = offset % streams
+    data, indices = np.asarray(m.data, np.float64), np.asarray(m.indices)
+    partial = np.zeros((streams, item_row.size, k))
     for s in range(streams):  # a handful of streams: each a vectorised pass over its entries
-        at = stream == s
-        np.add.at(partial[s], rows[at], np.asarray(m.data, np.float64)[at, None] * X[np.asarray(m.indices)[at]])
-    return partial.sum(axis=0)
+        at = pos[stream == s]
+        np.add.at(partial[s], item[stream == s], data[at, None] * X[indices[at]])
+    y = np.zeros((m.n_rows, k))
+    np.add.at(y, item_row, partial.sum(axis=0))
+    return y

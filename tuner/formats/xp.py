@@ -354,3 +354,28 @@ def prefix(counts, dtype=np.int64):
     out = xp.zeros(counts.size + 1, dtype=dtype)
     xp.cumsum(counts, dtype=dtype, out=out[1:])
     return out
+
+
+def row_tasks(indptr, entries: int, dtype=np.int32) -> tuple:
+    """(task_row, task_first, tasks): every row's entries cut into tasks of up to ``entries`` in order (none
+    for an empty row), as ``dtype`` in ``indptr``'s module: each task's row and each row's first task (then
+    the total), so that task t of row r covers entries indptr[r] + (t - task_first[r]) x ``entries`` onwards.
+    A kernel that gives each task a group of lanes spreads a hub's row over many groups instead of one.
+    On the device the rows come from one search per task (:func:`segment_of_search`): a handful of launches
+    and one read of the total, which a walk that tries task sizes between its iterations waits for.
+
+    Example (rows of 0, 600 and 3 entries, tasks of 256: none, three and one):
+        >>> row, first, tasks = row_tasks(np.array([0, 0, 600, 603]), 256)
+        >>> row.tolist(), first.tolist(), tasks
+        ([1, 1, 1, 2], [0, 0, 3, 4], 4)
+    """
+    if entries < 1:
+        raise ValueError(f"a task holds at least one entry, got {entries}")
+    counts = (indptr[1:] - indptr[:-1] + (entries - 1)) // entries
+    first = prefix(counts, dtype)
+    tasks = int(first[-1])
+    if module(indptr) is np:
+        rows = np.repeat(np.arange(counts.size, dtype=dtype), counts)
+    else:
+        rows = segment_of_search(first[:-1], tasks).astype(dtype)
+    return rows, first, tasks

@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import codegen
-from ..formats.xp import prefix, segment_of_scan
+from ..formats.xp import row_tasks
 from ..memory import check_fits, human_bytes
 from .pagerank import IterationInfo, adjacency, default_backend as pagerank_backend
 
@@ -135,9 +135,8 @@ def _device_graph(cupy, W: sp.csr_matrix) -> tuple:
 
 
 def _edge_tasks(indptr) -> tuple:
-    """(task_node, task_first, tasks): every node's edges cut into tasks of up to ``KERNEL_EDGES`` in order
-    (none for a node without edges), the node of each task and each node's first task (int32), in
-    ``indptr``'s module.
+    """(task_node, task_first, tasks): every node's edges cut into warp tasks of up to ``KERNEL_EDGES``
+    (:func:`~tuner.formats.xp.row_tasks`, int32).
 
     Example (nodes of 0, 600 and 3 edges, tasks of 256: none, three and one):
         >>> KERNEL_EDGES
@@ -146,10 +145,7 @@ def _edge_tasks(indptr) -> tuple:
         >>> node.tolist(), first.tolist(), tasks
         ([1, 1, 1, 2], [0, 0, 3, 4], 4)
     """
-    counts = -(-(indptr[1:] - indptr[:-1]) // KERNEL_EDGES)
-    first = prefix(counts, np.int32)
-    tasks = int(first[-1])
-    return segment_of_scan(first[:-1], tasks, np.int32), first, tasks
+    return row_tasks(indptr, KERNEL_EDGES, np.int32)
 
 
 def _check_device_fits(n: int, batch: int, nnz: int, free: int) -> None:

@@ -8,10 +8,11 @@ it would have ended alone; the host reads the columns' status an iteration behin
 copy to page-locked memory), and stops once every column has met it.
 
 The product is chosen on the walk's own first iterations: each candidate (cuSPARSE's SpMM through CuPy, then
-the ``row_groups`` SpMMs of :mod:`tuner.spmm` for k columns from the most lanes per row down, while fewer lanes
-pay) runs ``TUNING_REPEATS`` iterations, the last one timed, and the fastest takes the rest; every one of those
-iterations is a step of the walk. Candidates sum a row's entries in different orders, so the last bits of a
-result may depend on the one chosen.
+each family of SpMMs of :mod:`tuner.spmm` for k columns, ``row_groups`` then ``row_tasks``, from the most
+lanes per group down while fewer lanes pay) runs ``TUNING_REPEATS`` iterations, the last one timed, and the
+fastest takes the rest; every one of those iterations is a step of the walk. Candidates sum a row's entries
+in different orders (``row_tasks`` adds a long row's tasks atomically, in any order), so the last bits of a
+result may depend on the one chosen and, with ``row_tasks``, on the run.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from .. import codegen, spmm
 from ..formats import device_reorder
+from ..formats.xp import row_tasks
 from .device_pull import VALUE_CTYPES
 
 STEP_BLOCK = 256
@@ -37,7 +39,8 @@ class WalkRun:
     Attributes:
         iterations: per column, the iteration whose change met the tolerance (0: none within ``max_iter``).
         errors: per column, that iteration's change (else the last one's), as the stopping rule measures it.
-        product: the product the walk kept (``row_groups(lanes=..,block_size=..)`` or ``cusparse``).
+        product: the product the walk kept (:func:`tuner.spmm.label`, e.g. ``row_groups(lanes=..,block_size=..)``,
+            or ``cusparse``).
         product_ms: milliseconds of each candidate's timed iteration product, by label.
         widths: the block's widths, first the caller's k, then each narrower one (:func:`walk_block`).
     """
@@ -80,16 +83,18 @@ def step_shape(n: int, k: int, sm_count: int) -> tuple[tuple[int, int], tuple[in
 
 
 def product_candidates(k: int) -> list:
-    """The products a block of ``k`` columns tries, in the order it tries them: cuSPARSE, then every
-    :func:`tuner.spmm.candidates` from the most lanes per row to the fewest (:class:`_Tuning` stops going down
-    once fewer lanes are slower).
+    """The products a block of ``k`` columns tries, in the order it tries them: cuSPARSE, then each family of
+    :data:`tuner.spmm.FAMILIES` from the most lanes per group to the fewest (:class:`_Tuning` stops going down
+    a family once fewer lanes are slower).
 
     Example:
         >>> [label(c) for c in product_candidates(16)]  # doctest: +NORMALIZE_WHITESPACE
         ['cusparse', 'row_groups(lanes=32,block_size=128)', 'row_groups(lanes=32,block_size=256)',
-         'row_groups(lanes=16,block_size=128)', 'row_groups(lanes=16,block_size=256)']
+         'row_groups(lanes=16,block_size=128)', 'row_groups(lanes=16,block_size=256)',
+         'row_tasks(lanes=32,block_size=256,task_steps=32)', 'row_tasks(lanes=16,block_size=256,task_steps=32)']
     """
-    return [CUSPARSE, *sorted(spmm.candidates(k), key=lambda p: (-p.lanes, p.block_size))]
+    return [CUSPARSE, *(p for family in spmm.FAMILIES.values()
+                        for p in sorted(family(k), key=lambda p: (-p.lanes, p.block_size)))]
 
 
 def fewer_lanes_may_pay(best_ms: dict, lanes: int) -> bool:
@@ -111,7 +116,7 @@ def fewer_lanes_may_pay(best_ms: dict, lanes: int) -> bool:
 class _Tuning:
     """Which product each of a walk's first iterations runs: the candidates in turn, ``TUNING_REPEATS``
     iterations each (the last timed by CUDA events), skipping fewer lanes once they stop paying
-    (:func:`fewer_lanes_may_pay`), then the fastest for the rest."""
+    (:func:`fewer_lanes_may_pay`, within each family), then the fastest for the rest."""
 
     def __init__(self, cupy, candidates: list, repeats: int = TUNING_REPEATS):
         self.cupy, self.queue, self.repeats = cupy, list(candidates), repeats
@@ -140,13 +145,14 @@ class _Tuning:
         self.ms[candidate] = self.cupy.cuda.get_elapsed_time(start, end)
         if candidate == CUSPARSE:
             return
+        family = candidate.family
         best: dict = {}
         for c, ms in self.ms.items():
-            if c != CUSPARSE:
+            if c != CUSPARSE and c.family == family:
                 best[c.lanes] = min(ms, best.get(c.lanes, ms))
-        level_done = not any(c != CUSPARSE and c.lanes == candidate.lanes for c in self.queue)
+        level_done = not any(c != CUSPARSE and c.family == family and c.lanes == candidate.lanes for c in self.queue)
         if level_done and not fewer_lanes_may_pay(best, candidate.lanes):
-            self.queue = [c for c in self.queue if c == CUSPARSE or c.lanes >= candidate.lanes]
+            self.queue = [c for c in self.queue if c == CUSPARSE or c.family != family or c.lanes >= candidate.lanes]
 
     def finish(self) -> tuple:
         """(the product kept, or the one running where the walk ended first; each timed candidate's ms)."""
@@ -162,9 +168,7 @@ def label(candidate) -> str:
         >>> label(spmm.SpmmParams(8, 128)), label(CUSPARSE)
         ('row_groups(lanes=8,block_size=128)', 'cusparse')
     """
-    if candidate == CUSPARSE:
-        return CUSPARSE
-    return f"row_groups(lanes={candidate.lanes},block_size={candidate.block_size})"
+    return CUSPARSE if candidate == CUSPARSE else spmm.label(candidate)
 
 
 def device_bytes(n: int, k: int, itemsize: int = 8) -> int:
@@ -239,12 +243,23 @@ def walk_block(pull, P, alpha: float, limit: float, max_rule: int, max_iter: int
     stream = cupy.cuda.get_current_stream()
     tuning, readable, widths = _Tuning(cupy, candidates), False, [k]
 
+    tasks: dict = {}  # row_tasks' arrays per task size, made on the device when first tried
+
     def product(candidate):
         if candidate == CUSPARSE:
             result = T @ block.cache
             return result, result.strides[0] // dtype.itemsize, result.strides[1] // dtype.itemsize
-        ours[candidate]((spmm.grid(n, candidate),), (candidate.block_size,),
-                        (indptr, indices, data, block.cache, block.pulled, np.int64(n), np.int64(block.k)))
+        entries = spmm.task_entries(k, candidate)
+        if not entries:
+            task_row, task_first, items = np.uint64(0), np.uint64(0), n
+        else:
+            if entries not in tasks:
+                tasks[entries] = row_tasks(indptr, entries, np.int32)
+            task_row, task_first, items = tasks[entries]
+            block.pulled.fill(0)  # rows of no task keep the zeros, a shared row's tasks add into them
+        ours[candidate]((max(1, spmm.grid(items, candidate)),), (candidate.block_size,),
+                        (indptr, indices, data, block.cache, block.pulled, task_row, task_first, np.int64(items),
+                         np.int64(block.k)))
         return block.pulled, block.k, 1
 
     iteration = 0
