@@ -37,7 +37,6 @@ KERNEL_BLOCK = 256
 KERNEL_KJ = 2  # sources per lane: a warp takes 64 of a node's sources
 KERNEL_EDGES = 256  # edges per warp task: a hub's edges split among many warps
 KERNEL_NAMES = ("bc_forward", "bc_backward", "bc_total")
-_kernels: dict = {}  # device id -> (module, {name: function})
 
 
 def _sources(n: int, k, seed) -> tuple[np.ndarray, bool]:
@@ -105,13 +104,10 @@ def kernel_source() -> str:
 
 
 def _device_kernels(cupy) -> dict:
-    """The kernels on the current device, built by nvcc through the binary cache and loaded once."""
-    from .device_pull import cupy_function
-    device = cupy.cuda.Device()
-    if device.id not in _kernels:
-        _, module = cupy_function(cupy, KERNEL_NAMES[0], kernel_source(), f"sm_{device.compute_capability}")
-        _kernels[device.id] = (module, {name: module.get_function(name) for name in KERNEL_NAMES})
-    return _kernels[device.id][1]
+    """The kernels on the current device (:func:`~tuner.graph.device_pull.device_modules`)."""
+    from .device_pull import device_modules
+    module, = device_modules(cupy, [kernel_source()])
+    return {name: module.get_function(name) for name in KERNEL_NAMES}
 
 
 def _device_graph(cupy, W: sp.csr_matrix) -> tuple:

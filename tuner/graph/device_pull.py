@@ -258,7 +258,6 @@ def relabelled(indptr, indices, data, order):
 
 CHECK_BLOCK = 256
 VALUE_CTYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}  # the graph kernels' value types
-_check_kernels: dict = {}
 
 
 def checks_source(dtype) -> tuple[str, str]:
@@ -275,28 +274,44 @@ def checks_source(dtype) -> tuple[str, str]:
                                                            kernel_name=name))
 
 
-def cupy_function(cupy, name: str, source: str, arch: str):
-    """(kernel ``name`` of CUDA ``source``, its module) loaded into CuPy on the current device, built by nvcc
-    for ``arch`` through the binary cache; the module is returned to be kept while the kernel is used.
+_modules: dict = {}  # (source, device) -> the loaded CuPy module
+
+
+def device_modules(cupy, sources: list[str]) -> list:
+    """The CuPy modules of CUDA ``sources`` on the current device, in order: those not loaded yet in this
+    process built by nvcc for the device's architecture at once (in parallel, through the binary cache), then
+    each loaded once per process and device (a load is a millisecond or two, as long as a small graph's whole
+    run).
 
     Example (on a GPU machine):
-        >>> function, module = cupy_function(cupy, *checks_source(np.float32), "sm_90")   # doctest: +SKIP
+        >>> module, = device_modules(cupy, [checks_source(np.float32)[1]])   # doctest: +SKIP
+        >>> module.get_function(checks_source(np.float32)[0])                # doctest: +SKIP
     """
-    module = cupy.cuda.function.Module()
-    module.load(codegen.compile_source(source, arch).cubin)
-    return module.get_function(name), module
+    device = cupy.cuda.Device()
+    missing = list(dict.fromkeys(s for s in sources if (s, device.id) not in _modules))
+    if missing:
+        for source, binary in zip(missing, codegen.compile_many(missing, f"sm_{device.compute_capability}")):
+            module = cupy.cuda.function.Module()
+            module.load(binary.cubin)
+            _modules.setdefault((source, device.id), module)
+    return [_modules[(s, device.id)] for s in sources]
+
+
+def cupy_function(cupy, name: str, source: str):
+    """Kernel ``name`` of CUDA ``source`` on the current device (:func:`device_modules`).
+
+    Example (on a GPU machine):
+        >>> function = cupy_function(cupy, *checks_source(np.float32))   # doctest: +SKIP
+    """
+    return device_modules(cupy, [source])[0].get_function(name)
 
 
 def _check_kernel(cupy, dtype):
     """The checks kernel for ``dtype`` on the current device; the first call loads both weight types' (a
     graph of the other type then pays for no module load)."""
-    device = cupy.cuda.Device()
-    key = (np.dtype(dtype).name, device.id)
-    if key not in _check_kernels:
-        arch = f"sm_{device.compute_capability}"
-        for each in VALUE_CTYPES:
-            _check_kernels[(each.name, device.id)] = cupy_function(cupy, *checks_source(each), arch)
-    return _check_kernels[key][0]
+    sources = [checks_source(each) for each in VALUE_CTYPES]
+    device_modules(cupy, [source for _, source in sources])
+    return cupy_function(cupy, *checks_source(dtype))
 
 
 def _valid(cupy, indptr, indices, data, n: int) -> tuple[bool, float | None, float | None]:

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import codegen
 from ..formats import xp
-from .device_pull import VALUE_CTYPES, cupy_function, pull_arrays
+from .device_pull import VALUE_CTYPES, device_modules, pull_arrays
 from .pagerank import ConvergenceError, IterationInfo, _node_vector, check_node_size, check_node_values
 
 RESIDENT_BLOCK = 256
@@ -36,9 +36,8 @@ CHUNKS = (32, 64, 128, 256)  # Wᵀ's entries a warp pulls at a time: one to eig
 # an SM, too few warps to hide the gathers (slower than the kernel taking chunks in turns).
 SINGLE_CHUNKS = (32, 64, 128)
 L2_SHARE = 4  # the rank cache's share of L2 beyond which degree order pays (relabel_pays)
-CHUNKS_PER_SM = 64  # about the warps an SM holds: a graph with fewer entries takes smaller chunks
-_kernels: dict = {}
-_built: set = set()  # (value type, arch) whose variants compile_all has put in the binary cache
+CHUNKS_PER_SM = 64  # chunks an SM takes before a larger chunk is: one or two a warp (it holds 32-40 warps)
+_kernels: dict = {}  # (value type, pattern, chunk, single, device) -> (function, blocks the GPU holds)
 
 
 @dataclass(frozen=True)
@@ -82,10 +81,10 @@ def resident_source(dtype, pattern: bool, chunk: int, single: bool = False) -> t
 
 
 def chunk_for(nnz: int, sm_count: int) -> int:
-    """Entries a warp pulls at a time: the smallest of ``CHUNKS`` that leaves at most about the warps the
-    GPU holds (``CHUNKS_PER_SM`` an SM) a chunk each, else the largest. A warp's steps of 32 entries run one
-    after another, each waiting on its loads: a small graph then pays one short chunk's latency an
-    iteration, and a large one the fewest head and tail slots.
+    """Entries a warp pulls at a time: the smallest of ``CHUNKS`` that leaves at most ``CHUNKS_PER_SM`` chunks
+    an SM (one or two for each of the 32-40 warps an SM holds of the kernel taking chunks in turns), else
+    the largest. A warp's steps of 32 entries run one after another, each waiting on its loads: a small
+    graph then pays one short chunk's latency an iteration, and a large one the fewest head and tail slots.
 
     Example (132 SMs):
         >>> chunk_for(103_689, 132), chunk_for(948_464, 132), chunk_for(131_161_551, 132)
@@ -151,8 +150,17 @@ def compile_all(dtype, arch: str, cache=None) -> list:
         >>> len(compile_all(np.float32, "sm_90", Cache(tempfile.mkdtemp())))
         14
     """
-    sources = [resident_source(dtype, *variant)[1] for variant in _VARIANTS]
-    return codegen.compile_many(sources, arch, cache=cache)
+    return codegen.compile_many([source for _, source in variant_sources(dtype)], arch, cache=cache)
+
+
+def variant_sources(dtype) -> list[tuple[str, str]]:
+    """(name, source) of every variant of the kernel for ``dtype``, in :data:`_VARIANTS`' order.
+
+    Example:
+        >>> len(variant_sources(np.float64)), variant_sources(np.float64)[0][0] in variant_sources(np.float64)[0][1]
+        (14, True)
+    """
+    return [resident_source(dtype, *variant) for variant in _VARIANTS]
 
 
 _VARIANTS = [(pattern, chunk, single) for pattern in (False, True) for single in (False, True)
@@ -161,25 +169,20 @@ _VARIANTS = [(pattern, chunk, single) for pattern in (False, True) for single in
 
 def _kernel(dtype: np.dtype, pattern: bool, chunk: int, single: bool):
     """(function, blocks the GPU holds at once) for the current device. The first call for a value type
-    loads every variant of it (pattern or weighted, each chunk size, single or not) at once: a process's first
-    PageRank pays for them, not its first PageRank of each graph size (a millisecond or two each, as long as a
-    small graph's whole run)."""
+    loads every variant of it (pattern or weighted, each chunk size, single or not) at once (their nvcc
+    builds in parallel, :func:`~tuner.graph.device_pull.device_modules`): a process's first PageRank pays for
+    them, not its first PageRank of each graph size (a millisecond or two each, as long as a small graph's
+    whole run)."""
     import cupy
     device = cupy.cuda.Device()
     key = (dtype.name, pattern, chunk, single, device.id)
-    hit = _kernels.get(key)
-    if hit is None:
-        arch = f"sm_{device.compute_capability}"
-        if (dtype.name, arch) not in _built:
-            compile_all(dtype, arch)
-            _built.add((dtype.name, arch))
-        for variant in _VARIANTS:
-            function, module = cupy_function(cupy, *resident_source(dtype, *variant), arch)
+    if key not in _kernels:
+        named = variant_sources(dtype)
+        for variant, (name, _), module in zip(_VARIANTS, named, device_modules(cupy, [s for _, s in named])):
+            function = module.get_function(name)
             per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(function.ptr, RESIDENT_BLOCK, 0)
-            blocks = per_sm * device.attributes["MultiProcessorCount"]
-            _kernels[(dtype.name, *variant, device.id)] = (function, blocks, module)
-        hit = _kernels[key]
-    return hit[:2]
+            _kernels[(dtype.name, *variant, device.id)] = (function, per_sm * device.attributes["MultiProcessorCount"])
+    return _kernels[key]
 
 
 @dataclass(frozen=True, eq=False)
@@ -218,8 +221,8 @@ def _chunking(dtype: np.dtype, pattern: bool, n: int, nnz: int, sm_count: int) -
 
 def layout(matrix, dtype, pattern: bool) -> ResidentLayout:
     """The :class:`ResidentLayout` of Wᵀ (a CuPy CSR with int32 indices) for vectors of ``dtype``;
-    ``pattern``: every edge weighs the same (the kernel then reads no values). Loads the kernel (compiling
-    its variants the first time on this machine, :func:`compile_all`).
+    ``pattern``: every edge weighs the same (the kernel then reads no values). Loads the kernel (every variant
+    of the value type at once, built by nvcc the first time on this machine: :func:`compile_all`'s sources).
 
     Example (on a GPU machine; wiki-Vote on an H200):
         >>> ready = layout(pull.matrix, np.float32, True)                   # doctest: +SKIP

@@ -29,7 +29,6 @@ STEP_BLOCK = 256
 TUNING_REPEATS = 2  # iterations per candidate product while tuning: the first warms it up, the last is timed
 CUSPARSE = "cusparse"  # the library's SpMM, a candidate beside ours
 VECTORS = 6  # n x k arrays held at once: two walks, the rank caches, the pull, the restart block, cuSPARSE's result
-_loaded: dict = {}  # (source, device) -> (function or functions, module)
 
 
 @dataclass(frozen=True)
@@ -183,25 +182,14 @@ def device_bytes(n: int, k: int, itemsize: int = 8) -> int:
 
 def _functions(cupy, k: int, dtype, candidates: list) -> tuple:
     """(step, finish, {candidate: SpMM function}) on the current device, every source built at once by nvcc
-    (in parallel, through the binary cache) the first time and loaded once per process."""
-    from .device_pull import cupy_function
-    device = cupy.cuda.Device()
-    arch = f"sm_{device.compute_capability}"
+    (in parallel, through the binary cache) the first time and loaded once per process
+    (:func:`~tuner.graph.device_pull.device_modules`)."""
+    from .device_pull import device_modules
     name, step = step_source(dtype)
     ours = [c for c in candidates if c != CUSPARSE]
-    sources = {c: spmm.render(k, c, dtype, np.int32) for c in ours}
-    missing = [s for s in [step, *sources.values()] if (s, device.id) not in _loaded]
-    if missing:
-        codegen.compile_many(missing, arch)
-        for source in missing:
-            if source == step:
-                _, module = cupy_function(cupy, f"{name}_step", source, arch)
-                _loaded[(source, device.id)] = ((module.get_function(f"{name}_step"),
-                                                 module.get_function(f"{name}_finish")), module)
-            else:
-                _loaded[(source, device.id)] = cupy_function(cupy, spmm.KERNEL, source, arch)
-    step_fn, finish_fn = _loaded[(step, device.id)][0]
-    return step_fn, finish_fn, {c: _loaded[(sources[c], device.id)][0] for c in ours}
+    step_module, *modules = device_modules(cupy, [step] + [spmm.render(k, c, dtype, np.int32) for c in ours])
+    return (step_module.get_function(f"{name}_step"), step_module.get_function(f"{name}_finish"),
+            {c: module.get_function(spmm.KERNEL) for c, module in zip(ours, modules)})
 
 
 def walk_block(pull, P, alpha: float, limit: float, max_rule: int, max_iter: int, candidates: list | None = None):
