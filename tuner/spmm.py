@@ -19,8 +19,8 @@ import numpy as np
 from . import codegen, gpu
 from .cache import Cache, make_key
 from .families.base import CTYPES
-from .kernel import launch_on_views
 from .formats.xp import row_tasks
+from .kernel import launch_on_views
 from .matrix import MatrixError, canonicalize, structure_digest
 
 log = logging.getLogger("tuner.spmm")
@@ -205,14 +205,14 @@ def check_block(X, n_rows: int, dtype, what: str = "X") -> tuple[int, int]:
 class SpMM:
     """Y = A X on the GPU for blocks X of ``k`` columns, A uploaded once.
 
-    ``spmm()`` multiplies the block compiled with, ``spmm(X)`` another one of the same shape. NumPy in,
+    ``spmm()`` multiplies the block compiled with, ``spmm(X)`` another one of the same shape (``row_tasks``
+    zeroes Y first where some row has no task or several). NumPy in,
     NumPy out; a device array (CuPy, PyTorch: C-contiguous, n_cols x k) in, a device array of the same kind
     out (or ``out=``), nothing copied.
 
     Attributes:
         shape: (n_rows, n_cols) of A; k: columns of a block; dtype: of A, X and Y.
         params: the :class:`SpmmParams` compiled; plan: how they were chosen (each candidate's ms when timed).
-        ``row_tasks`` zeroes Y before each product where some row has no task or several.
 
     Example (on a GPU machine):
         >>> import numpy as np, scipy.sparse as sp, tuner                 # doctest: +SKIP
@@ -312,19 +312,20 @@ class _Operands:
         if need > gpu.free_memory(release_pool=True):
             raise MatrixError(f"the product needs {need:,} bytes of GPU memory for A, "
                               f"{gpu.free_memory():,} are free")
-        self.m = m
         self._arrays = tuple(gpu.upload(np.ascontiguousarray(a)) for a in (m.indptr, m.indices, m.data))
         self.arrays = tuple(int(a) for a in self._arrays)
+        # The row pointers alone stay on the host, for the task arrays of a size asked for later.
+        self._indptr, self._index_dtype, self._rows = np.asarray(m.indptr), m.index_dtype, m.n_rows
         self._tasks: dict[int, tuple] = {}
 
     def work(self, entries: int) -> tuple[int, int, int, bool]:
         """(task_row pointer, task_first pointer, work items, whether Y is zeroed first) of a launch whose
         groups take tasks of up to ``entries`` entries; ``entries`` 0: a group a row (no task arrays)."""
         if not entries:
-            return 0, 0, self.m.n_rows, False
+            return 0, 0, self._rows, False
         if entries not in self._tasks:
-            idx = self.m.index_dtype
-            row, first, tasks = row_tasks(np.asarray(self.m.indptr), entries, idx)
+            idx = self._index_dtype
+            row, first, tasks = row_tasks(self._indptr, entries, idx)
             need = (row.size + first.size) * idx.itemsize
             if need > gpu.free_memory(release_pool=True):
                 raise MatrixError(f"the row tasks need {need:,} bytes of GPU memory, {gpu.free_memory():,} are free")
@@ -429,8 +430,8 @@ def evaluate(m, X: np.ndarray, params: SpmmParams) -> np.ndarray:
     data, indices = np.asarray(m.data, np.float64), np.asarray(m.indices)
     partial = np.zeros((streams, item_row.size, k))
     for s in range(streams):  # a handful of streams: each a vectorised pass over its entries
-        at = pos[stream == s]
-        np.add.at(partial[s], item[stream == s], data[at, None] * X[indices[at]])
+        mine = stream == s
+        np.add.at(partial[s], item[mine], data[pos[mine], None] * X[indices[pos[mine]]])
     y = np.zeros((m.n_rows, k))
     np.add.at(y, item_row, partial.sum(axis=0))
     return y

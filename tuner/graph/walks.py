@@ -230,7 +230,6 @@ def walk_block(pull, P, alpha: float, limit: float, max_rule: int, max_iter: int
     arrived = [None, None]
     stream = cupy.cuda.get_current_stream()
     tuning, readable, widths = _Tuning(cupy, candidates), False, [k]
-
     tasks: dict = {}  # row_tasks' arrays per task size, made on the device when first tried
 
     def product(candidate):
