@@ -193,6 +193,29 @@ def test_cupy_array_on_a_nonblocking_stream_is_ordered():
     assert rel_error(result, A.astype(np.float64) @ (2 * x.astype(np.float64))) < 1e-5
 
 
+def _interface_view(a):
+    """What ``__cuda_array_interface__`` says of ``a``, as gpu.view gives it for other libraries."""
+    cai = a.__cuda_array_interface__
+    return (cai["data"][0], tuple(cai["shape"]), np.dtype(cai["typestr"]), cai["data"][1], cai.get("stream"))
+
+
+def test_a_cupy_arrays_view_is_what_its_interface_says_on_either_stream():
+    cp = pytest.importorskip("cupy")
+    a = cp.arange(12, dtype=cp.float64)[2:9]  # a pointer past the allocation's start
+    ptr, shape, dtype, readonly, stream = _interface_view(a)
+    v = gpu.view(a)
+    assert (v.ptr, v.shape, v.dtype, v.readonly) == (ptr, shape, dtype, readonly) == (a.data.ptr, (7,),
+                                                                                     np.dtype(np.float64), False)
+    assert stream in (1, 2) and v.stream is None  # the default stream, either way not waited for
+    assert not gpu.wait_for_stream(v.stream)
+    side = cp.cuda.Stream(non_blocking=True)
+    with side:
+        assert gpu.view(a).stream == _interface_view(a)[4] == side.ptr
+    with pytest.raises(ValueError, match="not contiguous"):
+        gpu.view(cp.arange(10, dtype=cp.float32)[::2])
+    assert gpu.is_device_array(a) and not gpu.is_device_array(cp.asnumpy(a))
+
+
 def test_torch_tensors_in_and_out():
     torch = pytest.importorskip("torch")
     A = FIXTURES["rectangular_wide"]

@@ -12,6 +12,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,6 +25,10 @@ try:  # PyCUDA is the optional 'gpu' extra: without it (or without a driver) not
 except Exception as exc:  # noqa: BLE001 - any failure to import means 'no GPU backend'
     drv = None
     _IMPORT_ERROR = exc
+try:  # the packer of prepared_call's arguments (Kernel.launch)
+    from pycuda._pvt_struct import pack as _pack_args
+except Exception:  # noqa: BLE001 - a PyCUDA without it: Kernel.launch goes through prepared_call
+    _pack_args = None
 
 
 class NoDeviceError(RuntimeError):
@@ -146,6 +151,8 @@ def selected_device() -> int:
 
 def _context():
     """The primary context of the selected device (0 unless :func:`select_device`), current in this thread."""
+    if getattr(_local, "pushed", False):  # every call of a product comes here: the common case first
+        return _state["ctx"]
     reason = unavailable_reason()
     if reason is not None:
         raise NoDeviceError(f"no CUDA GPU present: {reason}")
@@ -222,6 +229,9 @@ class Kernel:
         self.module = module if module is not None else drv.module_from_buffer(cubin)
         self.function = self.module.get_function(name)
         self.function.prepare(signature)
+        # prepared_call less what it does on every call that a launch does not need (the deprecated block-shape
+        # call, an import, keyword handling): 6 us of host time a launch, where a small graph's product takes 5.
+        self._direct = _pack_args is not None and hasattr(self.function, "_launch_kernel")
         self.name = name
         self.registers = self.function.get_attribute(drv.function_attribute.NUM_REGS)
         self.shared_bytes = self.function.get_attribute(drv.function_attribute.SHARED_SIZE_BYTES)
@@ -239,7 +249,10 @@ class Kernel:
         if shared + self.shared_bytes > 49152 and shared > getattr(self, "_opted_in", 0):
             self.function.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
             self._opted_in = int(shared)
-        if stream is None:
+        if self._direct:
+            self.function._launch_kernel((grid, 1, 1), (block, 1, 1), _pack_args(self.function.arg_format, *args),
+                                         int(shared), None if stream is None else stream.stream)
+        elif stream is None:
             self.function.prepared_call((grid, 1, 1), (block, 1, 1), *args, shared_size=int(shared))
         else:
             self.function.prepared_async_call((grid, 1, 1), (block, 1, 1), stream.stream, *args,
@@ -767,9 +780,13 @@ def time_launches(run, repeats: int, warmup: int = 3, queued: bool = True) -> li
 
 # --- arrays of other libraries -------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class DeviceView:
-    """A contiguous 1-D device vector read through ``__cuda_array_interface__``."""
+class DeviceView(NamedTuple):
+    """A contiguous device array as its ``__cuda_array_interface__`` describes it.
+
+    Attributes:
+        ptr: its first byte; shape, dtype: its own; readonly: whether it may not be written;
+        stream: the producer's stream (None, 1 or 2: a default stream).
+    """
 
     ptr: int
     shape: tuple
@@ -778,12 +795,33 @@ class DeviceView:
     stream: int | None
 
 
+def _cupy_of(obj):
+    """CuPy where ``obj`` is one of its arrays, else None (CuPy is not imported where the caller has not)."""
+    cupy = sys.modules.get("cupy")
+    return cupy if cupy is not None and type(obj) is getattr(cupy, "ndarray", None) else None
+
+
 def is_device_array(obj) -> bool:
-    return hasattr(obj, "__cuda_array_interface__")
+    """Whether ``obj`` is an array in device memory (it has ``__cuda_array_interface__``).
+
+    Example:
+        >>> is_device_array(np.zeros(3))
+        False
+    """
+    # A CuPy array by its type: hasattr builds the whole interface (a dict) just to see that it is there.
+    return _cupy_of(obj) is not None or hasattr(obj, "__cuda_array_interface__")
 
 
 def view(obj) -> DeviceView:
     """Pointer, shape and dtype of a CuPy / PyTorch / PyCUDA array (no copy); non-contiguous is refused."""
+    cupy = _cupy_of(obj)
+    if cupy is not None:
+        # Read from the array what its interface would say: building that dict twice a call (x and y) costs
+        # microseconds, as much as a small graph's product. Its stream is CuPy's current one (0: the
+        # default stream, which the interface gives as 1 or 2).
+        if not obj.flags.c_contiguous:
+            raise ValueError(f"device array with strides {obj.strides} is not contiguous: pass a contiguous copy")
+        return DeviceView(obj.data.ptr, obj.shape, obj.dtype, False, cupy.cuda.get_current_stream().ptr or None)
     cai = obj.__cuda_array_interface__
     shape = tuple(cai["shape"])
     dtype = np.dtype(cai["typestr"])

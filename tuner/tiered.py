@@ -271,7 +271,8 @@ class TieredSpMV:
         try:
             return current(x, out)
         finally:
-            self._first_answered.set()
+            if not self._first_answered.is_set():  # set() takes a lock: a call of a small product notices it
+                self._first_answered.set()
             if tuning and self._bounds_queue:
                 self._bound_queue()
             elif self._queued:
