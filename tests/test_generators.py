@@ -147,6 +147,59 @@ def test_rmat_rejects_bad_arguments_naming_them(kwargs, name):
         rmat(**kwargs)
 
 
+def test_the_rmat_draw_kernels_compile_for_sm_90(tmp_path):
+    from tuner import codegen, device_generators
+    from tuner.cache import Cache
+    binary = codegen.compile_source(device_generators.source(), "sm_90", cache=Cache(tmp_path))
+    for name in ("rmat_draw", "rmat_relabel", "rmat_firsts", "rmat_csr_i32", "rmat_csr_i64"):
+        assert name.encode() in binary.cubin
+
+
+def test_rmat_asked_for_on_a_gpu_where_none_is_reachable_is_refused_by_name_and_drawn_on_the_host_by_default(
+        monkeypatch):
+    from tuner import device_generators
+    from tuner.formats import device_reorder
+    from tuner.gpu import NoDeviceError
+    monkeypatch.setattr(device_reorder, "available", lambda: False)
+    with pytest.raises(NoDeviceError, match="cannot be drawn on the GPU"):
+        rmat(12, 8, seed=3, device=True)
+    monkeypatch.setattr(device_generators, "pays", lambda blocks, threads: True)  # a GPU would be asked first
+    A, host = rmat(12, 8, seed=3), rmat(12, 8, seed=3, device=False)
+    assert (A != host).nnz == 0 and A.nnz == host.nnz > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("scale", "edge_factor", "probabilities", "seed"), [
+    (10, 8, (0.57, 0.19, 0.19), 3),  # one block, part of it drawn
+    (17, 4, (0.45, 0.15, 0.25), 7),  # other quadrant probabilities; scale not a multiple of 8
+    (21, 16, (0.57, 0.19, 0.19), 0),  # 32 blocks, levels padded from 21 to 24
+])
+def test_rmat_drawn_on_the_gpu_is_the_host_graph_array_for_array(scale, edge_factor, probabilities, seed):
+    from tuner.formats import device_reorder
+    if not device_reorder.available():
+        pytest.skip("no GPU reachable through CuPy")
+    a, b, c = probabilities
+    gpu = rmat(scale, edge_factor, a, b, c, seed=seed, device=True)
+    host = rmat(scale, edge_factor, a, b, c, seed=seed, device=False)
+    assert_canonical_pattern(gpu, (1 << scale, 1 << scale))
+    assert gpu.indptr.dtype == host.indptr.dtype and gpu.indices.dtype == host.indices.dtype
+    assert np.array_equal(gpu.indptr, host.indptr) and np.array_equal(gpu.indices, host.indices)
+    assert np.array_equal(gpu.data, host.data) and gpu.has_canonical_format
+
+
+@pytest.mark.gpu
+def test_rmat_drawn_on_the_gpu_with_int64_indices_is_the_host_graph(monkeypatch):
+    from tuner import device_generators
+    from tuner.formats import device_reorder
+    if not device_reorder.available():
+        pytest.skip("no GPU reachable through CuPy")
+    host = rmat(15, 8, seed=5, device=False)
+    # The kernel of int64 indices, as past 2**31 entries (SciPy narrows what it gets back to int32 here).
+    monkeypatch.setattr(device_generators, "_index_dtype", lambda shape, nnz: np.int64)
+    gpu = rmat(15, 8, seed=5, device=True)
+    assert np.array_equal(gpu.indptr, host.indptr) and np.array_equal(gpu.indices, host.indices)
+
+
 # --- kronecker ---------------------------------------------------------------------------------------
 
 G = np.array(

@@ -88,6 +88,7 @@ def rmat(
     c: float = 0.19,
     seed: int = 0,
     threads: int | None = None,
+    device: bool | None = None,
 ) -> sp.csr_matrix:
     """Graph500 R-MAT graph with ``2**scale`` nodes as a canonical CSR pattern matrix.
 
@@ -109,6 +110,10 @@ def rmat(
         a, b, c: quadrant probabilities, each in (0, 1), with ``a + b + c < 1``.
         seed: non-negative integer seed.
         threads: worker threads; default: the CPUs this process may run on.
+        device: draw on the GPU (:mod:`tuner.device_generators`: the same graph, array for array); None (the
+            default) where CuPy reaches one and the host would need two rounds of blocks or more
+            (:func:`~tuner.device_generators.pays`), and the GPU has the memory; True raises
+            :class:`~tuner.gpu.NoDeviceError` where it cannot.
 
     Returns:
         ``scipy.sparse.csr_matrix`` of shape ``(2**scale, 2**scale)``, float32 values all 1.0.
@@ -124,6 +129,17 @@ def rmat(
     """
     _check_rmat_args(scale, edge_factor, a, b, c, seed)
     workers = _thread_count(threads)
+    if device or device is None:
+        from . import device_generators
+        if device or device_generators.pays(-(-(edge_factor << scale) // _BLOCK_EDGES), workers):
+            drawn = device_generators.rmat(scale, edge_factor, a, b, c, seed, workers)
+            if drawn is not None:
+                return drawn
+            if device:
+                from .gpu import NoDeviceError
+                raise NoDeviceError(f"rmat(scale={scale}, edge_factor={edge_factor}) cannot be drawn on the GPU: "
+                                    "none is reachable through CuPy, the scale is over "
+                                    f"{device_generators.MAX_SCALE} or the device lacks the memory")
     n, m, peak = rmat_size(scale, edge_factor, threads=workers)
     check_fits(peak, f"rmat(scale={scale}, edge_factor={edge_factor})", per_edge_text(peak, m, "drawn edge"))
     thresholds = _quadrant_thresholds(a, b, c)
@@ -566,6 +582,27 @@ def _assemble(parts, n, pool) -> sp.csr_matrix:
 
     list(pool.map(fill, range(len(parts))))
     return _csr_from_canonical(data, indices, indptr, (n, n))
+
+
+def _filled(size: int, dtype, value, threads: int) -> np.ndarray:
+    """An array of ``size`` copies of ``value``, its pieces filled on ``threads`` threads: the first touch of a
+    large array's pages costs as much as the fill itself, and spreads over cores.
+
+    Example:
+        >>> _filled(5, np.float32, 1.0, 2).tolist()
+        [1.0, 1.0, 1.0, 1.0, 1.0]
+    """
+    out = np.empty(size, dtype=dtype)
+    pieces = np.linspace(0, size, max(1, min(threads, size // _PART_EDGES)) + 1).astype(np.int64)
+
+    def fill(p: int) -> None:
+        out[pieces[p]:pieces[p + 1]] = value
+    if pieces.size <= 2:
+        out[:] = value
+        return out
+    with ThreadPoolExecutor(max_workers=pieces.size - 1) as pool:
+        list(pool.map(fill, range(pieces.size - 1)))
+    return out
 
 
 def _partition_bits(scale: int, m: int) -> int:
