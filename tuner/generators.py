@@ -111,7 +111,7 @@ def rmat(
         seed: non-negative integer seed.
         threads: worker threads; default: the CPUs this process may run on.
         device: draw on the GPU (:mod:`tuner.device_generators`: the same graph, array for array); None (the
-            default) where CuPy reaches one and the host would need two rounds of blocks or more
+            default) where CuPy reaches one and the host would need three rounds of blocks or more
             (:func:`~tuner.device_generators.pays`), and the GPU has the memory; True raises
             :class:`~tuner.gpu.NoDeviceError` where it cannot.
 
