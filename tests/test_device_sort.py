@@ -11,17 +11,24 @@ from tuner.cache import Cache
 from tuner.formats import device_sort
 
 
-def test_the_sort_library_is_built_ahead_for_sm_90_with_every_key_and_value_width(tmp_path, monkeypatch):
+def test_every_sort_library_is_built_ahead_for_sm_90_each_with_its_own_sort(tmp_path, monkeypatch):
     monkeypatch.setattr(device_sort, "_paths", {})
     device_sort.prebuild("sm_90", Cache(tmp_path))
-    path = device_sort._paths["sm_90"]  # where the first sort on an sm_90 device loads it from
+    assert len(device_sort.FUNCTIONS) == 6 and len(device_sort._paths) == 6
     monkeypatch.setattr(codegen.subprocess, "run", lambda *a, **k: pytest.fail("nvcc ran again"))
-    assert codegen.compile_library(device_sort.source(), "sm_90", Cache(tmp_path)) == path
-    lib = ctypes.CDLL(str(path))
     for key in ("u32", "u64"):
-        assert hasattr(lib, f"{device_sort.LIBRARY}_keys_{key}")
-        for val in ("u32", "u64"):
-            assert hasattr(lib, f"{device_sort.LIBRARY}_pairs_{key}_{val}")
+        names = [f"{device_sort.LIBRARY}_keys_{key}"] + [f"{device_sort.LIBRARY}_pairs_{key}_{v}" for v in ("u32", "u64")]
+        for name in names:
+            path = device_sort._paths[("sm_90", name)]  # where the first sort on an sm_90 device loads it from
+            assert codegen.compile_library(device_sort.source(name), "sm_90", Cache(tmp_path)) == path
+            lib = ctypes.CDLL(str(path))
+            assert hasattr(lib, name)
+            assert not any(hasattr(lib, other) for other in device_sort.FUNCTIONS if other != name)
+
+
+def test_a_sort_that_is_not_one_of_the_librarys_is_refused_by_name():
+    with pytest.raises(ValueError, match="no sort 'cub_sort_keys_u16'"):
+        device_sort.source("cub_sort_keys_u16")
 
 
 def test_the_host_stand_in_sorts_stably_by_the_low_bits_alone():

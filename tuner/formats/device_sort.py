@@ -1,6 +1,7 @@
 """Radix sorts of CuPy arrays over only the key bits that can be set, through CUB
-(``templates/cub_sort.cu.j2``: a shared library nvcc builds once per GPU architecture into the binary cache,
-:func:`prebuild` ahead of use or the first sort), on the current CuPy stream.
+(``templates/cub_sort.cu.j2``: a shared library per sort, which nvcc builds side by side once per GPU
+architecture into the binary cache, :func:`prebuild` ahead of use or the first sort), on the current CuPy
+stream.
 
 CuPy's ``argsort`` sorts every bit of its keys and carries 8-byte indices: a (row, column) key of a matrix
 with 8M rows and columns has 46 bits that can be set, and a tile number 16 or fewer, so sorting those bits
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -18,19 +20,25 @@ from .xp import module
 
 LIBRARY = "cub_sort"
 _UNSIGNED = {4: ("u32", np.uint32), 8: ("u64", np.uint64)}
+# Every sort, each a library of its own: nvcc takes 17 s over all six in one source on an H200 host, 10 s
+# over the six side by side (the slowest alone).
+FUNCTIONS = tuple(f"{LIBRARY}_keys_{k}" for k in ("u32", "u64")) + tuple(
+    f"{LIBRARY}_pairs_{k}_{v}" for k in ("u32", "u64") for v in ("u32", "u64"))
 _lock = threading.Lock()
-_libraries: dict = {}  # arch -> the loaded library
-_paths: dict = {}  # arch -> where it was built (prebuild's cache, else the default one)
+_functions: dict = {}  # (arch, function) -> the function, loaded
+_paths: dict = {}  # (arch, function) -> where its library was built (prebuild's cache, else the default one)
 
 
-def source() -> str:
-    """The library's CUDA source.
+def source(function: str | None = None) -> str:
+    """The CUDA source of ``function``'s library (one of :data:`FUNCTIONS`), or of all of them in one.
 
     Example:
-        >>> "cub_sort_pairs_u64_u32" in source()
-        True
+        >>> "cub_sort_pairs_u64_u32(" in source(), "cub_sort_pairs_u64_u32(" in source("cub_sort_keys_u64")
+        (True, False)
     """
-    return codegen.render("cub_sort.cu.j2", dict(kernel_name=LIBRARY))
+    if function is not None and function not in FUNCTIONS:
+        raise ValueError(f"no sort {function!r}: one of {FUNCTIONS}")
+    return codegen.render("cub_sort.cu.j2", dict(kernel_name=LIBRARY, only=function or ""))
 
 
 def key_bits(largest: int) -> int:
@@ -44,30 +52,39 @@ def key_bits(largest: int) -> int:
 
 
 def prebuild(arch: str, cache=None) -> None:
-    """Build the library for ``arch`` into ``cache`` (default: the default cache) ahead of the first sort,
-    which then loads it from there: nvcc takes about ten seconds over CUB's templates.
+    """Build every sort's library for ``arch`` into ``cache`` (default: the default cache) ahead of the first
+    sort, which then loads it from there: nvcc runs side by side, about ten seconds over CUB's templates.
 
     Example:
         >>> import tempfile; from tuner.cache import Cache
         >>> prebuild("sm_90", Cache(tempfile.mkdtemp()))  # doctest: +SKIP
     """
     from ..cache import Cache
-    path = codegen.compile_library(source(), arch, cache or Cache())
+    cache = cache or Cache()
+    with ThreadPoolExecutor(max_workers=len(FUNCTIONS)) as pool:
+        paths = list(pool.map(lambda f: codegen.compile_library(source(f), arch, cache), FUNCTIONS))
     with _lock:
-        _paths.setdefault(arch, path)
+        for function, path in zip(FUNCTIONS, paths):
+            _paths.setdefault((arch, function), path)
 
 
-def _library(cupy):
+def _function(cupy, name: str):
+    """Sort ``name`` for the current device, its library loaded (every sort's library built first, side by side,
+    where none was)."""
     arch = f"sm_{cupy.cuda.Device().compute_capability}"
     with _lock:
-        lib = _libraries.get(arch)
-        if lib is None:
-            path = _paths.get(arch)
-            if path is None:
-                from ..cache import Cache
-                path = _paths[arch] = codegen.compile_library(source(), arch, Cache())
-            lib = _libraries[arch] = ctypes.CDLL(str(path))
-    return lib
+        fn = _functions.get((arch, name))
+        if fn is not None:
+            return fn
+        path = _paths.get((arch, name))
+    if path is None:
+        prebuild(arch)
+    with _lock:
+        if (arch, name) not in _functions:
+            fn = getattr(ctypes.CDLL(str(_paths[(arch, name)])), name)
+            fn.restype = ctypes.c_int
+            _functions[(arch, name)] = fn
+        return _functions[(arch, name)]
 
 
 def sort(keys, values=None, end_bit: int | None = None):
@@ -100,8 +117,7 @@ def sort(keys, values=None, end_bit: int | None = None):
         val_name, val_type = _UNSIGNED[values.dtype.itemsize]
         name = f"{LIBRARY}_pairs_{key_name}_{val_name}"
         bufs += [values.view(val_type), cupy.empty(n, val_type)]
-    fn = getattr(_library(cupy), name)
-    fn.restype = ctypes.c_int
+    fn = _function(cupy, name)
     ptrs = [ctypes.c_void_p(b.data.ptr) for b in bufs]
     stream = ctypes.c_void_p(cupy.cuda.get_current_stream().ptr)
     selector, temp_bytes = ctypes.c_int(0), ctypes.c_size_t(0)
