@@ -157,6 +157,40 @@ def test_a_budget_too_small_for_one_page_is_refused_with_both_figures():
         slotted(A, A, 1_000)
 
 
+def test_the_host_floor_is_at_most_what_any_paging_of_the_product_needs():
+    from tuner.spgemm.slotted import host_bytes, host_bytes_floor
+    A = power_law(600, seed=24)
+    a = canonicalize(A, np.float64)
+    a_colptr = np.zeros(a.n_cols + 1, np.int64)
+    np.cumsum(a.col_lengths, out=a_colptr[1:])
+    products = int(np.sum(np.diff(a_colptr) * np.diff(A.indptr)))
+    nnz_c = float((A @ A).nnz)
+    floor = host_bytes_floor(products, nnz_c, 8)
+    assert floor == int(nnz_c * 16 + 2 * nnz_c * 12 + 4 * nnz_c)  # nnz(C) < products: one partial an entry
+    for size in (64, 256, 4096, 1 << 20):
+        assert floor <= host_bytes(slotted_pages(a_colptr, A.indptr, size), nnz_c, 8)
+
+
+def test_a_product_no_paging_fits_in_host_memory_is_refused_before_pages_are_planned(monkeypatch):
+    import tuner
+    from tuner import gpu
+    from tuner.memory import InsufficientMemoryError
+    from tuner.spgemm import slotted as slotted_module
+    monkeypatch.setattr(gpu, "device_info", lambda: gpu.DeviceInfo("fake", (9, 0), 132, 50 << 20, 1 << 30, 13000,
+                                                                   shared_bytes_per_sm=233472,
+                                                                   shared_bytes_per_block=232448))
+    monkeypatch.setattr(gpu, "free_memory", lambda release_pool=False: 100_000)  # no family fits the device
+
+    def planned(*args, **kwargs):
+        raise AssertionError("pages planned for a product host memory cannot hold")
+    monkeypatch.setattr(slotted_module, "plan_pages", planned)
+    monkeypatch.setenv("TUNER_HOST_MEMORY_LIMIT", "100K")
+    A = power_law(600, seed=25)
+    with pytest.raises(InsufficientMemoryError, match=r"C = A B \(600 x 600\) assembled from slotted pages would "
+                                                      r"need about .* host memory .*at least"):
+        tuner.compile(A, A)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["power_law", "long_rows", "pattern", "pattern_of_threes", "float64"])
 def test_a_product_over_the_device_budget_streams_slotted_pages_and_matches_scipy(name):

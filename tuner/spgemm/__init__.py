@@ -377,7 +377,8 @@ def compile_spgemm(A, B, *, dtype=None, tune: str = "model", params=None, profil
         need = model.working_bytes(plan.family, plan.stats) + operand_bytes(a, b)
     stats, predicted = plan.stats, plan.predicted_ms
     if tune == "model" and need > budget:
-        from .slotted import SlottedProduct, plan_pages
+        from .slotted import SlottedProduct, check_host_fits, plan_pages
+        check_host_fits(a, b, stats, a.value_dtype.itemsize)
         where = "free device memory" if device_memory_limit is None else "device-memory limit"
         splan, pages = plan_pages(a, b, budget, stats, model.rates_from(profile))
         splan = dataclasses.replace(splan, stats=stats,

@@ -152,8 +152,34 @@ def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
         >>> host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)  # 128 + 144 + 24
         296
     """
-    partials = float(np.minimum(pages.products, nnz_c).sum())
+    return _host_bytes(float(np.minimum(pages.products, nnz_c).sum()), nnz_c, value_bytes)
+
+
+def host_bytes_floor(products: int, nnz_c: float, value_bytes: int) -> int:
+    """The least :func:`host_bytes` any paging of a product of ``products`` scalar products can need: the
+    pages' partial entries, each page's min(its products, nnz(C)), add up to at least min(products, nnz(C)).
+    It lets a product that no paging fits be refused before any page is planned.
+
+    Example (the pages of host_bytes' example hold 4 + 4 products):
+        >>> host_bytes_floor(8, 6.0, 8) <= host_bytes(slotted_pages(np.array([0, 2, 4]), np.array([0, 2, 4]), 4), 6.0, 8)
+        True
+    """
+    return _host_bytes(min(float(products), float(nnz_c)), nnz_c, value_bytes)
+
+
+def _host_bytes(partials: float, nnz_c: float, value_bytes: int) -> int:
     return int(partials * (8 + value_bytes) + 2 * nnz_c * (4 + value_bytes) + 4 * nnz_c)
+
+
+def check_host_fits(a: CanonicalMatrix, b: CanonicalMatrix, stats: model.ProductStats, value_bytes: int) -> None:
+    """Refuse (:class:`~tuner.memory.InsufficientMemoryError`) a slotted product whose partial products and C
+    outgrow host memory however it is paged (:func:`host_bytes_floor`): before :func:`plan_pages`, which walks
+    every slot a few dozen times, plans pages no call could hold. :class:`SlottedProduct` checks its pages'
+    own figure (:func:`host_bytes`) again."""
+    check_fits(host_bytes_floor(stats.products, stats.nnz_c, value_bytes),
+               f"C = A B ({a.n_rows:,} x {b.n_cols:,}) assembled from slotted pages",
+               "at least: the partial products, as many as the products or the estimated nnz(C) whichever is "
+               "fewer, and C")
 
 
 def pages_at(a_colptr: np.ndarray, b_rowptr: np.ndarray, size: int, budget_bytes: int, n_rows: int,
