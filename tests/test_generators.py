@@ -18,7 +18,7 @@ def assert_canonical_pattern(A, shape):
     rows = np.repeat(np.arange(shape[0]), np.diff(A.indptr))
     keys = rows.astype(np.int64) * shape[1] + A.indices
     assert np.all(np.diff(keys) > 0), "indices must be sorted within rows and free of duplicates"
-    assert A.indices.min() >= 0 and A.indices.max() < shape[1]
+    assert A.nnz == 0 or (A.indices.min() >= 0 and A.indices.max() < shape[1])
     assert A.has_sorted_indices
 
 
@@ -147,11 +147,11 @@ def test_rmat_rejects_bad_arguments_naming_them(kwargs, name):
         rmat(**kwargs)
 
 
-def test_the_rmat_draw_kernels_compile_for_sm_90(tmp_path):
+def test_the_graph_draw_kernels_compile_for_sm_90(tmp_path):
     from tuner import codegen, device_generators
     from tuner.cache import Cache
     binary = codegen.compile_source(device_generators.source(), "sm_90", cache=Cache(tmp_path))
-    for name in ("rmat_draw", "rmat_relabel", "rmat_firsts", "rmat_csr_i32", "rmat_csr_i64"):
+    for name in ("rmat_draw", "rmat_relabel", "kron_keys", "key_firsts", "key_csr_i32", "key_csr_i64"):
         assert name.encode() in binary.cubin
 
 
@@ -263,12 +263,76 @@ def test_kronecker_relabels_by_the_seeded_permutations_drawn_rows_first(graph, s
 def test_kronecker_builds_in_blocks_on_several_threads_as_on_one(monkeypatch):
     from tuner import generators
     A = rmat(10, 8, seed=3)
-    many = kronecker(A, None, 3, rng_seed=2)
+    many = kronecker(A, None, 3, rng_seed=2, device=False)
     monkeypatch.setattr(generators, "_thread_count", lambda threads: 1)
-    one = kronecker(A, None, 3, rng_seed=2)
+    one = kronecker(A, None, 3, rng_seed=2, device=False)
     for field in ("indptr", "indices", "data"):
         a, b = getattr(many, field), getattr(one, field)
         assert a.dtype == b.dtype and np.array_equal(a, b), field
+
+
+def test_kronecker_asked_for_on_a_gpu_where_none_is_reachable_is_refused_by_name_and_built_on_the_host_by_default(
+        monkeypatch):
+    from tuner import device_generators
+    from tuner.formats import device_reorder
+    from tuner.gpu import NoDeviceError
+    monkeypatch.setattr(device_reorder, "available", lambda: False)
+    with pytest.raises(NoDeviceError, match=r"kronecker\(k=3\) cannot be built on the GPU"):
+        kronecker(G, S, 3, device=True)
+    monkeypatch.setattr(device_generators, "kron_pays", lambda edges: True)  # a GPU would be asked first
+    K, host = kronecker(G, S, 3, rng_seed=4), kronecker(G, S, 3, rng_seed=4, device=False)
+    assert (K != host).nnz == 0 and K.nnz == host.nnz == 27 * 6
+
+
+def test_kronecker_keys_past_64_bits_are_left_to_the_host(monkeypatch):
+    from tuner import device_generators
+    from tuner.formats import device_reorder
+    from tuner.generators import KroneckerBlocks
+    monkeypatch.setattr(device_reorder, "available", lambda: True)  # as on a GPU machine
+
+    def asked(*args):
+        raise AssertionError("the GPU was asked")
+    monkeypatch.setattr(device_reorder, "free_bytes", asked)
+    monkeypatch.setattr(device_reorder, "on_device", asked)
+    none = np.zeros(0, np.int64)
+    wide = KroneckerBlocks(none, none, (2**40, 2**40), none, none, (2**40, 2**40), 0, None, None)
+    assert device_generators.kronecker(wide) is None  # 40 bits of a row and 40 of a column
+    assert device_generators._column_bits(2**40) == 40 and device_generators._column_bits(2**40 + 1) == 41
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("graph", "seed", "k", "permute"), [
+    (G, S, 3, True),  # square: one permutation for rows and columns
+    (G, np.array([[1, 0, 1]]), 2, True),  # rectangular: a permutation each
+    (G[:3], S, 2, False),  # no permutation; a graph with an empty row
+    ("rmat", None, 3, True),  # 27 blocks of a few thousand edges, a column count not a power of two
+    (np.zeros((5, 5)), S, 2, True),  # no edges at all
+])
+def test_kronecker_built_on_the_gpu_is_the_host_graph_array_for_array(graph, seed, k, permute):
+    from tuner.formats import device_reorder
+    if not device_reorder.available():
+        pytest.skip("no GPU reachable through CuPy")
+    if isinstance(graph, str):
+        graph = rmat(10, 4, seed=6)[:1000, :999]
+    gpu = kronecker(graph, seed, k, permute=permute, rng_seed=3, device=True)
+    host = kronecker(graph, seed, k, permute=permute, rng_seed=3, device=False)
+    assert_canonical_pattern(gpu, host.shape)
+    assert gpu.indptr.dtype == host.indptr.dtype and gpu.indices.dtype == host.indices.dtype
+    assert np.array_equal(gpu.indptr, host.indptr) and np.array_equal(gpu.indices, host.indices)
+    assert np.array_equal(gpu.data, host.data) and gpu.has_canonical_format
+
+
+@pytest.mark.gpu
+def test_kronecker_built_on_the_gpu_with_int64_indices_is_the_host_graph(monkeypatch):
+    from tuner import device_generators
+    from tuner.formats import device_reorder
+    if not device_reorder.available():
+        pytest.skip("no GPU reachable through CuPy")
+    A = rmat(9, 4, seed=8)
+    host = kronecker(A, None, 2, device=False)
+    monkeypatch.setattr(device_generators, "_index_dtype", lambda shape, nnz: np.int64)
+    gpu = kronecker(A, None, 2, device=True)
+    assert np.array_equal(gpu.indptr, host.indptr) and np.array_equal(gpu.indices, host.indices)
 
 
 def test_kronecker_of_sparse_inputs_with_values_uses_their_pattern():
@@ -384,7 +448,7 @@ def test_kronecker_size_matches_the_built_shape_and_nnz():
 def test_kronecker_size_bounds_the_arrays_a_real_build_allocates():
     A = rmat(12, 8)
     _, nnz, peak = kronecker_size(A.shape, A.nnz, 3)
-    traced = traced_peak(lambda: kronecker(A, None, 3))
+    traced = traced_peak(lambda: kronecker(A, None, 3, device=False))
     assert 16 * nnz < peak < 24 * nnz, "16 B per output edge with int32 indices, and the blocks in flight"
     assert 0.95 * traced <= peak <= 1.2 * traced
 

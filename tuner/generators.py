@@ -326,6 +326,7 @@ def kronecker(
     *,
     permute: bool = True,
     rng_seed: int = 0,
+    device: bool | None = None,
 ) -> sp.csr_matrix:
     """Kronecker scaling of ``graph``: the pattern of ``S (x) S (x) ... (x) S (x) G`` (``k`` factors S).
 
@@ -343,6 +344,10 @@ def kronecker(
             laid out in order; a square result uses one permutation for rows and columns, so it stays
             the same graph up to relabelling.
         rng_seed: seed of that permutation.
+        device: build on the GPU (:mod:`tuner.device_generators`: the same graph, array for array); None (the
+            default) where CuPy reaches one, the graph has enough edges for it to pay
+            (:func:`~tuner.device_generators.kron_pays`) and the GPU has the memory; True raises
+            :class:`~tuner.gpu.NoDeviceError` where it cannot.
 
     Returns:
         Canonical ``scipy.sparse.csr_matrix``, float32 values, int32 indices if they fit else int64.
@@ -365,6 +370,16 @@ def kronecker(
         check_fits(peak, f"kronecker(graph of shape {g_shape} and {human_count(g_nnz)} non-zeros, k={k})",
                    per_edge_text(peak, nnz, "output edge"))
     b = kronecker_blocks(graph, seed, k, permute=permute, rng_seed=rng_seed, check=fits)
+    if device or device is None:
+        from . import device_generators
+        if device or device_generators.kron_pays(b.nnz):
+            made = device_generators.kronecker(b)
+            if made is not None:
+                return made
+            if device:
+                from .gpu import NoDeviceError
+                raise NoDeviceError(f"kronecker(k={k}) cannot be built on the GPU: none is reachable through CuPy "
+                                    "the device lacks the memory or a (row, column) key needs over 64 bits")
     if b.shape[0] * b.shape[1] > _INT64_MAX:  # (row, column) keys would overflow: coordinates and a lexsort
         rows = (b.block_rows[:, None] * b.g_shape[0] + b.g_rows[None, :]).ravel()
         cols = (b.block_cols[:, None] * b.g_shape[1] + b.g_cols[None, :]).ravel()
