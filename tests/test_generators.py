@@ -8,6 +8,14 @@ from tuner.generators import kronecker, kronecker_size, rmat, rmat_size
 from tuner.memory import InsufficientMemoryError
 
 
+def assert_same_graph(gpu, host):
+    """A graph built on the GPU is the host's array for array, dtypes included."""
+    assert_canonical_pattern(gpu, host.shape)
+    assert gpu.indptr.dtype == host.indptr.dtype and gpu.indices.dtype == host.indices.dtype
+    assert np.array_equal(gpu.indptr, host.indptr) and np.array_equal(gpu.indices, host.indices)
+    assert np.array_equal(gpu.data, host.data) and gpu.has_canonical_format
+
+
 def assert_canonical_pattern(A, shape):
     assert isinstance(A, sp.csr_matrix)
     assert A.shape == shape
@@ -181,10 +189,7 @@ def test_rmat_drawn_on_the_gpu_is_the_host_graph_array_for_array(scale, edge_fac
     a, b, c = probabilities
     gpu = rmat(scale, edge_factor, a, b, c, seed=seed, device=True)
     host = rmat(scale, edge_factor, a, b, c, seed=seed, device=False)
-    assert_canonical_pattern(gpu, (1 << scale, 1 << scale))
-    assert gpu.indptr.dtype == host.indptr.dtype and gpu.indices.dtype == host.indices.dtype
-    assert np.array_equal(gpu.indptr, host.indptr) and np.array_equal(gpu.indices, host.indices)
-    assert np.array_equal(gpu.data, host.data) and gpu.has_canonical_format
+    assert_same_graph(gpu, host)
 
 
 @pytest.mark.gpu
@@ -316,10 +321,7 @@ def test_kronecker_built_on_the_gpu_is_the_host_graph_array_for_array(graph, see
         graph = rmat(10, 4, seed=6)[:1000, :999]
     gpu = kronecker(graph, seed, k, permute=permute, rng_seed=3, device=True)
     host = kronecker(graph, seed, k, permute=permute, rng_seed=3, device=False)
-    assert_canonical_pattern(gpu, host.shape)
-    assert gpu.indptr.dtype == host.indptr.dtype and gpu.indices.dtype == host.indices.dtype
-    assert np.array_equal(gpu.indptr, host.indptr) and np.array_equal(gpu.indices, host.indices)
-    assert np.array_equal(gpu.data, host.data) and gpu.has_canonical_format
+    assert_same_graph(gpu, host)
 
 
 @pytest.mark.gpu
