@@ -94,7 +94,7 @@ def kron_pays(edges: int) -> bool:
 
 
 def kronecker(blocks, threads: int | None = None) -> sp.csr_matrix | None:
-    """:func:`tuner.generators.kronecker`'s graph (``blocks``: its :class:`~tuner.generators.KroneckerBlocks`,
+    """:func:`tuner.generators.kronecker`'s graph (``blocks``: its :class:`~tuner.generators.KroneckerBlocks`)
     built on the GPU, or None where no GPU is reachable, it lacks the memory (:data:`BYTES_PER_EDGE` an edge)
     or a (row, column) key needs more than 64 bits: the caller then builds it on the host.
 

@@ -378,7 +378,7 @@ def kronecker(
                 return made
             if device:
                 from .gpu import NoDeviceError
-                raise NoDeviceError(f"kronecker(k={k}) cannot be built on the GPU: none is reachable through CuPy "
+                raise NoDeviceError(f"kronecker(k={k}) cannot be built on the GPU: none is reachable through CuPy, "
                                     "the device lacks the memory or a (row, column) key needs over 64 bits")
     if b.shape[0] * b.shape[1] > _INT64_MAX:  # (row, column) keys would overflow: coordinates and a lexsort
         rows = (b.block_rows[:, None] * b.g_shape[0] + b.g_rows[None, :]).ravel()
