@@ -157,6 +157,47 @@ def test_a_budget_too_small_for_one_page_is_refused_with_both_figures():
         slotted(A, A, 1_000)
 
 
+@pytest.mark.parametrize("seed", [26, 27])
+def test_the_page_count_floor_and_its_predicted_floor_bound_every_paging(seed):
+    from tuner.formats.slotted_pages import page_count_floor
+    from tuner.spgemm.slotted import predict_pages, predicted_floor
+    A = power_law(600, seed=seed)
+    colptr, rowptr = A.tocsc().indptr, A.indptr
+    stats = spgemm_model.ProductStats(600, 600, int(np.sum(np.diff(colptr) * np.diff(rowptr))),
+                                      float((A @ A).nnz), 0, 0, 8, 4, 32, 0)
+    rates = spgemm_model.rates_from(None)
+    for size in (64, 128, 512, 4096, 1 << 16):
+        floor = page_count_floor(colptr, rowptr, size)
+        assert floor == slotted_pages(colptr, rowptr, size).pages  # no bound on products: exactly its pages
+        for bound in (50, 1_000, 100_000):
+            pages = slotted_pages(colptr, rowptr, size, bound)
+            assert floor <= pages.pages
+            assert predicted_floor(floor, stats, rates) <= predict_pages(pages, stats, rates, budget_bytes=400_000)
+
+
+def test_pages_planned_largest_first_choose_what_weighing_every_size_chooses():
+    from tuner.spgemm.slotted import SMALLEST_PAGE, pages_at, predict_pages
+    rates = spgemm_model.rates_from(None)
+    for seed, budget in ((28, 60_000), (29, 400_000), (30, 4_000_000)):
+        A = power_law(600, seed=seed)
+        a = canonicalize(A, np.float64)
+        stats = spgemm_model.ProductStats(600, 600, int(np.sum(np.diff(A.tocsc().indptr) * np.diff(A.indptr))),
+                                          float((A @ A).nnz), 0, 0, 8, 4, 32, 0)
+        plan, pages = plan_pages(a, a, budget, stats, rates)
+        every = {}
+        size = SMALLEST_PAGE
+        while True:  # every size weighed, smallest first
+            p, heaviest = pages_at(A.tocsc().indptr, A.indptr, size, budget, 600, 8, 4)
+            if heaviest <= budget:
+                every[size] = predict_pages(p, stats, rates, budget_bytes=budget)
+            if size >= 2 * a.nnz:
+                break
+            size *= 2
+        assert plan.page_entries == min(every, key=every.get)
+        assert set(plan.predicted_s) <= set(every) and plan.page_entries in plan.predicted_s
+        assert all(plan.predicted_s[e] == round(every[e], 6) for e in plan.predicted_s)
+
+
 def test_the_host_floor_is_at_most_what_any_paging_of_the_product_needs():
     from tuner.spgemm.slotted import host_bytes, host_bytes_floor
     A = power_law(600, seed=24)

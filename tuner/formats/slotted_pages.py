@@ -99,6 +99,56 @@ def _fill_by_products(new: np.ndarray, before: np.ndarray, max_products: int) ->
     return out
 
 
+def _light_starts(a_len: np.ndarray, b_len: np.ndarray, page: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(heavy, new, per_slot): which slots are heavy (over half a page), where a page starts before any bound
+    on its products (where a heavy slot ends or begins, or where a slot starts in a new window), and the
+    products of the slots before each slot (and of all of them last)."""
+    entries = a_len + b_len
+    heavy = entries > page // 2
+    start = np.zeros(a_len.size, np.int64)
+    np.cumsum(entries[:-1], out=start[1:])
+    largest = int(entries[~heavy].max(initial=0))
+    window = start // max(page - largest, 1)
+    new = np.ones(a_len.size, dtype=bool)
+    new[1:] = heavy[1:] | heavy[:-1] | (window[1:] != window[:-1])
+    per_slot = np.zeros(a_len.size + 1, np.int64)
+    np.cumsum(a_len * b_len, out=per_slot[1:])
+    return heavy, new, per_slot
+
+
+def _heavy_cuts(ka: np.ndarray, kb: np.ndarray, page: int):
+    """(fits, a_size, b_size, na, nb) of heavy slots of ``ka`` entries of A and ``kb`` of B: whether each fits
+    a page, the pieces' sizes and counts (every pair of pieces a page)."""
+    fits = ka + kb <= page
+    half = max(page // 2, 1)
+    a_size = np.where(fits, np.maximum(ka, 1), np.where(kb <= half, page - kb, np.where(ka <= half, ka, half)))
+    b_size = np.where(fits, np.maximum(kb, 1), np.where(kb <= half, kb, np.where(ka <= half, page - ka, half)))
+    return fits, a_size, b_size, _pieces(ka, a_size), _pieces(kb, b_size)
+
+
+def page_count_floor(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int) -> int:
+    """The fewest pages :func:`slotted_pages` makes at ``page_entries`` whatever its ``max_products``,
+    counted without making them: the light pages before any bound on their products (a bound only cuts
+    them further) and every piece of a heavy slot, those with products alone. A heavy slot's pieces grow as
+    the square of its length over the page: at the smallest pages of a power-law graph they are millions.
+
+    Example (the module's example: pages of at most 6 entries):
+        >>> page_count_floor(np.array([0, 1, 2, 10, 11]), np.array([0, 1, 2, 4, 5]), 6)
+        4
+    """
+    a_colptr, b_rowptr = np.asarray(a_colptr, np.int64), np.asarray(b_rowptr, np.int64)
+    a_len, b_len = np.diff(a_colptr), np.diff(b_rowptr)
+    heavy, new, per_slot = _light_starts(a_len, b_len, int(page_entries))
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], a_len.size)
+    keep = ~heavy[first]
+    light = int(np.count_nonzero(per_slot[last[keep]] > per_slot[first[keep]]))
+    k = np.flatnonzero(heavy)
+    ka, kb = a_len[k], b_len[k]
+    *_, na, nb = _heavy_cuts(ka, kb, int(page_entries))
+    return light + int((na * nb)[(ka > 0) & (kb > 0)].sum())
+
+
 def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int,
                   max_products: int | None = None) -> SlottedPages:
     """The pages of C = A B for A's column pointer and B's row pointer (see the module docstring); pages
@@ -119,18 +169,7 @@ def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int,
     if a_colptr.size != b_rowptr.size:
         raise ValueError(f"A has {a_colptr.size - 1} columns but B has {b_rowptr.size - 1} rows: they must agree")
     a_len, b_len = np.diff(a_colptr), np.diff(b_rowptr)
-    entries = a_len + b_len
-    heavy = entries > page // 2
-    slots = np.arange(a_len.size, dtype=np.int64)
-    # Light slots: a new page where a heavy slot ends or begins, or where a slot starts in a new window.
-    start = np.zeros(a_len.size, np.int64)
-    np.cumsum(entries[:-1], out=start[1:])
-    largest = int(entries[~heavy].max(initial=0))
-    window = start // max(page - largest, 1)
-    new = np.ones(a_len.size, dtype=bool)
-    new[1:] = heavy[1:] | heavy[:-1] | (window[1:] != window[:-1])
-    per_slot = np.zeros(a_len.size + 1, np.int64)  # products of the slots before each one
-    np.cumsum(a_len * b_len, out=per_slot[1:])
+    heavy, new, per_slot = _light_starts(a_len, b_len, page)
     if max_products:
         new = _fill_by_products(new, per_slot, int(max_products))
     first = np.flatnonzero(new)
@@ -139,13 +178,9 @@ def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int,
     light_begin, light_end = first[keep], last[keep]
     light_products = per_slot[light_end] - per_slot[light_begin]
     # Heavy slots: one page when they fit, else pieces of A's column and of B's row, every pair a page.
-    k = slots[heavy]
+    k = np.flatnonzero(heavy)
     ka, kb = a_len[k], b_len[k]
-    fits = ka + kb <= page
-    half = max(page // 2, 1)
-    a_size = np.where(fits, np.maximum(ka, 1), np.where(kb <= half, page - kb, np.where(ka <= half, ka, half)))
-    b_size = np.where(fits, np.maximum(kb, 1), np.where(kb <= half, kb, np.where(ka <= half, page - ka, half)))
-    na, nb = _pieces(ka, a_size), _pieces(kb, b_size)
+    fits, a_size, b_size, na, nb = _heavy_cuts(ka, kb, page)
     count = na * nb
     slot = np.repeat(k, count)
     j = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)

@@ -39,7 +39,7 @@ import scipy.sparse as sp
 
 from .. import gpu
 from ..cache import Cache
-from ..formats.slotted_pages import SlottedPages, page_operands, slotted_pages
+from ..formats.slotted_pages import SlottedPages, page_count_floor, page_operands, slotted_pages
 from ..matrix import CanonicalMatrix, canonicalize
 from ..memory import available_bytes, check_fits
 from ..staging import STAGE_THREADS, copy_in_parts, shared_pool
@@ -67,7 +67,8 @@ class SlottedPlan:
         pages: pages of C = A B at that size.
         budget_bytes: the device memory a page may hold.
         heaviest_need_bytes: what the heaviest page needs (:func:`page_need`).
-        predicted_s: predicted seconds of a call at each page size that fits (page entries -> s).
+        predicted_s: predicted seconds of a call at each page size that fits (page entries -> s), but those
+            whose launches alone outlast a better size's prediction (:func:`predicted_floor`).
         reason: why streamed, in words.
         stats: the model's view of the whole product (:class:`~tuner.model.spgemm.ProductStats`), where known.
     """
@@ -119,17 +120,7 @@ def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.R
     """
     entry = stats.col_bytes + stats.value_bytes
     pair = 8 + stats.value_bytes  # a partial entry: its (row, column) key and value
-    # outer_product's prediction is linear in a page's products, entries of C and slots: its coefficients
-    # from unit pages, then every page at once.
-    def at(products=0, nnz=0.0, pairs=0):
-        page = model.ProductStats(stats.n_rows, stats.n_cols, products, nnz, 0, 0, stats.value_bytes,
-                                  stats.col_bytes, stats.key_bits, 0, pairs=pairs)
-        return model.predict("outer_product", page, rates)
-    fixed = at()
-    per_product, per_entry, per_slot = at(products=1) - fixed, at(nnz=1.0) - fixed, at(pairs=1) - fixed
-    # A repeated call replays its pages' and blocks' work as one CUDA graph: a step pays its launches on the
-    # GPU, not a standalone product's fixed cost (mostly the host's launches and its waits for the GPU).
-    fixed = model.LAUNCHES["outer_product"](stats) * rates.launch_ms
+    fixed, per_product, per_entry, per_slot = _page_costs(stats, rates)
     products = pages.products.astype(np.float64)
     nnz = np.minimum(products, stats.nnz_c)
     partials = float(nnz.sum())
@@ -140,6 +131,37 @@ def predict_pages(pages: SlottedPages, stats: model.ProductStats, rates: model.R
     assembly_ms = blocks * fixed + per_product * partials + per_entry * min(partials, stats.nnz_c)
     assembly_s = (partials * pair / h2d_gbs + min(partials, stats.nnz_c) * stats.value_bytes / d2h_gbs) / 1e9
     return float(1e-3 * (kernels_ms + assembly_ms) + copies_s + assembly_s)
+
+
+def _page_costs(stats: model.ProductStats, rates: model.Rates) -> tuple[float, float, float, float]:
+    """(fixed, per_product, per_entry, per_slot) ms of a page's step in a repeated call. outer_product's
+    prediction is linear in a page's products, entries of C and slots: its coefficients from unit pages. A
+    repeated call replays its pages' and blocks' work as one CUDA graph: a step pays its launches on the GPU
+    (``fixed``), not a standalone product's fixed cost (mostly the host's launches and its waits for the GPU)."""
+    def at(products=0, nnz=0.0, pairs=0):
+        page = model.ProductStats(stats.n_rows, stats.n_cols, products, nnz, 0, 0, stats.value_bytes,
+                                  stats.col_bytes, stats.key_bits, 0, pairs=pairs)
+        return model.predict("outer_product", page, rates)
+    alone = at()
+    return (model.LAUNCHES["outer_product"](stats) * rates.launch_ms, at(products=1) - alone, at(nnz=1.0) - alone,
+            at(pairs=1) - alone)
+
+
+def predicted_floor(page_count: int, stats: model.ProductStats, rates: model.Rates) -> float:
+    """The least :func:`predict_pages` of any paging into ``page_count`` pages or more: their steps' launches
+    and the work of every product, the other terms (entries, slots, copies, assembly) taken as none; 0 where
+    a coefficient of the rates is negative (no term can then be left out).
+
+    Example (a million pages of 6 launches of 5 us: 30 s before any work):
+        >>> s = model.ProductStats(4, 4, 8, 8.0, 0, 0, 4, 4, 4, 0)
+        >>> r = model.Rates({"outer:fixed": 0.5}, 0.005, "test")
+        >>> round(predicted_floor(1_000_000, s, r), 6)
+        30.0
+    """
+    fixed, per_product, per_entry, per_slot = _page_costs(stats, rates)
+    if min(fixed, per_product, per_entry, per_slot) < 0:
+        return 0.0
+    return 1e-3 * (page_count * fixed + per_product * stats.products)
 
 
 def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
@@ -235,22 +257,28 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
     b_rowptr = np.asarray(b.indptr, np.int64)
     total = a.nnz + b.nnz
     vb, ib = a.value_dtype.itemsize, a.index_dtype.itemsize
-    fits, smallest = {}, None
-    size = SMALLEST_PAGE
-    while True:
+    fits, smallest, lowest = {}, None, np.inf
+    sizes = [SMALLEST_PAGE]
+    while sizes[-1] < total:
+        sizes.append(2 * sizes[-1])
+    # Largest pages first (the fewest, soonest made): a smaller size whose pages' launches alone take longer
+    # than the best prediction so far cannot win, and is not paged (at the smallest sizes a power-law
+    # graph's heavy slots are cut into millions of pages).
+    for size in reversed(sizes):
+        if lowest < np.inf and predicted_floor(page_count_floor(a_colptr, b_rowptr, size), stats, rates) >= lowest:
+            continue
         pages, heaviest = pages_at(a_colptr, b_rowptr, size, budget_bytes, a.n_rows, vb, ib)
         smallest = heaviest if smallest is None else min(smallest, heaviest)
         if heaviest <= budget_bytes:
             fits[size] = (pages, heaviest, predict_pages(pages, stats, rates, budget_bytes=budget_bytes))
-        if size >= total:
-            break
-        size *= 2
+            lowest = min(lowest, fits[size][2])
     if not fits:
         raise DeviceMemoryError(f"C = A B in slotted pages: the smallest pages ({SMALLEST_PAGE:,} entries) need "
                                 f"{smallest:,} bytes of device memory, the budget is {budget_bytes:,}")
-    best = min(fits, key=lambda e: fits[e][2])
+    best = min(fits, key=lambda e: (fits[e][2], e))  # the smallest of equal predictions
     pages, heaviest, _ = fits[best]
-    plan = SlottedPlan(best, pages.pages, int(budget_bytes), heaviest, {e: round(v[2], 6) for e, v in fits.items()},
+    plan = SlottedPlan(best, pages.pages, int(budget_bytes), heaviest,
+                       {e: round(v[2], 6) for e, v in sorted(fits.items())},
                        reason or f"{pages.pages} pages of up to {best:,} entries, the lowest predicted time")
     return plan, pages
 
