@@ -147,21 +147,21 @@ def _page_costs(stats: model.ProductStats, rates: model.Rates) -> tuple[float, f
             at(pairs=1) - alone)
 
 
-def predicted_floor(page_count: int, stats: model.ProductStats, rates: model.Rates) -> float:
-    """The least :func:`predict_pages` of any paging into ``page_count`` pages or more: their steps' launches
-    and the work of every product, the other terms (entries, slots, copies, assembly) taken as none; 0 where
-    a coefficient of the rates is negative (no term can then be left out).
+def predicted_floor(page_count: int, products: int, stats: model.ProductStats, rates: model.Rates) -> float:
+    """The least :func:`predict_pages` of any paging of ``products`` scalar products into ``page_count`` pages
+    or more: their steps' launches and the work of every product, the other terms (entries, slots, copies,
+    assembly) taken as none; 0 where a coefficient of the rates is negative (no term can then be left out).
 
     Example (a million pages of 6 launches of 5 us: 30 s before any work):
         >>> s = model.ProductStats(4, 4, 8, 8.0, 0, 0, 4, 4, 4, 0)
         >>> r = model.Rates({"outer:fixed": 0.5}, 0.005, "test")
-        >>> round(predicted_floor(1_000_000, s, r), 6)
+        >>> round(predicted_floor(1_000_000, 0, s, r), 6)
         30.0
     """
     fixed, per_product, per_entry, per_slot = _page_costs(stats, rates)
     if min(fixed, per_product, per_entry, per_slot) < 0:
         return 0.0
-    return 1e-3 * (page_count * fixed + per_product * stats.products)
+    return 1e-3 * (page_count * fixed + per_product * products)
 
 
 def host_bytes(pages: SlottedPages, nnz_c: float, value_bytes: int) -> int:
@@ -258,14 +258,15 @@ def plan_pages(a: CanonicalMatrix, b: CanonicalMatrix, budget_bytes: int, stats:
     total = a.nnz + b.nnz
     vb, ib = a.value_dtype.itemsize, a.index_dtype.itemsize
     fits, smallest, lowest = {}, None, np.inf
+    products = int(np.dot(np.diff(a_colptr), np.diff(b_rowptr)))  # every paging's pages hold them all
     sizes = [SMALLEST_PAGE]
     while sizes[-1] < total:
         sizes.append(2 * sizes[-1])
-    # Largest pages first (the fewest, soonest made): a smaller size whose pages' launches alone take longer
-    # than the best prediction so far cannot win, and is not paged (at the smallest sizes a power-law
-    # graph's heavy slots are cut into millions of pages).
+    # Largest pages first (the fewest, soonest made): a smaller size whose pages' launches and products alone
+    # take longer than the best prediction so far cannot win, and is not paged (at the smallest sizes a
+    # power-law graph's heavy slots are cut into millions of pages).
     for size in reversed(sizes):
-        if lowest < np.inf and predicted_floor(page_count_floor(a_colptr, b_rowptr, size), stats, rates) >= lowest:
+        if predicted_floor(page_count_floor(a_colptr, b_rowptr, size), products, stats, rates) > lowest:
             continue
         pages, heaviest = pages_at(a_colptr, b_rowptr, size, budget_bytes, a.n_rows, vb, ib)
         smallest = heaviest if smallest is None else min(smallest, heaviest)
