@@ -113,13 +113,12 @@ def kronecker(blocks, threads: int | None = None) -> sp.csr_matrix | None:
     node_bytes = 8 * (n_rows + n_cols) if blocks.row_perm is not None else 0
     if BYTES_PER_EDGE * m + node_bytes + 16 * blocks.g_rows.size > device_reorder.free_bytes():
         return None
-    idx_bytes = np.dtype(_index_dtype(blocks.shape, m)).itemsize
-    peak = m * (idx_bytes + 4) + (n_rows + 1) * idx_bytes  # the result on the host (the blocks are held already)
+    idx = np.dtype(_index_dtype(blocks.shape, m))
+    peak = m * (idx.itemsize + 4) + (n_rows + 1) * idx.itemsize  # the result on the host (the blocks are held)
     check_fits(peak, f"kronecker graph of shape {blocks.shape}", per_edge_text(peak, m, "output edge"))
     threads = _thread_count(threads)
     if m == 0:
-        return _csr_from_canonical(np.empty(0, np.float32), np.empty(0, np.dtype(_index_dtype(blocks.shape, 0))),
-                                   np.zeros(n_rows + 1, np.dtype(_index_dtype(blocks.shape, 0))), blocks.shape)
+        return _csr_from_canonical(np.empty(0, np.float32), np.empty(0, idx), np.zeros(n_rows + 1, idx), blocks.shape)
     with device_reorder.on_device() as cupy:
         return _kron(cupy, blocks, threads)
 

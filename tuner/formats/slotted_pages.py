@@ -116,6 +116,14 @@ def _light_starts(a_len: np.ndarray, b_len: np.ndarray, page: int) -> tuple[np.n
     return heavy, new, per_slot
 
 
+def _light_ranges(new: np.ndarray, heavy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The slots [begin, end) of each page of light slots, from where pages start (``new``)."""
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], new.size)
+    keep = ~heavy[first]
+    return first[keep], last[keep]
+
+
 def _heavy_cuts(ka: np.ndarray, kb: np.ndarray, page: int):
     """(fits, a_size, b_size, na, nb) of heavy slots of ``ka`` entries of A and ``kb`` of B: whether each fits
     a page, the pieces' sizes and counts (every pair of pieces a page)."""
@@ -139,10 +147,8 @@ def page_count_floor(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: i
     a_colptr, b_rowptr = np.asarray(a_colptr, np.int64), np.asarray(b_rowptr, np.int64)
     a_len, b_len = np.diff(a_colptr), np.diff(b_rowptr)
     heavy, new, per_slot = _light_starts(a_len, b_len, int(page_entries))
-    first = np.flatnonzero(new)
-    last = np.append(first[1:], a_len.size)
-    keep = ~heavy[first]
-    light = int(np.count_nonzero(per_slot[last[keep]] > per_slot[first[keep]]))
+    begin, end = _light_ranges(new, heavy)
+    light = int(np.count_nonzero(per_slot[end] > per_slot[begin]))
     k = np.flatnonzero(heavy)
     ka, kb = a_len[k], b_len[k]
     *_, na, nb = _heavy_cuts(ka, kb, int(page_entries))
@@ -172,10 +178,7 @@ def slotted_pages(a_colptr: np.ndarray, b_rowptr: np.ndarray, page_entries: int,
     heavy, new, per_slot = _light_starts(a_len, b_len, page)
     if max_products:
         new = _fill_by_products(new, per_slot, int(max_products))
-    first = np.flatnonzero(new)
-    last = np.append(first[1:], a_len.size)
-    keep = ~heavy[first]
-    light_begin, light_end = first[keep], last[keep]
+    light_begin, light_end = _light_ranges(new, heavy)
     light_products = per_slot[light_end] - per_slot[light_begin]
     # Heavy slots: one page when they fit, else pieces of A's column and of B's row, every pair a page.
     k = np.flatnonzero(heavy)
