@@ -812,6 +812,15 @@ def test_betweenness_on_a_real_graph_equals_networkx_and_batches_do_not_matter(p
         tuner.betweenness(A, k=0)
 
 
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.stem)
+def test_betweenness_from_sampled_sources_equals_networkx_on_every_real_graph(path):
+    A = tuner.load(str(path))  # the pattern: shortest paths count edges, whatever their weights
+    expected = ranks(nx.betweenness_centrality(as_networkx(A), k=2, seed=0), A.shape[0])
+    ours, info = tuner.betweenness(A, k=2, seed=0, backend="scipy", return_info=True)
+    assert expected.max() > 0 and info.iterations >= 2  # the sources reach paths through other nodes
+    assert np.abs(ours - expected).max() <= 1e-12 * expected.max()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("endpoints", [False, True])
 @pytest.mark.parametrize("batch", [64, 37, 150])  # whole warps of sources, a ragged last one, three per node
@@ -827,7 +836,7 @@ def test_betweenness_on_the_gpu_equals_the_host_one(endpoints, batch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", [p for p in REAL if p.name in ("mdual.npz", "wiki-Vote.npz")], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.stem)
 def test_betweenness_on_the_gpu_equals_the_host_one_on_a_real_graph(path):
     pytest.importorskip("cupy")
     A = tuner.load(str(path))  # mdual: a mesh, over a hundred BFS levels deep (the host takes 1 s a source)
@@ -900,6 +909,18 @@ def test_simrank_goes_dense_on_the_device_once_a_power_law_graphs_similarities_f
     host, host_info = tuner.simrank(A, return_info=True)
     assert "dense from iteration" in info.backend and info.iterations == host_info.iterations
     assert abs(S - host).max() <= 1e-12 and np.array_equal(S.diagonal(), np.ones(A.shape[0]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", [p for p in REAL if p.name == "bcsstk16.npz"], ids=lambda p: p.stem)
+def test_simrank_on_the_gpu_equals_networkx_on_a_real_graph(path):
+    # 4,884 nodes, a mesh's: S fills in within a few iterations (the dense device iterations); NetworkX's own
+    # dense iteration, not its dict of 24M pairs. wiki-Vote (8,298 nodes) is compared in bench-graph.
+    from networkx.algorithms.similarity import _simrank_similarity_numpy
+    A = abs(tuner.load(str(path)))
+    S, info = tuner.simrank(A, backend="tuned", return_info=True)
+    expected = _simrank_similarity_numpy(as_networkx(A))
+    assert np.abs(S.toarray() - expected).max() <= 1e-10 and info.iterations > 3
 
 
 def _dense_on_the_host(monkeypatch, ratio, lookahead=True):
@@ -1085,6 +1106,16 @@ def test_graph_bench_rows_agree_with_networkx_and_the_cusparse_loop():
     assert betweenness_row.iterations > 2 and betweenness_row.max_abs_diff_vs_networkx <= 1e-12
     assert betweenness_row.max_abs_diff_vs_cusparse <= 1e-12
     assert len(format_table(rows).splitlines()) == 7
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", [p for p in REAL if p.name == "cit-HepPh.npz"], ids=lambda p: p.stem)
+def test_a_large_files_betweenness_row_checks_fewer_of_the_same_sources_against_networkx(path):
+    pytest.importorskip("cupy")
+    from tuner.bench_graph import NETWORKX_BETWEENNESS_NNZ, NETWORKX_CHECK_SOURCES, bench_betweenness
+    row = bench_betweenness(str(path))
+    assert row.nnz > NETWORKX_BETWEENNESS_NNZ and f"from {NETWORKX_CHECK_SOURCES} sources" in row.networkx_how
+    assert row.max_abs_diff_vs_networkx <= 1e-12 and row.max_abs_diff_vs_cusparse <= 1e-12
 
 
 @pytest.mark.gpu

@@ -13,14 +13,18 @@ Rows (models/<gpu-slug>/bench-graph.json), host SciPy matrix in, NumPy result ou
   iterations.
 * ``rwr``: the same with the walk restarting at the three nodes of largest out-degree.
 * ``simrank``: :func:`tuner.simrank` through our SpGEMM against the same two products an iteration through
-  CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), for our number of iterations, on small generated graphs.
+  CuPy's ``csr @ csr`` (cuSPARSE SpGEMM), for our number of iterations, on small generated graphs and the
+  suite's files of at most ``SIMRANK_NODES`` nodes, each compared with NetworkX's SimRank.
 * ``hits``: :func:`tuner.hits` as a user calls it (its default solver: thick-restart Lanczos on the GPU
   (:mod:`tuner.graph.lanczos`), or on graphs of fewer than ``DEVICE_MIN_NODES`` nodes ARPACK on the host, the
   products by A and Aᵀ on this GPU) against the same algorithm as CuPy offers it (its thick-restart Lanczos,
   ``eigsh``, on the GPU; ARPACK where ours ran ARPACK) with cuSPARSE's products, both from the same start.
 * ``betweenness``: :func:`tuner.betweenness` on the GPU from ``BETWEENNESS_SOURCES`` sampled sources against
   a separately written batched Brandes on CuPy (cuSPARSE SpMM per BFS level, the levels kept as Brandes'
-  stack), the same sources, each side in batches of as many as 1 GiB of its n x batch arrays holds.
+  stack), the same sources, each side in batches of as many as 1 GiB of its n x batch arrays holds. NetworkX's
+  Brandes runs from the same sources up to ``NETWORKX_BETWEENNESS_NNZ`` edges; on a larger file ours runs
+  again from ``NETWORKX_CHECK_SOURCES`` sources sampled the same way, and NetworkX from those (not on the
+  generated graphs: NetworkX would take minutes to hold one).
 
 Rows of (algorithm, graph) pairs a run does not redo are kept from the file it writes over (same GPU), so
 that the algorithms, or some of the graphs, can be benched in separate runs.
@@ -52,8 +56,10 @@ ALGORITHMS = ("pagerank", "rwr", "rwr_many", "hits", "betweenness", "simrank")
 TOL = 1e-7  # per node: float32 ranks change by a few ulps of the largest rank (1e-8 at 0.1) at their fixed point
 ALPHA = 0.85
 NETWORKX_NNZ = 5_000_000  # NetworkX's PageRank takes seconds per million edges: compared up to here
-SIMRANK_SUITE = ("rmat:10", "rmat:12")
-NETWORKX_SIMRANK_NODES = 2048  # NetworkX returns every pair as a dict of dicts: compared up to here
+SIMRANK_SUITE = ("rmat:10", "rmat:12")  # the generated SimRank rows; the suite's files of few nodes join them
+# SimRank rows, and their comparison with NetworkX, on graphs of at most this many nodes (issue 36's bound):
+# NetworkX iterates a dense n x n S, two products of n^3 an iteration (a minute on 16 cores at 8k nodes).
+SIMRANK_NODES = 10_000
 DEFAULT_GENERATED = ("rmat:20", "rmat:23", "rmat:25")
 # The generated graphs of the HITS and betweenness rows (the suite's files all run): HITS stops at rmat:23
 # (rmat:25 would add its generation and float64 copies of A and Aᵀ, 12.7 GB a side, to the bench's run); the
@@ -63,6 +69,9 @@ BETWEENNESS_GENERATED = ("rmat:20",)
 BETWEENNESS_SOURCES = 64  # sampled sources (seed 0) of each betweenness row
 RWR_SETS = 8  # the seed sets of an rwr_many row: one node each, drawn (seed 0) from the nodes with out-edges
 NETWORKX_BETWEENNESS_NNZ = 150_000  # NetworkX's Brandes in Python: about 0.1 s per source at 100k edges
+# Beyond it, the sources of the check against NetworkX (ours run again from these alone): 0.4-1.9 s a source
+# on the data folder's graphs of 0.4M to 3.2M edges
+NETWORKX_CHECK_SOURCES = 4
 KRONECKER = (("cnr-2000.npz", 4),)  # 260M entries: the Kronecker-scaled web graph the targets name
 TARGET_ITERATIONS = 50  # the end-to-end run the targets are stated for
 # 1.2M edges (large enough for the device set-up paths of both sides) and 50k (the host paths of small graphs)
@@ -94,9 +103,11 @@ class GraphRow:
             memory of the array's size, allocated from its pinned pool (which keeps it for the next upload);
             ours stages through two fixed 32 MB buffers.
         max_abs_diff_vs_networkx: against NetworkX in float64 (None where not run); max_abs_diff_vs_cusparse:
-            against the cuSPARSE loop's result.
+            against the cuSPARSE loop's result. networkx_how: what was compared with NetworkX where it is
+            not the row's own result (betweenness: ours again from fewer of the same sources).
         cusparse_how: SimRank's cuSPARSE loop timed (the faster of its sparse S through SpGEMM and its dense
-            S through SpMM, both run), or rwr_many's block; None for the others.
+            S through SpMM, both run; then either that failed, and how), or rwr_many's block; None for the
+            others.
         ours_how: what ours ran (SimRank: sparse, or dense from which iteration; rwr_many: the product kept,
             each walk's iterations and the same walks one call each); None for the others.
     """
@@ -125,6 +136,7 @@ class GraphRow:
     max_abs_diff_vs_cusparse: float
     cusparse_how: str | None = None
     ours_how: str | None = None
+    networkx_how: str | None = None
 
 
 def _sync():
@@ -339,9 +351,9 @@ def bench_rwr_many(source: str) -> GraphRow:
                   f"the same walks one by one: {one_by_one:.4f} s"))
 
 
-def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
-    """Every path a row of ``algorithms`` times, once on each warm-up graph (SimRank: one small graph),
-    unrecorded (no NetworkX)."""
+def _warm_up(algorithms=ALGORITHMS, dtype=np.float32, simrank_graphs=SIMRANK_SUITE) -> None:
+    """Every path a row of ``algorithms`` times, once on each warm-up graph (SimRank: each of
+    ``simrank_graphs``, then one small graph for cuSPARSE's loops), unrecorded (no NetworkX)."""
     import cupy
 
     from .distributed.nccl import SoloDevice
@@ -352,7 +364,7 @@ def _warm_up(algorithms=ALGORITHMS, dtype=np.float32) -> None:
         # SpGEMM variants its products choose, the dense iterations' kernels, built and cached as on a machine
         # that has run SimRank before; its rows then plan from a cold plan cache.
         with cold_plans() as cold, mock.patch.dict(os.environ, {"TUNER_CACHE_DIR": str(cold)}):
-            for source in SIMRANK_SUITE:
+            for source in simrank_graphs:
                 simrank(abs(loaders.load(source)), backend="tuned")
         A = abs(loaders.load(SIMRANK_WARM_UP))
         cusparse_simrank(A, 2)
@@ -428,8 +440,11 @@ def cusparse_simrank(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_matrix,
 
 def cusparse_simrank_dense(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_matrix, float, float]:
     """SimRank on a dense S through CuPy's ``csr @ dense`` (cuSPARSE SpMM), float64: T = Wᵀ S, then
-    S = c Wᵀ Tᵀ with the unit diagonal, as :mod:`tuner.graph.dense_simrank` iterates."""
+    S = c Wᵀ Tᵀ with the unit diagonal, as :mod:`tuner.graph.dense_simrank` iterates; S out as the SciPy CSR
+    matrix ours returns (cuSPARSE's dense-to-CSR on the device, then the copy), so both sides time the same
+    result."""
     import cupy
+    import cupyx.cusparse
     import cupyx.scipy.sparse as cpsp
     t0 = time.perf_counter()
     Wt = cpsp.csr_matrix(column_normalised(A).T.tocsr())
@@ -441,9 +456,40 @@ def cusparse_simrank_dense(A, iterations: int, c: float = 0.9) -> tuple[sp.csr_m
         S = Wt @ cupy.ascontiguousarray(T.T)
         S *= c
         cupy.fill_diagonal(S, 1.0)
-    result = S.get()  # the result out, as ours (a dense array: made sparse below, untimed)
+    result = cupyx.cusparse.denseToSparse(S, format="csr").get()
     t2 = time.perf_counter()
-    return sp.csr_matrix(result), t1 - t0, t2 - t1
+    return result, t1 - t0, t2 - t1
+
+
+def networkx_simrank(A) -> np.ndarray:
+    """NetworkX's SimRank of every pair of A's nodes (its defaults), as the dense array it iterates: the NumPy
+    iteration ``networkx.simrank_similarity`` runs before it turns the array into a dict of dicts (n² Python
+    floats, gigabytes at 8k nodes); that dict where a NetworkX lacks the iteration by its name.
+
+    Example:
+        >>> A = sp.csr_matrix(np.array([[0, 1, 1], [0, 0, 0], [0, 0, 0]], dtype=float))  # 0 -> 1, 0 -> 2
+        >>> networkx_simrank(A).round(2).tolist()
+        [[1.0, 0.0, 0.0], [0.0, 1.0, 0.9], [0.0, 0.9, 1.0]]
+    """
+    nx, G = _networkx_graph(A)
+    try:
+        from networkx.algorithms.similarity import _simrank_similarity_numpy
+    except ImportError:
+        d = nx.simrank_similarity(G)
+        return np.array([_by_node(d[i], A.shape[0]) for i in range(A.shape[0])])
+    return np.asarray(_simrank_similarity_numpy(G))
+
+
+def simrank_suite(suite: list[str]) -> list[str]:
+    """The SimRank rows' graphs: ``SIMRANK_SUITE`` and the files of ``suite`` of at most ``SIMRANK_NODES``
+    nodes (its generated graphs are far larger).
+
+    Example:
+        >>> simrank_suite(["rmat:20"])
+        ['rmat:10', 'rmat:12']
+    """
+    files = [s for s in suite if not s.startswith(("rmat:", "kron:"))]
+    return list(SIMRANK_SUITE) + [s for s in files if loaders.load(s).shape[0] <= SIMRANK_NODES]
 
 
 def bench_simrank(source: str) -> GraphRow:
@@ -452,17 +498,22 @@ def bench_simrank(source: str) -> GraphRow:
     t0 = time.perf_counter()
     S, info = simrank(A, backend="tuned", return_info=True)
     ours = time.perf_counter() - t0
-    # The careful cuSPARSE SimRank is the faster of its two formulations (both run the same iterations).
-    loops = {how: fn(A, info.iterations) for how, fn in (("SpGEMM, sparse S", cusparse_simrank),
-                                                          ("SpMM, dense S", cusparse_simrank_dense))}
+    # The careful cuSPARSE SimRank is the faster of its two formulations (both run the same iterations), of
+    # those that run: cuSPARSE's SpGEMM refuses the products of an S that has filled in on a mesh
+    # (CUSPARSE_STATUS_INSUFFICIENT_RESOURCES on bcsstk16), which the row says.
+    from cupy.cuda.memory import OutOfMemoryError
+    from cupy_backends.cuda.libs.cusparse import CuSparseError
+    loops, failed = {}, []
+    for name, fn in (("SpGEMM, sparse S", cusparse_simrank), ("SpMM, dense S", cusparse_simrank_dense)):
+        try:
+            loops[name] = fn(A, info.iterations)
+        except (CuSparseError, OutOfMemoryError) as e:
+            failed.append(f"{name} failed: {e}")
+    if not loops:
+        raise RuntimeError(f"no cuSPARSE SimRank ran on {source}: {'; '.join(failed)}")
     how = min(loops, key=lambda k: loops[k][1] + loops[k][2])
     ref_cu, cu_setup, cu_iter = loops[how]
-    nx_diff = None
-    if A.shape[0] <= NETWORKX_SIMRANK_NODES:
-        nx, G = _networkx_graph(A)
-        d = nx.simrank_similarity(G)
-        ref_nx = np.array([_by_node(d[i], A.shape[0]) for i in range(A.shape[0])])
-        nx_diff = float(np.abs(S.toarray() - ref_nx).max())
+    nx_diff = float(np.abs(S.toarray() - networkx_simrank(A)).max()) if A.shape[0] <= SIMRANK_NODES else None
     return GraphRow(
         algorithm="simrank", name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
         ours_s=ours, cusparse_s=cu_setup + cu_iter, speedup=(cu_setup + cu_iter) / ours,
@@ -470,7 +521,8 @@ def bench_simrank(source: str) -> GraphRow:
         tuned_iter_ms=None, tuned_setup_s=None, tuned_max_abs_diff=None, setup_s=0.0, cusparse_setup_s=cu_setup,
         ours_50_s=None, cusparse_50_s=None, speedup_50=None,
         ours_repeat_s=None, cusparse_repeat_s=None, max_abs_diff_vs_networkx=nx_diff,
-        max_abs_diff_vs_cusparse=float(abs(S - ref_cu).max()), cusparse_how=how, ours_how=info.backend)
+        max_abs_diff_vs_cusparse=float(abs(S - ref_cu).max()), cusparse_how="; ".join([how] + failed),
+        ours_how=info.backend)
 
 
 def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, tol: float = 1e-8,
@@ -642,10 +694,15 @@ def bench_betweenness(source: str) -> GraphRow:
     _empty_pool()
     batch = max(1, min(k, BATCH_BYTES // (NODE_SOURCE_BYTES * n)))  # its seven n x batch arrays, as the host's
     ref_cu, cu_setup, cu_run = cusparse_betweenness(A, sources, batch)
-    nx_diff = None
-    if A.nnz <= NETWORKX_BETWEENNESS_NNZ:
+    nx_diff = nx_how = None
+    if A.nnz <= NETWORKX_BETWEENNESS_NNZ or not source.startswith(("rmat:", "kron:")):
+        # Beyond NETWORKX_BETWEENNESS_NNZ edges, ours again from fewer sources, sampled as NetworkX samples
+        # them (seed 0): its Brandes takes seconds a source there.
+        few = k if A.nnz <= NETWORKX_BETWEENNESS_NNZ else min(NETWORKX_CHECK_SOURCES, k)
+        checked = bc if few == k else betweenness(A, k=few, seed=0, backend="device")
         nx, G = _networkx_graph(A)
-        nx_diff = float(np.abs(bc - _by_node(nx.betweenness_centrality(G, k=k, seed=0), n)).max())
+        nx_diff = float(np.abs(checked - _by_node(nx.betweenness_centrality(G, k=few, seed=0), n)).max())
+        nx_how = None if few == k else f"ours again from {few} sources (seed 0), NetworkX from the same"
     return GraphRow(
         algorithm="betweenness", name=loaders.display_name(source), nnz=int(A.nnz), iterations=info.iterations,
         ours_s=ours, cusparse_s=cu_setup + cu_run, speedup=(cu_setup + cu_run) / ours,
@@ -654,7 +711,8 @@ def bench_betweenness(source: str) -> GraphRow:
         tuned_setup_s=None, tuned_max_abs_diff=None, setup_s=info.seconds["setup"], cusparse_setup_s=cu_setup,
         ours_50_s=None, cusparse_50_s=None, speedup_50=None, ours_repeat_s=None, cusparse_repeat_s=None,
         max_abs_diff_vs_networkx=nx_diff, max_abs_diff_vs_cusparse=float(np.abs(bc - ref_cu).max()),
-        cusparse_how=f"batched Brandes on CuPy (cuSPARSE SpMM), {k} sources", ours_how=info.backend)
+        cusparse_how=f"batched Brandes on CuPy (cuSPARSE SpMM), {k} sources", ours_how=info.backend,
+        networkx_how=nx_how)
 
 
 def default_suite(data_dir=None) -> list[str]:
@@ -699,14 +757,15 @@ def run(suite: list[str], out: Path, command: str, progress=None, algorithms=ALG
                                      ("betweenness", bench_betweenness, BETWEENNESS_GENERATED)):
         if algorithm in algorithms:
             jobs += [(algorithm, fn, (s,)) for s in suite if s in generated or not s.startswith(("rmat:", "kron:"))]
-    jobs += [("simrank", bench_simrank, (s,)) for s in SIMRANK_SUITE if "simrank" in algorithms]
+    simrank_graphs = simrank_suite(suite) if "simrank" in algorithms else []
+    jobs += [("simrank", bench_simrank, (s,)) for s in simrank_graphs]
     info = gpu.device_info()
     kept, commands = kept_rows(out, info.name, {(a, loaders.display_name(args[0])) for a, _, args in jobs})
     commands = commands + [command] if command not in commands else commands
     rows: list[GraphRow] = []
     # Both sides once on a tiny graph, unrecorded: the first graph would otherwise carry the process's one-time
     # costs (CuPy's kernels compiled or loaded from its disk cache, modules loaded), which a user pays once.
-    _warm_up(algorithms)
+    _warm_up(algorithms, simrank_graphs=simrank_graphs)
     for _, fn, args in (progress(jobs) if progress else jobs):
         _fresh_staging()
         rows.append(fn(*args))
