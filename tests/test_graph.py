@@ -1016,21 +1016,21 @@ def test_the_device_iteration_parts_equal_numpys_on_poisoned_outputs():
     rng = np.random.default_rng(5)
     n = 700
     Wt = sp.random(n, n, density=0.01, format="csr", random_state=5, dtype=np.float64)
-    X = np.asfortranarray(rng.uniform(0.0, 1.0, (n, n)))
+    X = rng.uniform(0.0, 1.0, (n, n))
     wt = csp.csr_matrix(Wt)
     wt.sum_duplicates()
     spmm = CachedSpmm(wt)
-    x = cupy.asarray(X, order="F")
-    outs = [cupy.full((n, n), np.nan, order="F") for _ in range(2)]
+    x = cupy.asarray(X)
+    outs = [cupy.full((n, n), np.nan) for _ in range(2)]
     for _ in range(2):  # the second round through the kept descriptors and work space
         spmm(x, outs[0])
-        spmm(x, outs[1], alpha=0.9, transposed=True)
+        spmm(outs[0], outs[1], alpha=0.9)
         assert np.abs(outs[0].get() - Wt @ X).max() <= 1e-12
-        assert np.abs(outs[1].get() - 0.9 * (Wt @ X.T)).max() <= 1e-12
+        assert np.abs(outs[1].get() - 0.9 * (Wt @ (Wt @ X))).max() <= 1e-12
         outs[0].fill(np.nan), outs[1].fill(np.nan)
     finish = device_finish(cupy, n)
-    pairs = [[np.asfortranarray(rng.uniform(0.0, 1.0, (n, n))) for _ in range(2)] for _ in range(3)]
-    on_device = [[cupy.asarray(a, order="F") for a in pair] for pair in pairs]
+    pairs = [[rng.uniform(0.0, 1.0, (n, n)) for _ in range(2)] for _ in range(3)]
+    on_device = [[cupy.asarray(a) for a in pair] for pair in pairs]
     # Three finishes queued before any is read: the first's maxima and the third's take the same buffer
     # only after the first was read
     first, second = finish(*on_device[0]), finish(*on_device[1])
@@ -1039,18 +1039,20 @@ def test_the_device_iteration_parts_equal_numpys_on_poisoned_outputs():
     assert second() == host_finish(*pairs[1]) and third() == host_finish(*pairs[2])
     for (new, _), (new_d, _) in zip(pairs, on_device):
         assert np.array_equal(new_d.get(), new)  # the diagonal set to 1 on both
-    with pytest.raises(ValueError, match="column-major"):
-        spmm(cupy.ones((n, n)), outs[0])
+    with pytest.raises(ValueError, match="row-major"):
+        spmm(cupy.ones((n, n), order="F"), outs[0])
 
 
 def test_simrank_goes_dense_when_the_sparse_products_host_bytes_outweigh_the_dense_device_bytes():
-    from tuner.graph.dense_simrank import DENSE_BYTES, HOST_GBS, SPARSE_BYTES, dense_bytes, dense_pays
+    from tuner.graph.dense_simrank import (DENSE_BYTES, HOST_GBS, SPARSE_BYTES, TRANSPOSE_BYTES, dense_bytes,
+                                           dense_pays)
     w_nnz, n, ratio = 5_000, 2_000, 200.0
-    crossover = DENSE_BYTES * w_nnz * n / (SPARSE_BYTES * ratio)  # products where both move equal time
+    device_bytes = DENSE_BYTES * w_nnz * n + TRANSPOSE_BYTES * n * n  # two products and the transpose
+    crossover = device_bytes / (SPARSE_BYTES * ratio)  # products where both move equal time
     assert not dense_pays(w_nnz, n, int(crossover) - 1, ratio) and dense_pays(w_nnz, n, int(crossover) + 1, ratio)
     assert not dense_pays(w_nnz, n, 10**12, 0.0)  # no GPU profile: never
     # Compiling the sparse products for new structures counts as that many seconds of host bytes
-    compile_s = (DENSE_BYTES * w_nnz * n - SPARSE_BYTES * 1_000 * ratio) / (ratio * HOST_GBS * 1e9)
+    compile_s = (device_bytes - SPARSE_BYTES * 1_000 * ratio) / (ratio * HOST_GBS * 1e9)
     assert dense_pays(w_nnz, n, 1_000, ratio, 1.01 * compile_s)
     assert not dense_pays(w_nnz, n, 1_000, ratio, 0.99 * compile_s)
     assert dense_bytes(2_000) == 3 * 2_000 * 2_000 * 8

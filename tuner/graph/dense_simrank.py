@@ -9,12 +9,15 @@ memory: at least 12 B (value and index) per scalar product at the host's streami
 stays on the device: each entry of Wᵀ streams a row of S (then of Tᵀ), 2 nnz(W) n 8 B at the device's
 bandwidth. Once the next iteration costs more time the sparse way (:func:`dense_pays`) and the dense state
 fits (:func:`dense_bytes`), S goes dense and each iteration is two products of the sparse Wᵀ with n dense
-columns (cuSPARSE's SpMM):
+columns (cuSPARSE's SpMM) and a transpose between them:
 
-    T = Wᵀ S_k,    S_k+1 = c Wᵀ Tᵀ    (S_k is symmetric: Tᵀ = S_k W),
+    T = Wᵀ S_k,    S_k+1 = c Wᵀ Tᵀ    (Tᵀ = S_k W),
 
-then the unit diagonal and NetworkX's stopping rule, all on the device; only each iteration's gap (n column
-maxima) comes back, and S once at the end. On a small graph the host's calls take as long as the device's
+then the unit diagonal and NetworkX's stopping rule, all on the device; only each iteration's gap (n row
+maxima) comes back, and S once at the end. The dense arrays are row-major: each entry of Wᵀ then reads a row
+of the dense operand, n contiguous values, where a column-major operand's row is n values a column apart
+(bcsstk16's two products: 2.6 ms an iteration row-major with the transpose copy, 9.2 ms column-major with
+cuSPARSE reading T transposed). On a small graph the host's calls take as long as the device's
 work, so there the next iteration is queued before the host waits for the last one's gap
 (:func:`lookahead_pays`).
 
@@ -36,6 +39,7 @@ import scipy.sparse as sp
 RTOL = 1e-5  # numpy.allclose's, which NetworkX's stopping rule uses with atol=tolerance
 SPARSE_BYTES = 12  # host bytes per scalar product of the sparse iteration: its result's value and index
 DENSE_BYTES = 16  # device bytes per entry of Wᵀ and node of the dense iteration: two products, 8 B of S each
+TRANSPOSE_BYTES = 16  # device bytes per entry of S of the transpose between them: 8 B read, 8 B written
 # The sparse iteration's host passes (SciPy's products and element-wise operations) run on one core.
 HOST_GBS = 10.0
 # The least a compile of the tuned SpGEMM for a structure it has not seen takes where its binaries are cached
@@ -45,21 +49,32 @@ COMPILE_FLOOR_S = 0.02
 DENSE_ARRAYS = 3  # S_k, T = Wᵀ S_k and S_k+1, each n x n
 
 
-def dense_pays(w_nnz: int, n: int, sparse_products: int, bandwidth_ratio: float, compile_s: float = 0.0) -> bool:
-    """Whether a dense iteration (:data:`DENSE_BYTES` per entry of Wᵀ and node, on the device) takes no longer
-    than the sparse one: ``compile_s`` seconds compiling its products for new structures, then
-    :data:`SPARSE_BYTES` per scalar product through the host at :data:`HOST_GBS`. ``bandwidth_ratio``: the
-    device's streaming bandwidth over the host's (0: no GPU, never dense).
+def dense_iteration_bytes(w_nnz: int, n: int) -> int:
+    """Device bytes a dense iteration moves: :data:`DENSE_BYTES` per entry of Wᵀ and node (its two products)
+    and :data:`TRANSPOSE_BYTES` per entry of S (the transpose between them).
 
-    Example (the dense iteration's 160 MB at 300 times the host's rate against 12 B x 50,000 there):
-        >>> dense_pays(10_000, 1_000, 40_000, 300.0), dense_pays(10_000, 1_000, 50_000, 300.0)
+    Example:
+        >>> dense_iteration_bytes(10_000, 1_000)   # 160 MB of products, 16 MB of transpose
+        176000000
+    """
+    return DENSE_BYTES * int(w_nnz) * int(n) + TRANSPOSE_BYTES * int(n) * int(n)
+
+
+def dense_pays(w_nnz: int, n: int, sparse_products: int, bandwidth_ratio: float, compile_s: float = 0.0) -> bool:
+    """Whether a dense iteration (:func:`dense_iteration_bytes` on the device) takes no longer than the sparse
+    one: ``compile_s`` seconds compiling its products for new structures, then :data:`SPARSE_BYTES` per scalar
+    product through the host at :data:`HOST_GBS`. ``bandwidth_ratio``: the device's streaming bandwidth over
+    the host's (0: no GPU, never dense).
+
+    Example (the dense iteration's 176 MB at 300 times the host's rate against 12 B x 50,000 there):
+        >>> dense_pays(10_000, 1_000, 48_000, 300.0), dense_pays(10_000, 1_000, 49_000, 300.0)
         (False, True)
     """
     if not bandwidth_ratio > 0:
         return False
     host_bytes_per_s = HOST_GBS * 1e9
     sparse_s = SPARSE_BYTES * int(sparse_products) / host_bytes_per_s + float(compile_s)
-    return sparse_s * float(bandwidth_ratio) * host_bytes_per_s >= DENSE_BYTES * int(w_nnz) * int(n)
+    return sparse_s * float(bandwidth_ratio) * host_bytes_per_s >= dense_iteration_bytes(w_nnz, n)
 
 
 def bandwidth_ratio() -> float:
@@ -99,7 +114,7 @@ LOOKAHEAD_ITERATIONS = 4  # the iterations a queued-ahead one must take at most,
 
 def lookahead_pays(w_nnz: int, n: int, device_gbs: float) -> bool:
     """Whether :class:`DenseSimRank` queues each iteration ahead: where the device's share of one
-    (:data:`DENSE_BYTES` per entry of Wᵀ and node at ``device_gbs``) takes less than the host's queueing of
+    (:func:`dense_iteration_bytes` at ``device_gbs``) takes less than the host's queueing of
     :data:`LOOKAHEAD_ITERATIONS`. Queued ahead, an iteration gains the shorter of the two shares, and a run
     that stops computes one iteration it does not use; where the device's share is the longer one, the gain
     (the host's share an iteration) takes more iterations to repay that one than SimRank's few.
@@ -110,7 +125,7 @@ def lookahead_pays(w_nnz: int, n: int, device_gbs: float) -> bool:
     """
     if not device_gbs > 0:
         return False
-    return DENSE_BYTES * int(w_nnz) * int(n) / (device_gbs * 1e9) < LOOKAHEAD_ITERATIONS * HOST_QUEUE_S
+    return dense_iteration_bytes(w_nnz, n) / (device_gbs * 1e9) < LOOKAHEAD_ITERATIONS * HOST_QUEUE_S
 
 
 def dense_bytes(n: int, itemsize: int = 8) -> int:
@@ -139,29 +154,28 @@ def dense_fits_device(n: int) -> bool:
 
 
 def host_product(Wt: sp.csr_matrix):
-    """``product(X, out, alpha, transposed)`` of :class:`DenseSimRank` on the host: ``out = alpha Wᵀ op(X)``
-    with SciPy, op(X) = Xᵀ where ``transposed``.
+    """``product(X, out, alpha)`` of :class:`DenseSimRank` on the host: ``out = alpha Wᵀ X`` with SciPy.
 
     Example:
-        >>> out = np.empty((2, 2), order="F")
-        >>> host_product(sp.csr_matrix(np.array([[0.0, 1.0], [0.0, 0.0]])))(np.eye(2, order="F"), out, 2.0, True)
+        >>> out = np.empty((2, 2))
+        >>> host_product(sp.csr_matrix(np.array([[0.0, 1.0], [0.0, 0.0]])))(np.eye(2), out, 2.0)
         >>> out.tolist()
         [[0.0, 2.0], [0.0, 0.0]]
     """
-    def product(X, out, alpha=1.0, transposed=False):
-        np.multiply(Wt @ (X.T if transposed else X), alpha, out=out)
+    def product(X, out, alpha=1.0):
+        np.multiply(Wt @ X, alpha, out=out)
     return product
 
 
 class DenseSimRank:
     """SimRank's iterations from S (a SciPy matrix) on dense n x n arrays of ``xp`` (NumPy or CuPy) in
-    column-major order, with ``product(X, out, alpha=1.0, transposed=False)`` writing alpha Wᵀ op(X) into
-    ``out`` (op(X) = Xᵀ where ``transposed``; X and out column-major, as cuSPARSE's SpMM takes them, so that
-    no step copies a transpose); ``finish(new, old)`` setting new's unit diagonal and returning a function
-    that gives the gap of NumPy's allclose between them (waiting for it where the device computes it;
-    default: :func:`host_finish`'s value); ``on()`` a context in which ``xp``'s work runs (the GPU the arrays
-    live on); ``dense(S)`` and ``sparse(X)`` S as such an array and back as a SciPy CSR matrix (default: on
-    the host).
+    row-major order, with ``product(X, out, alpha=1.0)`` writing alpha Wᵀ X into ``out`` (both row-major, the
+    order in which cuSPARSE's SpMM reads a row of X for each entry of Wᵀ contiguously) and ``xp.copyto``
+    making T's transpose between the two products; ``finish(new, old)`` setting new's unit diagonal and
+    returning a function that gives the gap of NumPy's allclose between them (waiting for it where the device
+    computes it; default: :func:`host_finish`'s value); ``on()`` a context in which ``xp``'s work runs (the GPU
+    the arrays live on); ``dense(S)`` and ``sparse(X)`` S as such an array and back as a SciPy CSR matrix
+    (default: on the host).
 
     With ``lookahead`` (:func:`lookahead_pays`), each :meth:`step` queues the iteration after the one it
     returns before it waits for that one's gap, so the device computes while the host waits and queues,
@@ -183,10 +197,11 @@ class DenseSimRank:
         self._product, self._on = product, on
         self._sparse = sparse or sp.csr_matrix
         self._finish = finish or (lambda new, old: (lambda gap=host_finish(new, old): gap))
+        self._xp = xp
         with on():
-            self._s = (dense or (lambda M: np.asfortranarray(M.toarray(), dtype=np.float64)))(S)
-            self._t = xp.empty((n, n), np.float64, order="F")
-            self._next = xp.empty((n, n), np.float64, order="F")
+            self._s = (dense or (lambda M: np.ascontiguousarray(M.toarray(), dtype=np.float64)))(S)
+            self._t = xp.empty((n, n), np.float64)
+            self._transposed = xp.empty((n, n), np.float64)
         self._result = self._s
         self._ahead = None  # the gap's function of the iteration queued ahead of the next step
         self._c = None
@@ -206,11 +221,13 @@ class DenseSimRank:
             return float(gap())
 
     def _queue(self, c: float):
-        """Queue the iteration from the latest S (which becomes its result); its gap's function."""
-        self._product(self._s, self._t)                              # T = Wᵀ S
-        self._product(self._t, self._next, alpha=c, transposed=True)  # c Wᵀ Tᵀ = c Wᵀ S W
-        gap = self._finish(self._next, self._s)
-        self._s, self._next = self._next, self._s
+        """Queue the iteration from the latest S (which becomes its result); its gap's function. It writes
+        neither S nor the result of the iteration before (which is S's buffer's last owner but one)."""
+        self._product(self._s, self._t)                        # T = Wᵀ S
+        self._xp.copyto(self._transposed, self._t.T)            # Tᵀ = S W, row-major
+        self._product(self._transposed, self._t, alpha=c)       # c Wᵀ Tᵀ = c Wᵀ S W, over T
+        gap = self._finish(self._t, self._s)
+        self._s, self._t = self._t, self._s
         return gap
 
     def result(self) -> sp.csr_matrix:
@@ -231,8 +248,8 @@ def host_finish(new: np.ndarray, old: np.ndarray) -> float:
     return float((np.abs(new - old) - RTOL * np.abs(new)).max())
 
 
-# new's unit diagonal and each column's largest |new - old| - RTOL |new|, a block per column (the arrays are
-# column-major: a column is contiguous), in one launch: fill_diagonal and a reduction are two launches and
+# new's unit diagonal and each row's largest |new - old| - RTOL |new|, a block per row (the arrays are
+# row-major: a row is contiguous), in one launch: fill_diagonal and a reduction are two launches and
 # their host calls, which on a graph of a few thousand nodes take longer than the iteration's products.
 FINISH_BLOCK = 256
 FINISH_SOURCE = r"""
@@ -240,12 +257,12 @@ FINISH_SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(BLOCK)
 simrank_finish(double* next, const double* old, double* gaps, long long n) {
     const long long j = blockIdx.x;
-    double* column = next + j * n;
+    double* row = next + j * n;
     const double* was = old + j * n;
     double gap = -1e300;
     for (long long i = threadIdx.x; i < n; i += BLOCK) {
-        double s1 = column[i];
-        if (i == j) { s1 = 1.0; column[i] = 1.0; }
+        double s1 = row[i];
+        if (i == j) { s1 = 1.0; row[i] = 1.0; }
         gap = fmax(gap, fabs(s1 - was[i]) - RTOL * fabs(s1));
     }
     __shared__ double partial[BLOCK / 32];
@@ -262,7 +279,7 @@ simrank_finish(double* next, const double* old, double* gaps, long long n) {
 
 def device_finish(cupy, n: int):
     """``finish(new, old)`` of :class:`DenseSimRank` on n x n CuPy arrays: :data:`FINISH_SOURCE`'s one launch
-    and a copy of the n column maxima into page-locked memory, queued; the function it returns waits for the
+    and a copy of the n row maxima into page-locked memory, queued; the function it returns waits for the
     copy and gives their largest. Two such buffers alternate, so an iteration queued ahead does not write
     the maxima the host is about to read.
 
@@ -299,14 +316,16 @@ def _finish_kernel(cupy, device: int):
 
 
 class CachedSpmm:
-    """cuSPARSE's SpMM ``out = alpha a op(X)`` of one CuPy CSR matrix ``a`` by column-major CuPy arrays, the
-    descriptors and work space of each (X, out, transpose) made at its first call and kept:
+    """cuSPARSE's SpMM ``out = alpha a X`` of one CuPy CSR matrix ``a`` by row-major (C-contiguous) CuPy
+    arrays, the descriptors and work space of each (X, out) made at its first call and kept:
     ``cupyx.cusparse.spmm`` makes three descriptors, asks for the work space's size and allocates it at every
-    call, host time that on a graph of a few thousand nodes outlasts the product. The cache holds X and out
-    (keyed by their addresses and shapes), so a key always names the same arrays.
+    call, host time that on a graph of a few thousand nodes outlasts the product; and it takes column-major
+    arrays only, whose rows, which SpMM reads one per entry of ``a``, are strided (:mod:`module docstring
+    <tuner.graph.dense_simrank>`). The cache holds X and out (keyed by their addresses and shapes), so a key
+    always names the same arrays.
 
     Example (on a GPU machine):
-        >>> spmm = CachedSpmm(wt); spmm(S, T); spmm(T, S2, alpha=0.9, transposed=True)   # doctest: +SKIP
+        >>> spmm = CachedSpmm(wt); spmm(S, T); spmm(T, S2, alpha=0.9)   # doctest: +SKIP
     """
 
     def __init__(self, a):
@@ -321,37 +340,42 @@ class CachedSpmm:
         self._type = _dtype.to_cuda_dtype(a.dtype)
         self._plans: dict = {}
 
-    def __call__(self, X, out, alpha: float = 1.0, transposed: bool = False) -> None:
+    def _row_major(self, X):
+        """A dense-matrix descriptor of row-major X (CuPy's own describes column-major arrays only)."""
+        cusparse = self._cusparse
+        rows, cols = X.shape
+        desc = cusparse.createDnMat(rows, cols, cols, X.data.ptr, self._type, cusparse.CUSPARSE_ORDER_ROW)
+        return self._descriptors.DnMatDescriptor(desc, cusparse.dnMatGet, cusparse.destroyDnMat)
+
+    def __call__(self, X, out, alpha: float = 1.0) -> None:
         if self._a.nnz == 0:  # as cupyx.cusparse.spmm: no product to call cuSPARSE for
             out.fill(0)
             return
         cusparse = self._cusparse
         handle = self._cupy.cuda.device.get_cusparse_handle()
-        op_a = cusparse.CUSPARSE_OPERATION_NON_TRANSPOSE
-        op_b = cusparse.CUSPARSE_OPERATION_TRANSPOSE if transposed else op_a
+        op = cusparse.CUSPARSE_OPERATION_NON_TRANSPOSE
         scalars = np.array([alpha, 0.0], np.float64)  # alpha, beta: read from the host during the call
         alpha_at, beta_at = scalars.ctypes.data, scalars.ctypes.data + 8
-        key = (X.data.ptr, X.shape, out.data.ptr, out.shape, bool(transposed))
+        key = (X.data.ptr, X.shape, out.data.ptr, out.shape)
         plan = self._plans.get(key)
         if plan is None:
-            if not (X.flags.f_contiguous and out.flags.f_contiguous):
-                raise ValueError("CachedSpmm takes column-major arrays")
-            desc_b = self._descriptors.DnMatDescriptor.create(X)
-            desc_c = self._descriptors.DnMatDescriptor.create(out)
-            size = cusparse.spMM_bufferSize(handle, op_a, op_b, alpha_at, self._desc_a.desc, desc_b.desc, beta_at,
+            if not (X.flags.c_contiguous and out.flags.c_contiguous):
+                raise ValueError("CachedSpmm takes row-major (C-contiguous) arrays")
+            desc_b, desc_c = self._row_major(X), self._row_major(out)
+            size = cusparse.spMM_bufferSize(handle, op, op, alpha_at, self._desc_a.desc, desc_b.desc, beta_at,
                                             desc_c.desc, self._type, cusparse.CUSPARSE_MM_ALG_DEFAULT)
             plan = self._plans[key] = (X, out, desc_b, desc_c, self._cupy.empty(max(int(size), 1), np.int8))
         _, _, desc_b, desc_c, work = plan
-        cusparse.spMM(handle, op_a, op_b, alpha_at, self._desc_a.desc, desc_b.desc, beta_at, desc_c.desc,
+        cusparse.spMM(handle, op, op, alpha_at, self._desc_a.desc, desc_b.desc, beta_at, desc_c.desc,
                       self._type, cusparse.CUSPARSE_MM_ALG_DEFAULT, work.data.ptr)
 
 
 def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
     """:class:`DenseSimRank` on this GPU: Wᵀ uploaded once, S uploaded sparse and made dense there, each
-    product cuSPARSE's SpMM (:class:`CachedSpmm`) with the transpose and the factor c in its call (the SpMM
+    product cuSPARSE's SpMM on row-major arrays (:class:`CachedSpmm`, the factor c in its call; the SpMM
     family of :mod:`tuner.spmm` is built for blocks of a few columns, not n of them; see
     :func:`dense_fits_device` first), the diagonal and the gap in one launch (:func:`device_finish`), the
-    result made sparse there (cuSPARSE's dense-to-CSR) and copied back as CSR.
+    result made sparse there (cuSPARSE's dense-to-sparse) and copied back as CSR.
 
     Example (on a GPU machine):
         >>> it = device_simrank(Wt, S)   # doctest: +SKIP
@@ -368,11 +392,13 @@ def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
         product, finish = CachedSpmm(wt), device_finish(cupy, Wt.shape[0])
     lookahead = lookahead_pays(Wt.nnz, Wt.shape[0], device_bandwidth_gbs())
 
+    # cuSPARSE's conversions take column-major arrays: a row-major M is the column-major array of Mᵀ.
     def dense(M):
         out = cupy.zeros(M.shape, np.float64, order="F")
-        return cupyx.cusparse.sparseToDense(cpsp.csr_matrix(sp.csr_matrix(M, dtype=np.float64)), out=out)
+        transposed = cpsp.csr_matrix(sp.csr_matrix(M.T, dtype=np.float64))
+        return cupyx.cusparse.sparseToDense(transposed, out=out).T
 
     def sparse(X):
-        return cupyx.cusparse.denseToSparse(X, format="csr").get()
+        return cupyx.cusparse.denseToSparse(X.T, format="csc").get().T.tocsr()  # Xᵀ's CSC: X's CSR
     return DenseSimRank(S, product, cupy, on=device_reorder.on_device, dense=dense, sparse=sparse, finish=finish,
                         lookahead=lookahead)
