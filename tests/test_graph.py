@@ -1012,7 +1012,8 @@ def test_the_simrank_finish_kernel_compiles_for_sm_90(tmp_path):
 def test_the_device_iteration_parts_equal_numpys_on_poisoned_outputs():
     cupy = pytest.importorskip("cupy")
     import cupyx.scipy.sparse as csp
-    from tuner.graph.dense_simrank import CachedSpmm, device_finish, host_finish
+    from tuner.graph.cusparse_spmm import CachedSpmm
+    from tuner.graph.dense_simrank import device_finish, host_finish
     rng = np.random.default_rng(5)
     n = 700
     Wt = sp.random(n, n, density=0.01, format="csr", random_state=5, dtype=np.float64)
@@ -1039,8 +1040,18 @@ def test_the_device_iteration_parts_equal_numpys_on_poisoned_outputs():
     assert second() == host_finish(*pairs[1]) and third() == host_finish(*pairs[2])
     for (new, _), (new_d, _) in zip(pairs, on_device):
         assert np.array_equal(new_d.get(), new)  # the diagonal set to 1 on both
-    with pytest.raises(ValueError, match="row-major"):
-        spmm(cupy.ones((n, n), order="F"), outs[0])
+    column_major = cupy.full((n, n), np.nan, order="F")
+    spmm(cupy.asarray(X, order="F"), column_major)  # both column-major: the other order cuSPARSE takes
+    assert np.abs(column_major.get() - Wt @ X).max() <= 1e-12
+    with pytest.raises(ValueError, match="both row-major"):
+        spmm(cupy.asarray(X, order="F"), outs[0])
+    # float32 values: alpha and beta go to cuSPARSE in the compute type
+    w32 = csp.csr_matrix(Wt.astype(np.float32))
+    w32.sum_duplicates()
+    single = CachedSpmm(w32)
+    y32 = cupy.full((n, n), np.nan, np.float32)
+    single(cupy.asarray(X, np.float32), y32, alpha=2.0)
+    assert np.abs(y32.get() - 2.0 * (Wt @ X)).max() <= 1e-4
 
 
 def test_simrank_goes_dense_when_the_sparse_products_host_bytes_outweigh_the_dense_device_bytes():

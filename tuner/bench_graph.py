@@ -68,6 +68,7 @@ HITS_GENERATED = ("rmat:20", "rmat:23")
 BETWEENNESS_GENERATED = ("rmat:20",)
 BETWEENNESS_SOURCES = 64  # sampled sources (seed 0) of each betweenness row
 RWR_SETS = 8  # the seed sets of an rwr_many row: one node each, drawn (seed 0) from the nodes with out-edges
+REDUCE_ROWS = 1024  # rows of each block of cuSPARSE rwr_many's first reduction of the per-column changes
 NETWORKX_BETWEENNESS_NNZ = 150_000  # NetworkX's Brandes in Python: about 0.1 s per source at 100k edges
 # Beyond it, the sources of the check against NetworkX (ours run again from these alone): 0.4-1.9 s a source
 # on the data folder's graphs of 0.4M to 3.2M edges
@@ -284,24 +285,37 @@ def bench_pagerank(source: str, algorithm: str, dtype=np.float32) -> GraphRow:
 def cusparse_rwr_many(A, P: np.ndarray, iterations: int) -> tuple[np.ndarray, float, float]:
     """Random walks with restart for every column of ``P`` on cuSPARSE through CuPy, float64, the whole block
     for exactly ``iterations`` steps: (probabilities, setup s, iterations s). As a careful CuPy user writes it:
-    the graph uploaded as it is, out-weights summed and Aᵀ transposed on the GPU; an iteration is cuSPARSE's
-    SpMM of the block of rank caches (column-major, its faster order), cuBLAS's product for the columns'
-    dangling sums and one fused kernel for the update, the next caches and each entry's change, whose largest
-    per column stays on the device."""
+    the graph uploaded as it is, out-weights summed and Aᵀ transposed on the GPU; every block row-major (the
+    order in which cuSPARSE's SpMM reads a block's row contiguously for each entry of Aᵀ), an iteration is
+    cuSPARSE's SpMM of the block of rank caches through descriptors made once
+    (:class:`~tuner.graph.cusparse_spmm.CachedSpmm`: CuPy's ``@`` would convert the block to column-major
+    and make them at every call), cuBLAS's product for the columns' dangling sums, one fused kernel for the
+    update, the next caches and each entry's change into buffers kept, and the largest change per column,
+    which stays on the device, in two reductions over blocks of ``REDUCE_ROWS`` rows (CuPy reduces a column
+    of a few outputs in a block each: a few blocks for millions of rows)."""
     import cupy
+
+    from .graph.cusparse_spmm import CachedSpmm
     t0 = time.perf_counter()
     At, inv, dangling = _cusparse_pull(A, np.float64)
+    At.has_canonical_format = True  # cuSPARSE's transpose of a canonical matrix (CuPy's check builds kernels)
+    product = CachedSpmm(At)
     inv = inv[:, None]
-    pv = cupy.asfortranarray(cupy.asarray(P, dtype=np.float64))
-    x = cupy.full(P.shape, 1.0 / P.shape[0], order="F")
+    pv = cupy.asarray(P, dtype=np.float64)
+    x = cupy.full(P.shape, 1.0 / P.shape[0])
+    x_new, cache, pulled = (cupy.empty_like(x) for _ in range(3))
+    n, k = P.shape
+    changes = cupy.zeros((-(-n // REDUCE_ROWS) * REDUCE_ROWS, k))  # rows past n stay 0: no change's maximum
+    change = changes[:n]
     update = _cusparse_update(cupy)
     _sync()
     t1 = time.perf_counter()
-    cache = cupy.asfortranarray(x * inv)
+    cupy.multiply(x, inv, out=cache)
     for _ in range(iterations):
-        pulled = At @ cache
-        x, cache, change = update(pulled, pv, inv, x, (dangling @ x)[None, :], ALPHA)
-        largest = change.max(axis=0)  # the stopping test's figures, left on the device
+        product(cache, pulled)
+        update(pulled, pv, inv, x, (dangling @ x)[None, :], ALPHA, x_new, cache, change)
+        x, x_new = x_new, x
+        largest = changes.reshape(-1, REDUCE_ROWS, k).max(axis=1).max(axis=0)  # the stopping test's figures
     largest.get()
     t2 = time.perf_counter()
     return cupy.asnumpy(x), t1 - t0, t2 - t1

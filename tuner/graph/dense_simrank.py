@@ -106,7 +106,7 @@ def device_bandwidth_gbs() -> float:
     return float(profile.constants["copy_bandwidth_gbs"])
 
 
-# The host's time to queue one dense iteration (two SpMMs through CachedSpmm, the finish launch and its copy:
+# The host's time to queue one dense iteration (two SpMMs through cusparse_spmm.CachedSpmm, the finish launch and its copy:
 # about 0.15 ms on an H200's host, where rmat:10's iteration took 0.25 ms with the device's share overlapped).
 HOST_QUEUE_S = 1.5e-4
 LOOKAHEAD_ITERATIONS = 4  # the iterations a queued-ahead one must take at most, in host time (lookahead_pays)
@@ -315,61 +315,6 @@ def _finish_kernel(cupy, device: int):
     return cupy.RawKernel(FINISH_SOURCE, "simrank_finish")
 
 
-class CachedSpmm:
-    """cuSPARSE's SpMM ``out = alpha a X`` of one CuPy CSR matrix ``a`` by row-major (C-contiguous) CuPy
-    arrays, the descriptors and work space of each (X, out) made at its first call and kept:
-    ``cupyx.cusparse.spmm`` makes three descriptors, asks for the work space's size and allocates it at every
-    call, host time that on a graph of a few thousand nodes outlasts the product; and it takes column-major
-    arrays only, whose rows, which SpMM reads one per entry of ``a``, are strided (:mod:`module docstring
-    <tuner.graph.dense_simrank>`). The cache holds X and out (keyed by their addresses and shapes), so a key
-    always names the same arrays.
-
-    Example (on a GPU machine):
-        >>> spmm = CachedSpmm(wt); spmm(S, T); spmm(T, S2, alpha=0.9)   # doctest: +SKIP
-    """
-
-    def __init__(self, a):
-        import cupy
-        import cupyx.cusparse
-        from cupy._core import _dtype
-        from cupy_backends.cuda.libs import cusparse
-        if not a.has_canonical_format:
-            raise ValueError("CachedSpmm takes a CSR matrix in canonical format (sorted, no duplicates)")
-        self._cupy, self._cusparse, self._descriptors = cupy, cusparse, cupyx.cusparse
-        self._a, self._desc_a = a, cupyx.cusparse.SpMatDescriptor.create(a)  # held: the descriptor points at it
-        self._type = _dtype.to_cuda_dtype(a.dtype)
-        self._plans: dict = {}
-
-    def _row_major(self, X):
-        """A dense-matrix descriptor of row-major X (CuPy's own describes column-major arrays only)."""
-        cusparse = self._cusparse
-        rows, cols = X.shape
-        desc = cusparse.createDnMat(rows, cols, cols, X.data.ptr, self._type, cusparse.CUSPARSE_ORDER_ROW)
-        return self._descriptors.DnMatDescriptor(desc, cusparse.dnMatGet, cusparse.destroyDnMat)
-
-    def __call__(self, X, out, alpha: float = 1.0) -> None:
-        if self._a.nnz == 0:  # as cupyx.cusparse.spmm: no product to call cuSPARSE for
-            out.fill(0)
-            return
-        cusparse = self._cusparse
-        handle = self._cupy.cuda.device.get_cusparse_handle()
-        op = cusparse.CUSPARSE_OPERATION_NON_TRANSPOSE
-        scalars = np.array([alpha, 0.0], np.float64)  # alpha, beta: read from the host during the call
-        alpha_at, beta_at = scalars.ctypes.data, scalars.ctypes.data + 8
-        key = (X.data.ptr, X.shape, out.data.ptr, out.shape)
-        plan = self._plans.get(key)
-        if plan is None:
-            if not (X.flags.c_contiguous and out.flags.c_contiguous):
-                raise ValueError("CachedSpmm takes row-major (C-contiguous) arrays")
-            desc_b, desc_c = self._row_major(X), self._row_major(out)
-            size = cusparse.spMM_bufferSize(handle, op, op, alpha_at, self._desc_a.desc, desc_b.desc, beta_at,
-                                            desc_c.desc, self._type, cusparse.CUSPARSE_MM_ALG_DEFAULT)
-            plan = self._plans[key] = (X, out, desc_b, desc_c, self._cupy.empty(max(int(size), 1), np.int8))
-        _, _, desc_b, desc_c, work = plan
-        cusparse.spMM(handle, op, op, alpha_at, self._desc_a.desc, desc_b.desc, beta_at, desc_c.desc,
-                      self._type, cusparse.CUSPARSE_MM_ALG_DEFAULT, work.data.ptr)
-
-
 def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
     """:class:`DenseSimRank` on this GPU: Wᵀ uploaded once, S uploaded sparse and made dense there, each
     product cuSPARSE's SpMM on row-major arrays (:class:`CachedSpmm`, the factor c in its call; the SpMM
@@ -386,6 +331,7 @@ def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
     import cupyx.scipy.sparse as cpsp
 
     from ..formats import device_reorder
+    from .cusparse_spmm import CachedSpmm
     with device_reorder.on_device():  # the process's GPU (tuner.gpu.select_device), here and in every step
         wt = cpsp.csr_matrix(sp.csr_matrix(Wt, dtype=np.float64))
         wt.sum_duplicates()  # canonical, as cuSPARSE's SpMM wants it (a no-op for Wt made by SciPy)

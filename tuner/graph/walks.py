@@ -23,12 +23,13 @@ import numpy as np
 from .. import codegen, spmm
 from ..formats import device_reorder
 from ..formats.xp import row_tasks
+from .cusparse_spmm import CachedSpmm
 from .device_pull import VALUE_CTYPES
 
 STEP_BLOCK = 256
 TUNING_REPEATS = 2  # iterations per candidate product while tuning: the first warms it up, the last is timed
 CUSPARSE = "cusparse"  # the library's SpMM, a candidate beside ours
-VECTORS = 6  # n x k arrays held at once: two walks, the rank caches, the pull, the restart block, cuSPARSE's result
+VECTORS = 6  # n x k arrays held at once: two walks, the rank caches, the pull, the restart block, cuSPARSE's work space
 
 
 @dataclass(frozen=True)
@@ -232,10 +233,15 @@ def walk_block(pull, P, alpha: float, limit: float, max_rule: int, max_iter: int
     tuning, readable, widths = _Tuning(cupy, candidates), False, [k]
     tasks: dict = {}  # row_tasks' arrays per task size, made on the device when first tried
 
+    library = []  # cuSPARSE's SpMM on the row-major blocks, made when first tried
+
     def product(candidate):
         if candidate == CUSPARSE:
-            result = T @ block.cache
-            return result, result.strides[0] // dtype.itemsize, result.strides[1] // dtype.itemsize
+            if not library:
+                T.has_canonical_format = True  # pull_arrays' Wᵀ is (said, not checked: CuPy's check builds kernels)
+                library.append(CachedSpmm(T))
+            library[0](block.cache, block.pulled)
+            return block.pulled, block.k, 1
         entries = spmm.task_entries(k, candidate)
         if not entries:
             task_row, task_first, items = np.uint64(0), np.uint64(0), n
