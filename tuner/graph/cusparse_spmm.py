@@ -1,4 +1,4 @@
-"""cuSPARSE's SpMM of a sparse matrix by row-major dense blocks, its descriptors and work space kept.
+"""cuSPARSE's SpMM of a sparse matrix by dense blocks, row-major or column-major, its descriptors kept.
 
 cuSPARSE's SpMM reads, for each entry (i, j) of the sparse matrix, row j of the dense operand. Row-major, that
 row is contiguous (k columns: k values, a sector or a few); column-major, as CuPy's ``csr @ dense`` converts

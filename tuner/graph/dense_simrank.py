@@ -106,8 +106,8 @@ def device_bandwidth_gbs() -> float:
     return float(profile.constants["copy_bandwidth_gbs"])
 
 
-# The host's time to queue one dense iteration (two SpMMs through cusparse_spmm.CachedSpmm, the finish launch and its copy:
-# about 0.15 ms on an H200's host, where rmat:10's iteration took 0.25 ms with the device's share overlapped).
+# The host's time to queue one dense iteration (two SpMMs through cusparse_spmm.CachedSpmm, the transpose
+# between them, the finish launch and its copy): about 0.15 ms on an H200's host.
 HOST_QUEUE_S = 1.5e-4
 LOOKAHEAD_ITERATIONS = 4  # the iterations a queued-ahead one must take at most, in host time (lookahead_pays)
 
@@ -180,8 +180,8 @@ class DenseSimRank:
     With ``lookahead`` (:func:`lookahead_pays`), each :meth:`step` queues the iteration after the one it
     returns before it waits for that one's gap, so the device computes while the host waits and queues,
     instead of after it (a graph of a few thousand nodes takes about as long to queue an iteration as to
-    compute it). The iteration queued ahead writes the third array, so the one returned stays for
-    :meth:`result`; a run that stops computes one iteration it does not use.
+    compute it). The iteration queued ahead writes T's array and the transpose's, never S's, so the one
+    returned stays for :meth:`result`; a run that stops computes one iteration it does not use.
 
     Example (NumPy, SciPy's product):
         >>> Wt = sp.csr_matrix(np.array([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))  # 0 -> 1, 0 -> 2
@@ -221,8 +221,8 @@ class DenseSimRank:
             return float(gap())
 
     def _queue(self, c: float):
-        """Queue the iteration from the latest S (which becomes its result); its gap's function. It writes
-        neither S nor the result of the iteration before (which is S's buffer's last owner but one)."""
+        """Queue the iteration from the latest S, which it only reads (its result goes over T, whose buffer
+        then becomes S's); the iteration's gap's function."""
         self._product(self._s, self._t)                        # T = Wᵀ S
         self._xp.copyto(self._transposed, self._t.T)            # Tᵀ = S W, row-major
         self._product(self._transposed, self._t, alpha=c)       # c Wᵀ Tᵀ = c Wᵀ S W, over T
