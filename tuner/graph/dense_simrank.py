@@ -46,7 +46,7 @@ HOST_GBS = 10.0
 # (digest, plan, layout, module load; measured on tiny products): what a sparse iteration pays per product
 # before a process has timed one of its own (:class:`tuner.graph.simrank.ReusedProducts` times each).
 COMPILE_FLOOR_S = 0.02
-DENSE_ARRAYS = 3  # S_k, T = Wᵀ S_k and S_k+1, each n x n
+DENSE_ARRAYS = 3  # S_k, T = Wᵀ S_k (then S_k+1 over it) and Tᵀ, each n x n
 
 
 def dense_iteration_bytes(w_nnz: int, n: int) -> int:
@@ -140,8 +140,8 @@ def dense_bytes(n: int, itemsize: int = 8) -> int:
 
 def dense_fits_device(n: int) -> bool:
     """Whether :func:`dense_bytes` of ``n`` nodes fit the GPU's free memory with two n x n blocks to spare
-    (a product's result before it is copied into place, and a margin for cuSPARSE's work space); False
-    without a GPU.
+    (S made sparse on the device at the end, up to 12 B an entry, and a margin for cuSPARSE's work space);
+    False without a GPU.
 
     Example (on a GPU machine):
         >>> dense_fits_device(10_000), dense_fits_device(1_000_000)   # doctest: +SKIP

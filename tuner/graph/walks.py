@@ -7,9 +7,9 @@ at which a column met its tolerance. A column that met it is left as it is from 
 it would have ended alone; the host reads the columns' status an iteration behind the device (an asynchronous
 copy to page-locked memory), and stops once every column has met it.
 
-The product is chosen on the walk's own first iterations: each candidate (cuSPARSE's SpMM through CuPy, then
-each family of SpMMs of :mod:`tuner.spmm` for k columns, ``row_groups`` then ``row_tasks``, from the most
-lanes per group down while fewer lanes pay) runs ``TUNING_REPEATS`` iterations, the last one timed, and the
+The product is chosen on the walk's own first iterations: each candidate (cuSPARSE's SpMM on the row-major
+block, then each family of SpMMs of :mod:`tuner.spmm` for k columns, ``row_groups`` then ``row_tasks``, from
+the most lanes per group down while fewer lanes pay) runs ``TUNING_REPEATS`` iterations, the last one timed, and the
 fastest takes the rest; every one of those iterations is a step of the walk. Candidates sum a row's entries
 in different orders (``row_tasks`` adds a long row's tasks atomically, in any order), so the last bits of a
 result may depend on the one chosen and, with ``row_tasks``, on the run.
@@ -29,7 +29,8 @@ from .device_pull import VALUE_CTYPES
 STEP_BLOCK = 256
 TUNING_REPEATS = 2  # iterations per candidate product while tuning: the first warms it up, the last is timed
 CUSPARSE = "cusparse"  # the library's SpMM, a candidate beside ours
-VECTORS = 6  # n x k arrays held at once: two walks, the rank caches, the pull, the restart block, cuSPARSE's work space
+# n x k arrays held at once: two walks, the rank caches, the pull, the restart block, cuSPARSE's work space
+VECTORS = 6
 
 
 @dataclass(frozen=True)
