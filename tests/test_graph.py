@@ -1012,7 +1012,7 @@ def test_the_simrank_finish_kernel_compiles_for_sm_90(tmp_path):
 def test_the_device_iteration_parts_equal_numpys_on_poisoned_outputs():
     cupy = pytest.importorskip("cupy")
     import cupyx.scipy.sparse as csp
-    from tuner.graph.cusparse_spmm import CachedSpmm
+    from tuner.graph.cusparse_products import CachedSpmm
     from tuner.graph.dense_simrank import device_finish, host_finish
     rng = np.random.default_rng(5)
     n = 700
@@ -1052,6 +1052,51 @@ def test_the_device_iteration_parts_equal_numpys_on_poisoned_outputs():
     y32 = cupy.full((n, n), np.nan, np.float32)
     single(cupy.asarray(X, np.float32), y32, alpha=2.0)
     assert np.abs(y32.get() - 2.0 * (Wt @ X)).max() <= 1e-4
+
+
+@pytest.mark.gpu
+def test_the_kept_spmv_equals_scipys_on_poisoned_outputs_and_reads_its_vectors_anew_at_each_call():
+    cupy = pytest.importorskip("cupy")
+    import cupyx.scipy.sparse as csp
+    from tuner.graph.cusparse_products import CachedSpmv
+    A = sp.random(900, 700, density=0.01, format="csr", random_state=3)
+    X = np.random.default_rng(3).uniform(-1.0, 1.0, 700)
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-4)):  # float32: alpha and beta in the values' type
+        spmv = CachedSpmv(csp.csr_matrix(A.astype(dtype)))
+        x, y = cupy.asarray(X, dtype), cupy.full(900, np.nan, dtype)
+        for scale in (1.0, -2.0):  # the second call through the kept descriptors, on new values of x
+            x[...] = cupy.asarray(scale * X, dtype)
+            spmv(x, y)
+            assert np.abs(y.get() - scale * (A @ X)).max() <= tol
+            y.fill(np.nan)
+    with pytest.raises(ValueError, match="takes x of 700 and y of 900 values"):
+        spmv(cupy.ones(900, np.float32), y)
+    with pytest.raises(ValueError, match="float32 matrix takes float32 vectors, got float64"):
+        spmv(cupy.ones(700), y)
+    empty = cupy.full(900, np.nan)
+    CachedSpmv(csp.csr_matrix((900, 700)))(cupy.ones(700), empty)
+    assert not empty.any()
+
+
+@pytest.mark.gpu
+def test_the_cusparse_pagerank_loops_follow_the_power_iteration_whichever_way_they_reduce():
+    pytest.importorskip("cupy")
+    from tuner.bench_graph import ALPHA, CUSPARSE_REDUCTIONS, cusparse_pagerank
+    A = graph_with_dangling(400, 7, 3).astype(np.float64)  # the host's out-weights in float64, as cuSPARSE's
+    n = A.shape[0]
+    p = np.random.default_rng(7).uniform(0.5, 1.5, n)
+    p /= p.sum()
+    out = np.asarray(A.sum(axis=1)).ravel()
+    assert (out == 0).any()
+    x = np.full(n, 1.0 / n)
+    for _ in range(9):  # the same nine iterations in float64 on the host
+        x = ALPHA * (A.T @ np.divide(x, out, out=np.zeros(n), where=out > 0) + x[out == 0].sum() * p) + (1 - ALPHA) * p
+    for reductions in CUSPARSE_REDUCTIONS:
+        ranks, setup_s, iterations_s = cusparse_pagerank(A, 9, p, np.float64, reductions)
+        assert np.abs(ranks - x).max() <= 1e-14, (reductions, np.abs(ranks - x).max(), ranks[:4], x[:4])
+        assert setup_s > 0 and iterations_s > 0
+    with pytest.raises(ValueError, match="reductions must be one of"):
+        cusparse_pagerank(A, 9, p, np.float64, "cub")
 
 
 def test_simrank_goes_dense_when_the_sparse_products_host_bytes_outweigh_the_dense_device_bytes():
@@ -1107,6 +1152,7 @@ def test_graph_bench_rows_agree_with_networkx_and_the_cusparse_loop():
         assert row.ours_iter_ms > 0 and row.spmv_ms > 0 and row.setup_s > 0
         assert row.tuned_iter_ms > 0 and row.tuned_setup_s > 0 and row.tuned_max_abs_diff <= 1e-6
         assert row.ours_repeat_s > 0 and row.cusparse_repeat_s > 0
+        assert all(f"{r}: " in row.cusparse_how for r in ("library", "kernels"))  # both timed, one kept
     assert rows[2].max_abs_diff_vs_networkx <= 1e-12 and rows[2].max_abs_diff_vs_cusparse <= 1e-12
     hits_row, betweenness_row, lanczos_row = rows[3:]
     assert hits_row.iterations > 2 and hits_row.max_abs_diff_vs_networkx <= 1e-5

@@ -1,6 +1,6 @@
 """``python -m tuner bench``'s SpMM suite: Y = A X for blocks of a few dense columns, ours (row-major blocks)
 against cuSPARSE's SpMM in the faster of its two layouts (row-major or column-major blocks; its descriptors
-and work space made once, :class:`~tuner.graph.cusparse_spmm.CachedSpmm`, where ``cupyx.cusparse.spmm`` makes
+and work space made once, :class:`~tuner.graph.cusparse_products.CachedSpmm`, where ``cupyx.cusparse.spmm`` makes
 them at every call and takes column-major blocks only), on the data folder's graphs and rmat:20.
 
 Per graph and block width it records our tuned kernel's time and parameters (each candidate timed once per
@@ -64,7 +64,7 @@ def bench_one(source: str, k: int, cache_dir=None) -> SpmmRow:
     import cupy
     import cupyx.scipy.sparse as cpsp
 
-    from .graph.cusparse_spmm import CachedSpmm
+    from .graph.cusparse_products import CachedSpmm
     from .spmm import SpmmParams, compile_spmm, label
     A = loaders.load(source).astype(np.float32)
     X = np.random.default_rng(k).uniform(-1, 1, (A.shape[1], k)).astype(np.float32)

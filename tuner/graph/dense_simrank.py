@@ -106,7 +106,7 @@ def device_bandwidth_gbs() -> float:
     return float(profile.constants["copy_bandwidth_gbs"])
 
 
-# The host's time to queue one dense iteration (two SpMMs through cusparse_spmm.CachedSpmm, the transpose
+# The host's time to queue one dense iteration (two SpMMs through cusparse_products.CachedSpmm, the transpose
 # between them, the finish launch and its copy): about 0.15 ms on an H200's host.
 HOST_QUEUE_S = 1.5e-4
 LOOKAHEAD_ITERATIONS = 4  # the iterations a queued-ahead one must take at most, in host time (lookahead_pays)
@@ -331,7 +331,7 @@ def device_simrank(Wt: sp.csr_matrix, S: sp.spmatrix) -> DenseSimRank:
     import cupyx.scipy.sparse as cpsp
 
     from ..formats import device_reorder
-    from .cusparse_spmm import CachedSpmm
+    from .cusparse_products import CachedSpmm
     with device_reorder.on_device():  # the process's GPU (tuner.gpu.select_device), here and in every step
         wt = cpsp.csr_matrix(sp.csr_matrix(Wt, dtype=np.float64))
         wt.sum_duplicates()  # canonical, as cuSPARSE's SpMM wants it (a no-op for Wt made by SciPy)

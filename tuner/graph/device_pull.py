@@ -324,7 +324,9 @@ def _valid(cupy, indptr, indices, data, n: int) -> tuple[bool, float | None, flo
     if indptr.size != n + 1:
         return False, None, None
     dtype = data.dtype if data is not None else np.dtype(np.float32)  # without weights: any kernel, no data read
-    out = cupy.asarray(np.array([0, np.iinfo(np.uint64).max, 0], np.uint64))
+    # [bad, least, largest] made on the device: a host copy of it would lock host memory in CuPy's pinned pool
+    out = cupy.zeros(3, np.uint64)
+    out[1] = np.iinfo(np.uint64).max
     grid = max(1, min(-(-max(nnz, n + 1) // CHECK_BLOCK), 8 * cupy.cuda.Device().attributes["MultiProcessorCount"]))
     _check_kernel(cupy, dtype)((grid,), (CHECK_BLOCK,),
                                (indptr, indices, data if data is not None else np.uint64(0), np.int64(n),

@@ -23,7 +23,7 @@ import numpy as np
 from .. import codegen, spmm
 from ..formats import device_reorder
 from ..formats.xp import row_tasks
-from .cusparse_spmm import CachedSpmm
+from .cusparse_products import CachedSpmm
 from .device_pull import VALUE_CTYPES
 
 STEP_BLOCK = 256
