@@ -758,7 +758,7 @@ def test_simrank_equals_networkx_and_stays_symmetric_with_a_unit_diagonal(seed):
     expected = dense_simrank(A)
     assert sp.issparse(S) and np.abs(S.toarray() - expected).max() <= 1e-12
     assert np.array_equal(S.diagonal(), np.ones(150)) and abs(S - S.T).max() <= 1e-15
-    assert info.iterations > 3 and info.backend == "scipy"
+    assert info.iterations > 3 and info.backend.startswith("scipy")
     S2 = tuner.simrank(A, importance_factor=0.6, tolerance=1e-8)
     G = as_networkx(A)
     d = nx.simrank_similarity(G, importance_factor=0.6, tolerance=1e-8)
@@ -934,6 +934,49 @@ def _dense_on_the_host(monkeypatch, ratio, lookahead=True):
     monkeypatch.setattr(simrank_module, "device_simrank", lambda Wt, S: dense_simrank.DenseSimRank(
         S, dense_simrank.host_product(Wt), np, lookahead=lookahead))
     monkeypatch.setattr(simrank_module, "_product", lambda backend: lambda X, Y: (X @ Y).tocsr())
+    monkeypatch.setattr(simrank_module, "_host_goes_dense", lambda Wt, n, products: False)  # the host: sparse
+
+
+def test_simrank_on_the_host_goes_dense_once_its_sparse_products_cost_more_and_ends_as_the_sparse_path(
+        monkeypatch):
+    import importlib
+    from tuner.graph.dense_simrank import HOST_DENSE_BYTES
+    simrank_module = importlib.import_module("tuner.graph.simrank")
+    A = abs(tuner.load("rmat:9"))
+    S, info = tuner.simrank(A, return_info=True)
+    first = int(info.backend.rsplit(" ", 1)[1].rstrip(")"))
+    assert info.backend.startswith("scipy (dense from iteration") and 1 < first < info.iterations
+    expected = dense_simrank(A)
+    assert sp.issparse(S) and np.abs(S.toarray() - expected).max() <= 1e-12
+    assert np.array_equal(S.diagonal(), np.ones(A.shape[0])) and abs(S - S.T).max() <= 1e-15
+    # the sparse path all the way: the same iterations and result
+    with monkeypatch.context() as m:
+        m.setattr(simrank_module, "_host_goes_dense", lambda Wt, n, products: False)
+        sparse, sparse_info = tuner.simrank(A, return_info=True)
+    assert sparse_info.backend == "scipy" and sparse_info.iterations == info.iterations
+    assert abs(S - sparse).max() <= 1e-12 and info.error == pytest.approx(sparse_info.error, abs=1e-15)
+    # pruned, or without room for the dense arrays: sparse
+    assert tuner.simrank(A, threshold=1e-3, return_info=True)[1].backend == "scipy"
+    n = A.shape[0]
+    monkeypatch.setattr(simrank_module, "available_bytes", lambda: HOST_DENSE_BYTES * n * n - 1)
+    assert tuner.simrank(A, return_info=True)[1].backend == "scipy"
+    # never faster dense, but room for the dense arrays and not for the sparse product: dense from there
+    monkeypatch.setattr(simrank_module, "host_dense_pays", lambda w_nnz, n, products: False)
+    room = HOST_DENSE_BYTES * n * n
+    monkeypatch.setattr(simrank_module, "available_bytes", lambda: room)
+    at_most = room // simrank_module.BYTES_PER_PRODUCT  # the sparse products that fit
+    S3, info3 = tuner.simrank(A, return_info=True)
+    assert info3.backend.startswith("scipy (dense from iteration") and abs(S3 - sparse).max() <= 1e-12
+    assert sparse_info.iterations == info3.iterations and at_most < A.nnz * n  # a full S's would not fit
+
+
+def test_the_host_goes_dense_where_the_sparse_products_outlast_the_dense_multiply_adds_and_passes():
+    from tuner.graph.dense_simrank import HOST_ENTRY_NS, HOST_MADD_NS, HOST_SPARSE_NS, host_dense_pays
+    w_nnz, n = 20_000, 3_000
+    dense_ns = 2 * HOST_MADD_NS * w_nnz * n + HOST_ENTRY_NS * n * n
+    crossover = dense_ns / HOST_SPARSE_NS
+    assert host_dense_pays(w_nnz, n, int(crossover) + 1) and not host_dense_pays(w_nnz, n, int(crossover) - 1)
+    assert not host_dense_pays(w_nnz, n, w_nnz)  # S = I: Wᵀ's entries are the first product's scalar products
 
 
 @pytest.mark.parametrize("ratio", [1e6, 30.0])
@@ -1132,7 +1175,9 @@ def test_simrank_tuned_backend_multiplies_through_the_spgemm_compile(monkeypatch
             return ((X if A is None else A) @ (Y if B is None else B)).tocsr()
         return product
     monkeypatch.setattr(operations, "compile", fake_compile)
-    monkeypatch.setattr(importlib.import_module("tuner.graph.simrank"), "bandwidth_ratio", lambda: 0.0)  # sparse
+    simrank_module = importlib.import_module("tuner.graph.simrank")
+    monkeypatch.setattr(simrank_module, "bandwidth_ratio", lambda: 0.0)  # sparse on the device
+    monkeypatch.setattr(simrank_module, "_host_goes_dense", lambda Wt, n, products: False)  # and on the host
     A = graph(120, 76)
     S, info = tuner.simrank(A, backend="tuned", return_info=True)
     assert abs(S - tuner.simrank(A)).max() == 0 and info.backend == "tuned"

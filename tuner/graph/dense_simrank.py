@@ -77,6 +77,33 @@ def dense_pays(w_nnz: int, n: int, sparse_products: int, bandwidth_ratio: float,
     return sparse_s * float(bandwidth_ratio) * host_bytes_per_s >= dense_iteration_bytes(w_nnz, n)
 
 
+# The host's dense iteration against its sparse one (SciPy and NumPy on one core; a 2-core x86 host, rmat:10,
+# rmat:12, bcsstk16 and wiki-Vote after three sparse iterations): the sparse iteration (two products, the
+# result's assembly, SciPy's element-wise passes) took 3.6-8.1 ns per scalar product of its first product; a
+# product of Wᵀ by n dense columns 0.19-0.51 ns per multiply-add; the dense iteration's passes over n x n
+# arrays (the product's result scaled into place, T's transpose, the diagonal and the gap) 7-28 ns per entry
+# in all. The middle values below pick the faster iteration on all four.
+HOST_SPARSE_NS = 6.0
+HOST_MADD_NS = 0.4
+HOST_ENTRY_NS = 12.0
+HOST_DENSE_BYTES = 52  # per entry of S: five n x n float64 arrays at the peak and S's CSR (12 B) at the end
+
+
+def host_dense_pays(w_nnz: int, n: int, sparse_products: int) -> bool:
+    """Whether the host's next SimRank iteration takes less time on a dense S (:class:`DenseSimRank` with
+    :func:`host_product`): ``sparse_products`` (the first product's scalar products) at
+    :data:`HOST_SPARSE_NS`, against two products of ``w_nnz`` entries by n columns at :data:`HOST_MADD_NS` a
+    multiply-add and n x n entries at :data:`HOST_ENTRY_NS`. The caller checks that
+    :data:`HOST_DENSE_BYTES` per entry fit host memory.
+
+    Example (4,096 nodes, 53,486 edges: sparse products of a third and a twentieth of a full S's):
+        >>> host_dense_pays(53_486, 4_096, 73_000_000), host_dense_pays(53_486, 4_096, 11_000_000)
+        (True, False)
+    """
+    dense_ns = 2 * HOST_MADD_NS * int(w_nnz) * int(n) + HOST_ENTRY_NS * int(n) * int(n)
+    return HOST_SPARSE_NS * int(sparse_products) >= dense_ns
+
+
 def bandwidth_ratio() -> float:
     """This GPU's streaming bandwidth (:func:`device_bandwidth_gbs`) over :data:`HOST_GBS`; 0 without a GPU
     or a profile (no dense iterations).

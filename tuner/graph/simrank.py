@@ -11,9 +11,11 @@ by c, so what one pruning drops shrinks by c an iteration: no entry ends more th
 the exact S (10 x threshold at c = 0.9); the tests measure it. Keeping each node's top k instead would not
 converge: entries trade places at the cut from one iteration to the next.
 
-Without pruning, the tuned backend goes on with a dense S on the device once that pays
-(:mod:`tuner.graph.dense_simrank`): on a graph whose dense iteration takes less than compiling a sparse one's
-products for new structures, from the first iteration.
+Without pruning, S goes dense once that pays (:mod:`tuner.graph.dense_simrank`): the tuned backend on the
+device (on a graph whose dense iteration takes less than compiling a sparse one's products for new
+structures, from the first iteration), the host's ('scipy') in NumPy arrays once its sparse products
+outnumber a dense iteration's multiply-adds and passes over S at their measured costs (on a power-law graph
+of a few thousand nodes, after two or three iterations).
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ import scipy.sparse as sp
 
 from ..formats.row_bins import row_products
 from ..memory import available_bytes, check_fits
-from .dense_simrank import (COMPILE_FLOOR_S, RTOL, bandwidth_ratio, dense_fits_device, dense_pays,
-                            device_simrank)
+from .dense_simrank import (COMPILE_FLOOR_S, HOST_DENSE_BYTES, RTOL, DenseSimRank, bandwidth_ratio,
+                            dense_fits_device, dense_pays, device_simrank, host_dense_pays, host_product)
 from .pagerank import ConvergenceError, IterationInfo, adjacency
 
 BYTES_PER_PRODUCT = 24  # SciPy's product: C's entries (12 B) plus its work arrays, per scalar product at most
@@ -144,8 +146,9 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
     :class:`~tuner.graph.pagerank.ConvergenceError` after ``max_iterations`` without. ``threshold``: pruning
     after each iteration, within threshold / (1 - importance_factor) of the exact S (module docstring).
     ``backend``: 'scipy' (host) or 'tuned' (both products through :func:`tuner.compile`'s SpGEMM on the GPU
-    while S is sparse; without ``threshold``, S goes dense on the device once that pays (module docstring);
-    ``info.backend`` says from which iteration). A product whose result may not fit host memory is refused
+    while S is sparse); without ``threshold``, S goes dense once that pays, on the host or on the device
+    (module docstring; ``info.backend`` says from which iteration), and on the host also where the sparse
+    product would not fit but the dense arrays do. A product whose result may not fit host memory is refused
     before it runs, with the figures.
 
     Example:
@@ -174,6 +177,8 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
             compile_s = 2 * multiply.compile_cost(Wt, S) if hasattr(multiply, "compile_cost") else 0.0
             if backend == "tuned" and threshold is None and _goes_dense(Wt, n, products, ratio, compile_s):
                 dense, dense_from = device_simrank(Wt, S), iteration
+            elif backend == "scipy" and threshold is None and _host_goes_dense(Wt, n, products):
+                dense, dense_from = DenseSimRank(S, host_product(Wt), np, lookahead=False), iteration
             else:
                 _check_fits(Wt, S, f"SimRank's product Wᵀ S (iteration {iteration})", products)
         if dense is not None:
@@ -199,6 +204,15 @@ def simrank(A, importance_factor: float = 0.9, max_iterations: int = 1000, toler
     info = IterationInfo(iteration, max(error, 0.0), {"setup": 0.0, "iterations": time.perf_counter() - t0},
                          backend_used)
     return (S, info) if return_info else S
+
+
+def _host_goes_dense(Wt: sp.csr_matrix, n: int, products: int) -> bool:
+    """Whether the host's next iteration runs on a dense S: its arrays fit host memory, and it takes less time
+    so (:func:`~tuner.graph.dense_simrank.host_dense_pays`) or the sparse product would not fit."""
+    room = available_bytes()
+    if HOST_DENSE_BYTES * n * n > room:
+        return False
+    return host_dense_pays(Wt.nnz, n, products) or BYTES_PER_PRODUCT * products > room
 
 
 def _goes_dense(Wt: sp.csr_matrix, n: int, products: int, ratio: float, compile_s: float) -> bool:
