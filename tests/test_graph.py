@@ -1186,6 +1186,15 @@ def test_simrank_tuned_backend_multiplies_through_the_spgemm_compile(monkeypatch
     assert len(calls) + len(reused) == 2 * info.iterations and len(reused) >= info.iterations
 
 
+def test_the_simrank_rows_take_the_files_of_few_enough_nodes_from_their_headers(tmp_path):
+    from tuner.bench_graph import SIMRANK_NODES, SIMRANK_SUITE, simrank_suite
+    edges = tmp_path / "path.txt"  # an edge list: its header says nothing, the graph is loaded
+    edges.write_text("0 1\n1 2\n")
+    files = [str(p) for p in REAL] + [str(edges)]
+    expected = [s for s in files if tuner.load(s).shape[0] <= SIMRANK_NODES]
+    assert str(edges) in expected and simrank_suite(files + ["rmat:20"]) == list(SIMRANK_SUITE) + expected
+
+
 @pytest.mark.gpu
 def test_graph_bench_rows_agree_with_networkx_and_the_cusparse_loop():
     pytest.importorskip("cupy")
