@@ -661,8 +661,7 @@ def cusparse_hits(A, start: np.ndarray, on_device: bool, max_iter: int = 100, to
 
     def product(spmv):
         def run(v, out):
-            if v.data.ptr != given.data.ptr:
-                given[...] = v
+            given[...] = v
             spmv(given, out)
         return run
 
