@@ -221,6 +221,28 @@ def test_candidates_of_some_families_are_those_families_alone(profile, names):
     assert len(predicted) == len(specs) and all(p > 0 for p in predicted)
 
 
+def test_caller_order_predictions_made_early_give_the_plan_made_at_once(profile, monkeypatch):
+    from tuner.model import lookup
+    A = power_law(5000, seed=25)
+    specs, predicted = lookup.predicted_candidates(canonicalize(A), profile)
+    m = canonicalize(A)
+    known = lookup.caller_order_predictions(m, profile)
+    assert known and all(label.endswith("order=none)") for label in known)
+    assert {label for label in known} == {s.label() for s in specs
+                                          if s.family in ("csr_vector", "binned", "aligned_coo")
+                                          and s.params.order == "none"}
+    asked = []
+    real = lookup.predict_many
+
+    def recording(m, specs, *a, **k):
+        asked.extend(s.label() for s in specs)
+        return real(m, specs, *a, **k)
+    monkeypatch.setattr(lookup, "predict_many", recording)
+    again, again_predicted = lookup.predicted_candidates(m, profile, known=known)
+    assert [s.label() for s in again] == [s.label() for s in specs] and again_predicted == predicted
+    assert asked and not set(asked) & set(known)  # the known ones were not predicted again
+
+
 def test_a_layout_asked_for_on_many_threads_at_once_is_built_once():
     import threading
     import time

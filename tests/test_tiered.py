@@ -492,9 +492,34 @@ def test_the_interim_kernel_is_made_once_relabelled_before_the_digest_is_waited_
     monkeypatch.setattr(compiler, "relabel_bytes", lambda m: 0)
     monkeypatch.setattr(compiler, "structure_digest", digest)
     monkeypatch.setattr(compiler, "ordered_matrix", lambda m, order: steps.append("relabel"))
-    digest_value, relabel_s = compiler._digest_beside_relabelling(
+    digest_value, relabel_s, after = compiler._digest_beside_relabelling(
         canonicalize(power_law(300, seed=3)), lambda: (steps.append("interim"), made.set()))
-    assert digest_value == "d1g" and relabel_s >= 0 and steps == ["relabel", "interim", "digest"]
+    assert digest_value == "d1g" and relabel_s >= 0 and steps == ["relabel", "interim", "digest"] and after is None
+
+
+def test_what_follows_the_digest_runs_on_its_thread_beside_the_relabelling(monkeypatch):
+    # The caller-order predictions start once the digest is made (a plan-cache hit needs none) and run
+    # while this thread relabels; the relabelling does not wait for them.
+    relabelling, seen = threading.Event(), []
+
+    def relabel(m, order):
+        relabelling.set()
+        seen.append("relabel")
+
+    def after(digest):
+        assert relabelling.wait(10), "the relabelling waited for what follows the digest"
+        seen.append(("after", digest, threading.current_thread() is not threading.main_thread()))
+        return "known"
+    monkeypatch.setattr(compiler.device_reorder, "usable", lambda *a: True)
+    monkeypatch.setattr(compiler, "relabel_bytes", lambda m: 0)
+    monkeypatch.setattr(compiler, "structure_digest", lambda m: "d1g")
+    monkeypatch.setattr(compiler, "ordered_matrix", relabel)
+    digest, relabel_s, after_value = compiler._digest_beside_relabelling(
+        canonicalize(power_law(300, seed=3)), after_digest=after)
+    assert (digest, after_value) == ("d1g", "known") and seen == ["relabel", ("after", "d1g", True)]
+    monkeypatch.setattr(compiler.device_reorder, "usable", lambda *a: False)  # nothing relabelled here
+    assert compiler._digest_beside_relabelling(canonicalize(power_law(300, seed=3)), after_digest=after) == (
+        "d1g", 0.0, None)
 
 
 def test_an_interim_kernel_that_fails_to_build_leaves_the_tuning_going(monkeypatch, caplog):

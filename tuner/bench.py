@@ -1,7 +1,9 @@
 """``python -m tuner bench``: our tuned SpMV against cuSPARSE on real and generated matrices.
 
-Per matrix it records the chosen plan, our median time, cuSPARSE's (best of CSR and COO through
-``cupyx.cusparse.spmv``, when CuPy is importable), the ratio, the achieved bandwidth on the compulsory
+Per matrix it records the chosen plan, our median time, cuSPARSE's (when CuPy is importable: the best of
+CSR and COO through ``cupyx.cusparse.spmv``, which makes its descriptors and work space at every call, and
+CSR through descriptors and work space made once, as a careful caller of many products keeps them:
+:class:`~tuner.graph.cusparse_products.CachedSpmv`), the ratio, the achieved bandwidth on the compulsory
 bytes and its fraction of the device-to-device copy bandwidth measured in the same run, the error against
 SciPy in float64, the tuning time and the cache-hit time of a second compile, and the time to a first
 product from a host SciPy matrix, ours and cuSPARSE's, with the products it takes ours to catch up.
@@ -36,6 +38,10 @@ KRONECKER_BENCH_ONLY = (("cnr-2000.npz", 4),)
 @dataclass(frozen=True)
 class BenchRow:
     """One matrix's results; times in milliseconds, bandwidths in GB/s (10^9 bytes per second).
+
+    cuSPARSE's product: ``cusparse_csr_ms`` and ``cusparse_coo_ms`` through ``cupyx.cusparse.spmv`` (its
+    descriptors and work space made at every call), ``cusparse_kept_ms`` CSR through descriptors made once;
+    ``cusparse_ms`` is the least of them, the anchor of ``speedup``.
 
     The time to a first product (``time_to_first_ms``: host SciPy matrix to the first y on the host, a cold
     plan and layout cache but the compiled kernels cached; ``cusparse_time_to_first_ms``: the matrix copied
@@ -82,6 +88,7 @@ class BenchRow:
     layout_s: float = float("nan")
     layout_where: str | None = None
     plan_s: float = float("nan")
+    plan_early_s: float | None = None
     time_to_first_ms: float | None = None
     cusparse_time_to_first_ms: float | None = None
     cache_hit_ms: float | None = None
@@ -93,6 +100,7 @@ class BenchRow:
     stand_in_race: dict | None = None
     input_csr_bytes: int | None = None
     compile_host_peak_bytes: int | None = None
+    cusparse_kept_ms: float | None = None
     seconds: dict = field(default_factory=dict)
 
 
@@ -191,11 +199,14 @@ def _event_median(cp, fn, repeats: int, warmup: int = 5) -> float:
 
 
 def _cusparse_times(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray, repeats: int):
-    """Median ms of cupyx.cusparse.spmv on the matrix as given, CSR and COO; None where not supported."""
+    """Median ms of cuSPARSE's SpMV on the matrix as given: CSR and COO through ``cupyx.cusparse.spmv``, and
+    CSR through descriptors made once (:class:`~tuner.graph.cusparse_products.CachedSpmv`); None each where
+    not supported. Every result is checked against SciPy's before it is timed."""
     import cupyx.cusparse as cusparse
     import cupyx.scipy.sparse as cpsp
+    from .graph.cusparse_products import CachedSpmv
     if m.index_dtype != np.int32:
-        return None, None  # CuPy's sparse matrices hold int32 indices only
+        return None, None, None  # CuPy's sparse matrices hold int32 indices only
     a_csr = cpsp.csr_matrix((cp.asarray(m.data), cp.asarray(m.indices), cp.asarray(m.indptr)), shape=m.shape)
     # A canonical matrix's rows are sorted and free of duplicates, and so is the COO made from them (as
     # cuSPARSE's COO path requires): said, not checked on the GPU, where CuPy's checks are reductions it
@@ -205,15 +216,16 @@ def _cusparse_times(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray,
     y = cp.empty(m.n_rows, dtype=m.value_dtype)
     a_coo = a_csr.tocoo()
     a_coo.has_canonical_format = True
+    kept = CachedSpmv(a_csr)
     out = []
-    for a in (a_csr, a_coo):
+    for call in (lambda: cusparse.spmv(a_csr, x, y=y), lambda: cusparse.spmv(a_coo, x, y=y), lambda: kept(x, y)):
         y.fill(np.nan)
-        cusparse.spmv(a, x, y=y)
+        call()
         err = _rel_error(cp.asnumpy(y), ref)
         if not err < 1e-4:
             raise RuntimeError(f"cuSPARSE result disagrees with SciPy (relative error {err:.2e})")
-        out.append(_event_median(cp, lambda: cusparse.spmv(a, x, y=y), repeats))
-    return out[0], out[1]
+        out.append(_event_median(cp, call, repeats))
+    return tuple(out)
 
 
 def _rel_error(y: np.ndarray, ref: np.ndarray) -> float:
@@ -251,7 +263,7 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     y = spmv(x)
     err = _rel_error(y, ref)
     kernel_ms = float(np.median(time_spmv(spmv, repeats, warmup=5)))
-    csr_ms = coo_ms = None
+    csr_ms = coo_ms = kept_ms = None
     if cp is not None:
         xd = cp.asarray(x)
         yd = cp.full(m.n_rows, np.nan, dtype=m.value_dtype)
@@ -259,12 +271,13 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
         err = max(err, _rel_error(cp.asnumpy(yd), ref))
         ours_ms = _event_median(cp, lambda: spmv(xd, out=yd), repeats)
         clock.stage("timing")
-        csr_ms, coo_ms = _cusparse_times(cp, m, x, ref, repeats)
+        csr_ms, coo_ms, kept_ms = _cusparse_times(cp, m, x, ref, repeats)
         clock.stage("cusparse")
     else:
         ours_ms = kernel_ms
         clock.stage("timing")
-    best_cusparse = min(t for t in (csr_ms, coo_ms) if t is not None) if csr_ms or coo_ms else None
+    timed = [t for t in (csr_ms, coo_ms, kept_ms) if t is not None]
+    best_cusparse = min(timed) if timed else None
     first_ms, ours_totals, tuned_after_ms, interim_after_ms, stand_in_products, stand_in_ms = _ours_race(
         cp, A, x, cache_dir, tune)
     clock.stage("race_ours")
@@ -276,12 +289,14 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     return BenchRow(name=loaders.display_name(source), n_rows=m.n_rows,
                     n_cols=m.n_cols, nnz=m.nnz, value_free=m.value_free, plan=spmv.spec.label(),
                     ours_ms=ours_ms, ours_kernel_ms=kernel_ms, cusparse_csr_ms=csr_ms, cusparse_coo_ms=coo_ms,
-                    cusparse_ms=best_cusparse, speedup=(best_cusparse / ours_ms) if best_cusparse else None,
+                    cusparse_kept_ms=kept_ms, cusparse_ms=best_cusparse,
+                    speedup=(best_cusparse / ours_ms) if best_cusparse else None,
                     compulsory_bytes=nbytes, achieved_gbs=achieved,
                     floor_fraction=achieved / copy_gbs if copy_gbs else float("nan"), rel_error=err,
                     load_s=clock.seconds["load"], tune_s=clock.seconds["compile"], cache_hit_s=cache_hit_s,
                     layout_s=layout_s, layout_where=layout_where,
-                    plan_s=spmv.plan.seconds.get("plan", float("nan")), time_to_first_ms=first_ms,
+                    plan_s=spmv.plan.seconds.get("plan", float("nan")),
+                    plan_early_s=spmv.plan.seconds.get("plan_early"), time_to_first_ms=first_ms,
                     cusparse_time_to_first_ms=cu_first_ms, cache_hit_ms=1e3 * cache_hit_s,
                     input_csr_bytes=int(sum(a.nbytes for a in (A.indptr, A.indices, A.data))),
                     compile_host_peak_bytes=int(compile_peak),
@@ -419,9 +434,12 @@ def _tuned_now(spmv) -> bool:
 
 def _cusparse_race(cp, m: CanonicalMatrix, x: np.ndarray, products: int) -> tuple[float, list[float]]:
     """Host matrix to the first y on the host through cuSPARSE (a CuPy CSR of it, one product, y copied back;
-    ms), then the running total after each of ``products`` further products as :func:`_ours_race` runs them."""
+    ms), then the running total after each of ``products`` further products as :func:`_ours_race` runs them,
+    through descriptors made once (:class:`~tuner.graph.cusparse_products.CachedSpmv`), as a caller of many
+    products keeps them."""
     import cupyx.cusparse as cusparse
     import cupyx.scipy.sparse as cpsp
+    from .graph.cusparse_products import CachedSpmv
     host = m.to_scipy()
     cp.cuda.Device().synchronize()
     t0 = time.perf_counter()
@@ -430,9 +448,10 @@ def _cusparse_race(cp, m: CanonicalMatrix, x: np.ndarray, products: int) -> tupl
     first = 1e3 * (time.perf_counter() - t0)
     totals = []
     if products:
-        xd, yd = cp.asarray(x), cp.empty(m.n_rows, x.dtype)
+        a.has_canonical_format = True  # a canonical matrix's rows: sorted, no duplicates
+        spmv, xd, yd = CachedSpmv(a), cp.asarray(x), cp.empty(m.n_rows, x.dtype)
         for _ in range(products):
-            cusparse.spmv(a, xd, y=yd)
+            spmv(xd, yd)
             cp.cuda.get_current_stream().synchronize()
             totals.append(1e3 * (time.perf_counter() - t0))
     return first, totals
@@ -491,7 +510,8 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
                 "l2_bytes": info.l2_bytes, "memory_bytes": info.memory_bytes,
                 "driver_version": info.driver_version},
         "host": platform.node(), "python": platform.python_version(),
-        "cusparse": "cupyx.cusparse.spmv (CuPy %s)" % cp.__version__ if cp else None,
+        "cusparse": ("cupyx.cusparse.spmv (CuPy %s; CSR and COO) and cuSPARSE's SpMV through descriptors made once "
+                     "(CSR, cusparse_kept_ms)" % cp.__version__) if cp else None,
         "copy_bandwidth_gbs": copy_gbs, "repeats": repeats, "tune": tune,
         "timing": f"medians of CUDA-event times after warm-up; ours_ms and cusparse_*_ms: whole calls from "
                   f"Python on CuPy arrays, {CALLS_PER_SAMPLE} back to back per sample, {repeats} samples (fewer "
@@ -501,8 +521,10 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
                   "and y; layout_s: time to build the chosen layout as a compile does (relabelling included; "
                   "layout_where 'device' on the GPU, 'built' on the host); compile_host_peak_bytes: the resident "
                   "set's high-water mark during the first compile beyond the process's before it; plan_s: "
-                  "the planner's host time for every candidate and its prediction, beyond the relabelled "
-                  "matrix (Plan.seconds['plan'])",
+                  "the planner's wall time for every candidate and its prediction once the relabelled matrix "
+                  "is there (Plan.seconds['plan']); plan_early_s: the predictions of the candidates in the "
+                  "caller's order, made beside the relabelling before that (Plan.seconds['plan_early'], "
+                  "null where none were)",
         "suite": list(suite), "rows": [],
     }
     done, before = resumed_rows(out, info.name, tune, repeats) if resume else ({}, "")

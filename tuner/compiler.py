@@ -9,12 +9,14 @@ import numpy as np
 
 from . import codegen, families, gpu, layouts, paths, plan_worker, planner, streaming, tiered
 from .cache import Cache
-from .families.base import Specialization, drop_device_copies, known_layout, memo_state, ordered_matrix, restore
+from .families.base import (Specialization, drop_device_copies, known_layout, memo_state, ordered_matrix, ordering,
+                            restore)
 from .families.tiles import TILE_ORDER
 from .formats import device_reorder
 from .formats.reorder import relabel_bytes
 from .kernel import DeviceArrays, SpMV, adaptive_repeats, time_spmv
 from .model import Profile, load_profile, predicted_candidates
+from .model.lookup import caller_order_predictions
 from .search import optuna_search
 from .matrix import CanonicalMatrix, canonicalize, fingerprint, structure_digest, structure_features
 from .workers import pool as thread_pool
@@ -144,10 +146,13 @@ def model_ranking(A, profile=None) -> list[tuple[Specialization, float]] | None:
 PLAN_REPEATS = 3  # the report's plans per matrix: their median is its planning seconds
 
 
-def plan_candidates(m: CanonicalMatrix, profile: Profile | None, repeats: int = 1) -> tuple[list, list, dict]:
+def plan_candidates(m: CanonicalMatrix, profile: Profile | None, repeats: int = 1,
+                    known: dict | None = None) -> tuple[list, list, dict]:
     """Every candidate of ``m`` with the model's prediction (None each without a profile), and the host
     seconds of the relabelled matrix the tiled candidates read ('relabel': their layout's first step, built
-    before the planning) and of the planning beyond it ('plan').
+    before the planning) and of the planning beyond it ('plan'). ``known``: predictions made before, by
+    candidate label (:func:`~tuner.model.lookup.caller_order_predictions`, which a compile makes beside the
+    relabelling), not made again (the first plan only, where ``repeats`` > 1).
 
     With ``repeats`` > 1 the planning is done that many times, each after the first on a new copy of the
     matrix as the relabelling left it (:func:`~tuner.families.base.restore`: nothing the earlier plans
@@ -169,7 +174,7 @@ def plan_candidates(m: CanonicalMatrix, profile: Profile | None, repeats: int = 
     ordered_matrix(m, TILE_ORDER)
     t1 = time.perf_counter()
     state = memo_state(m) if repeats > 1 else None
-    specs, predicted = _plan(m, profile)
+    specs, predicted = _plan(m, profile, known)
     runs = [time.perf_counter() - t1]
     for _ in range(repeats - 1):
         again = restore(state)
@@ -183,10 +188,11 @@ def plan_candidates(m: CanonicalMatrix, profile: Profile | None, repeats: int = 
     return specs, predicted, seconds
 
 
-def _plan(m: CanonicalMatrix, profile: Profile | None) -> tuple[list, list]:
-    """Every candidate and its prediction (None each without a profile)."""
+def _plan(m: CanonicalMatrix, profile: Profile | None, known: dict | None = None) -> tuple[list, list]:
+    """Every candidate and its prediction (None each without a profile; ``known``: those made before, by
+    label)."""
     if profile is not None:
-        return predicted_candidates(m, profile)
+        return predicted_candidates(m, profile, known=known)
     specs = families.specializations(m)
     return specs, [None] * len(specs)
 
@@ -355,15 +361,30 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     caller waits for that; a plan made anew there is made in a process of its own
     (:mod:`tuner.plan_worker`) unless the caller waits for the tuned kernel."""
     prof = _profile(info, profile)
-    interim = None
+    interim, relabelled_at = None, []
 
     def relabelled():  # the interim kernel as soon as the relabelled matrix is there, the digest perhaps not
         nonlocal interim
+        relabelled_at.append(time.perf_counter())
         if hand_over is not None and not hand_over.caller_waits:
             interim = _interim(m, info, cache, prof)
             if interim is not None:
                 hand_over(interim)
-    digest, relabel_s = _digest_beside_relabelling(m, relabelled)
+
+    def early(digest):  # on the digest's thread, beside the relabelling: the caller-order predictions
+        hashed = time.perf_counter()
+        key = planner.plan_key(digest, m.value_dtype, info.name, info.capability, tune, prof.digest)
+        if planner.load_plan(cache, key) is not None:
+            return None
+        ordering(m, TILE_ORDER)  # the relabelling's first step: m's column lengths (counted on the GPU) with it
+        t0 = time.perf_counter()
+        return caller_order_predictions(m, prof), time.perf_counter() - t0, hashed
+    in_process = prof is not None and (hand_over is None or hand_over.caller_waits)
+    digest, relabel_s, made_early = _digest_beside_relabelling(m, relabelled, early if in_process else None)
+    # What the early predictions kept this thread waiting once the relabelling and the digest were done is
+    # planning too: it is added to the planning's seconds below.
+    early_wait = (max(0.0, time.perf_counter() - max(relabelled_at[0], made_early[2]))
+                  if made_early is not None and relabelled_at else 0.0)
     if prof is None and tune != "exhaustive":
         log.warning("no GPU profile for %s (run `python -m tuner profile`): tune=%r falls back to 'exhaustive'",
                     info.name, tune)
@@ -378,8 +399,12 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
         return _spmv(m, spec, binary.cubin, plan, cache, digest, _interim_layout(interim, spec))
     apart = hand_over is not None and relabel_s > 0 and prof is not None and not hand_over.caller_waits
     planned = _plan_apart(m, prof) if apart else None
-    specs, predicted, seconds = planned if planned is not None else plan_candidates(m, prof)
+    known, early_s = made_early[:2] if made_early is not None and planned is None else (None, None)
+    specs, predicted, seconds = planned if planned is not None else plan_candidates(m, prof, known=known)
     seconds["relabel"] += relabel_s  # made beside the digest, before the planner asked for it
+    if early_s is not None:
+        seconds["plan"] += early_wait
+        seconds["plan_early"] = early_s
     if prof and tune != "exhaustive":
         specs, predicted = predictable(specs, predicted, info.name)
     binaries: dict[int, codegen.Binary] = {}
@@ -457,23 +482,30 @@ def _interim(m: CanonicalMatrix, info, cache: Cache, profile):
         return None
 
 
-def _digest_beside_relabelling(m: CanonicalMatrix, relabelled=None) -> tuple[str, float]:
+def _digest_beside_relabelling(m: CanonicalMatrix, relabelled=None, after_digest=None) -> tuple[str, float, object]:
     """``m``'s structure digest (the plan cache's key; a hash of every index, on the host's cores) while
     this thread relabels ``m`` for the tiled candidates where that runs on the GPU (the planner starts with
     it, and the plans of large power-law graphs use it, so on a plan-cache hit it is seldom wasted; a plan
     in the caller's order drops it with the other device copies), then calls ``relabelled`` (if given) before
     it waits for the digest; with the relabelling's seconds (0.0 where it was not made here, and
-    ``relabelled`` not called)."""
+    ``relabelled`` not called) and what ``after_digest(digest)`` returned, called on the digest's thread
+    once the digest is made, beside the relabelling (None where not given or nothing was relabelled here).
+    """
     if not device_reorder.usable(m.n_rows, m.n_cols, m.nnz, relabel_bytes(m)):
-        return structure_digest(m), 0.0
+        return structure_digest(m), 0.0, None
+
+    def digest_then():
+        digest = structure_digest(m)
+        return digest, after_digest(digest) if after_digest is not None else None
     with thread_pool(1) as pool:
-        digest = pool.submit(structure_digest, m)
+        done = pool.submit(digest_then)
         t0 = time.perf_counter()
         ordered_matrix(m, TILE_ORDER)
         relabel_s = time.perf_counter() - t0
         if relabelled is not None:
             relabelled()
-        return digest.result(), relabel_s
+        digest, after = done.result()
+        return digest, relabel_s, after
 
 
 def _spmv(m: CanonicalMatrix, spec, cubin: bytes, plan, cache: Cache, digest: str, layout=None) -> SpMV:

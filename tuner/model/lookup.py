@@ -263,7 +263,8 @@ def predict_many(m: CanonicalMatrix, specs: list[Specialization], profile: Profi
 PARALLEL_ROWS = 1 << 20  # from this many rows on, predict_many predicts its candidates on several threads
 
 
-def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] | None = None
+def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] | None = None,
+                         known: dict[str, float | None] | None = None
                          ) -> tuple[list[Specialization], list[float | None]]:
     """Every candidate of ``m`` (``families.specializations``) and its prediction (:func:`predict_many`),
     in that order. While the families whose space reads the profile (the tiled ones: they count every
@@ -272,11 +273,14 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
     view's warp histograms first (passes over the rows of each class, on threads of their own): none
     waits for another, so the other families' histograms are built while the tiled ones count their
     tiles (on rmat:23 the planning takes a tenth less time than predicting them after the tiled ones).
+    ``known``: predictions already made, by candidate label (:func:`caller_order_predictions`, made while
+    the GPU relabelled the matrix); those candidates are not predicted again.
 
     Example: see tests/test_model.py (needs a profile).
     """
     names = list(families.REGISTRY) if names is None else list(names)
     tiled = [n for n in names if families.get(n).uses_profile]
+    known = known or {}
 
     def tiled_candidates():
         specs = families.specializations(m, tiled, profile=profile)
@@ -287,15 +291,16 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
     with thread_pool(1) as lead:
         tiled_done = lead.submit(tiled_candidates)
         plain = families.specializations(m, [n for n in names if n not in tiled], profile=profile)
+        predicted = {id(spec): known[spec.label()] for spec in plain if spec.label() in known}
         views: dict[str, list[Specialization]] = {}
         for spec in plain:
-            views.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
-        # The histogram threads shared between the views: as many in all as one view had alone.
-        workers = max(1, min(8, os.cpu_count() or 1) // max(len(views), 1))
+            if id(spec) not in predicted:
+                views.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
+        workers = view_workers()
         with thread_pool(max(len(views), 1)) as pool:
             pending = [(view, pool.submit(predict_many, m, view, profile, workers)) for view in views.values()]
             tiled_specs, tiled_predicted = tiled_done.result()
-            predicted = dict(zip(map(id, tiled_specs), tiled_predicted))
+            predicted.update(zip(map(id, tiled_specs), tiled_predicted))
             for view, done in pending:
                 predicted.update(zip(map(id, view), done.result()))
     made = {n: [] for n in names}
@@ -303,6 +308,42 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
         made[spec.family].append(spec)
     specs = [spec for n in names for spec in made[n]]
     return specs, [predicted[id(spec)] for spec in specs]
+
+
+def caller_order_predictions(m: CanonicalMatrix, profile: Profile, names: list[str] | None = None
+                             ) -> dict[str, float | None]:
+    """The predictions of the candidates that read ``m`` in its own order (the untiled families' 'none'
+    order), by label, for :func:`predicted_candidates`' ``known``: they need nothing of a relabelled
+    matrix, so a compile makes them while the GPU relabels ``m`` for the others (the relabelling keeps
+    the GPU busy and leaves the host's cores idle), as many histogram threads as
+    :func:`predicted_candidates` gives each of its two views.
+
+    Example:
+        >>> import scipy.sparse as sp
+        >>> from tuner.matrix import canonicalize
+        >>> from tuner.model.profile_data import load_profile
+        >>> m = canonicalize(sp.random(300, 300, density=0.05, format="csr", random_state=0))
+        >>> known = caller_order_predictions(m, load_profile("NVIDIA H100 80GB HBM3"))
+        >>> all(label.endswith("order=none)") for label in known), len(known) > 1
+        (True, True)
+    """
+    names = list(families.REGISTRY) if names is None else list(names)
+    plain = [n for n in names if not families.get(n).uses_profile]
+    specs = [s for s in families.specializations(m, plain, profile=profile) if getattr(s.params, "order", NONE) == NONE]
+    return dict(zip((s.label() for s in specs), predict_many(m, specs, profile, view_workers())))
+
+
+def view_workers() -> int:
+    """Histogram threads each view's predictions get (:func:`predicted_candidates`, and
+    :func:`caller_order_predictions`): the two views (the caller's order and degree order) share eight
+    threads or the host's cores, whichever is fewer. A view predicted alone keeps its share: more threads
+    than that only add turns at the interpreter lock, which the tiled families' thread needs meanwhile.
+
+    Example:
+        >>> 1 <= view_workers() <= 4
+        True
+    """
+    return max(1, min(8, os.cpu_count() or 1) // 2)
 
 
 def _prebuild(m: CanonicalMatrix, specs: list[Specialization], profile: Profile, workers: int | None = None
