@@ -9,7 +9,8 @@ it picked the same plans) in a child interpreter that sees no GPU, on the row po
 matrix and its ordering, handed over through files in ``/dev/shm`` (memory, not disk; the caller's column
 indices are read through the relabelled matrix: :class:`ViewIndices`); the caller's process copies them
 there and waits on a pipe, holding neither. The host path takes longer than the device one (rmat:25 on an
-H200's 16 cores: 1.8 s against 0.75 s), so a compile plans here only while the caller is making products,
+H200's 16 cores: 1.8 s against 0.5-0.6 s once relabelled), so a compile plans here only while the caller is
+making products,
 never when it waits for the tuned kernel (:class:`~tuner.tiered.HandOver`), nor where it would take over
 half the free host memory (:func:`host_bytes`).
 
