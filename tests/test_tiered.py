@@ -522,6 +522,55 @@ def test_what_follows_the_digest_runs_on_its_thread_beside_the_relabelling(monke
         "d1g", 0.0, None)
 
 
+def _waited_tuning(monkeypatch, tmp_path, early_fails=False):
+    """compiler._tuned of a compile the caller waits for, relabelled on a NumPy stand-in for the GPU, with the
+    fake profile; nothing compiled or launched: (the plan it made, the labels of the early predictions)."""
+    from tuner import codegen, gpu, layouts
+    from tuner.cache import Cache
+    from tuner.model import Profile
+    from tuner.model import lookup
+    from .fake_profile import fake_profile_json
+    from .test_reorder import _numpy_device
+    _numpy_device(monkeypatch)
+    monkeypatch.setattr(compiler, "relabel_bytes", lambda m: 0)
+    early = []
+
+    def caller_order(m, profile):
+        if early_fails:
+            raise MemoryError("out of memory allocating 1,024 bytes")
+        known = lookup.caller_order_predictions(m, profile)
+        early.extend(known)
+        return known
+    monkeypatch.setattr(compiler, "caller_order_predictions", caller_order)
+    monkeypatch.setattr(codegen, "compile_many", lambda sources, arch, cache=None: [
+        codegen.Binary(f"k{i}", b"", arch, True) for i in range(len(sources))])
+    monkeypatch.setattr(layouts, "launch_for", lambda m, spec, cache, digest=None: (None, "built"))
+    monkeypatch.setattr(compiler, "_spmv", lambda m, spec, cubin, plan, *a: plan)
+    info = gpu.DeviceInfo(name="NVIDIA H100 80GB HBM3", capability=(9, 0), sm_count=132, l2_bytes=50 << 20,
+                          memory_bytes=80 << 30, driver_version=13000)
+    m = canonicalize(power_law(4000, seed=44))
+    plan = compiler._tuned(m, info, Cache(tmp_path), "model", 3, 10, Profile.from_json(fake_profile_json()))
+    return plan, early
+
+
+def test_a_waited_tuning_predicts_the_caller_order_candidates_beside_the_relabelling_and_plans_the_same(
+        monkeypatch, tmp_path, caplog):
+    from tuner.model import Profile
+    from .fake_profile import fake_profile_json
+    plan, early = _waited_tuning(monkeypatch, tmp_path / "a")
+    assert early and all(label.endswith("order=none)") for label in early)
+    assert plan.seconds["plan_early"] > 0 and plan.seconds["plan"] > 0 and plan.seconds["relabel"] > 0
+    m = canonicalize(power_law(4000, seed=44))
+    specs, predicted, _ = compiler.plan_candidates(m, Profile.from_json(fake_profile_json()))
+    best = min(range(len(specs)), key=lambda i: predicted[i])
+    assert (plan.family, plan.predicted_ms) == (specs[best].family, predicted[best])
+    assert len(plan.ranking) == len(specs)
+    # Out of device memory beside the relabelling: the same plan, the predictions made after it
+    failed, early = _waited_tuning(monkeypatch, tmp_path / "b", early_fails=True)
+    assert not early and "plan_early" not in failed.seconds and "no caller-order predictions" in caplog.text
+    assert (failed.family, failed.params, failed.predicted_ms) == (plan.family, plan.params, plan.predicted_ms)
+
+
 def test_an_interim_kernel_that_fails_to_build_leaves_the_tuning_going(monkeypatch, caplog):
     from tuner import gpu
 

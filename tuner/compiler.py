@@ -378,7 +378,13 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
             return None
         ordering(m, TILE_ORDER)  # the relabelling's first step: m's column lengths (counted on the GPU) with it
         t0 = time.perf_counter()
-        return caller_order_predictions(m, prof), time.perf_counter() - t0, hashed
+        try:
+            known = caller_order_predictions(m, prof)
+        except MemoryError as e:  # CuPy's OutOfMemoryError is one: beside the relabelling's sorts, room was short
+            log.warning("no caller-order predictions beside the relabelling (%s): they are made after it", e)
+            return None
+        return known, time.perf_counter() - t0, hashed
+
     in_process = prof is not None and (hand_over is None or hand_over.caller_waits)
     digest, relabel_s, made_early = _digest_beside_relabelling(m, relabelled, early if in_process else None)
     # What the early predictions kept this thread waiting once the relabelling and the digest were done is
