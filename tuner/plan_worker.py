@@ -10,9 +10,8 @@ matrix and its ordering, handed over through files in ``/dev/shm`` (memory, not 
 indices are read through the relabelled matrix: :class:`ViewIndices`); the caller's process copies them
 there and waits on a pipe, holding neither. The host path takes longer than the device one (rmat:25 on an
 H200's 16 cores: 1.8 s against 0.5-0.6 s once relabelled), so a compile plans here only while the caller is
-making products,
-never when it waits for the tuned kernel (:class:`~tuner.tiered.HandOver`), nor where it would take over
-half the free host memory (:func:`host_bytes`).
+making products, never when it waits for the tuned kernel (:class:`~tuner.tiered.HandOver`), nor where it
+would take over half the free host memory (:func:`host_bytes`).
 
 One child serves the process's compiles one at a time; it starts with the first compile that tunes a
 matrix in the background (:func:`start`), loads its modules while the first products run and the GPU

@@ -315,8 +315,7 @@ def caller_order_predictions(m: CanonicalMatrix, profile: Profile, names: list[s
     """The predictions of the candidates that read ``m`` in its own order (the untiled families' 'none'
     order), by label, for :func:`predicted_candidates`' ``known``: they need nothing of a relabelled
     matrix, so a compile makes them while the GPU relabels ``m`` for the others (the relabelling keeps
-    the GPU busy and leaves the host's cores idle), as many histogram threads as
-    :func:`predicted_candidates` gives each of its two views.
+    the GPU busy and leaves the host's cores idle), on :func:`view_workers` histogram threads.
 
     Example:
         >>> import scipy.sparse as sp
@@ -336,8 +335,9 @@ def caller_order_predictions(m: CanonicalMatrix, profile: Profile, names: list[s
 def view_workers() -> int:
     """Histogram threads each view's predictions get (:func:`predicted_candidates`, and
     :func:`caller_order_predictions`): the two views (the caller's order and degree order) share eight
-    threads or the host's cores, whichever is fewer. A view predicted alone keeps its share: more threads
-    than that only add turns at the interpreter lock, which the tiled families' thread needs meanwhile.
+    threads or the host's cores, whichever is fewer. A view predicted alone (the degree-order one, once the
+    caller's order was predicted beside the relabelling) keeps its share, beside the tiled families' thread
+    (on rmat:25 on an H200 host, 2 or 1 threads were no faster).
 
     Example:
         >>> 1 <= view_workers() <= 4
