@@ -228,9 +228,8 @@ def test_caller_order_predictions_made_early_give_the_plan_made_at_once(profile,
     m = canonicalize(A)
     known = lookup.caller_order_predictions(m, profile)
     assert known and all(label.endswith("order=none)") for label in known)
-    assert {label for label in known} == {s.label() for s in specs
-                                          if s.family in ("csr_vector", "binned", "aligned_coo")
-                                          and s.params.order == "none"}
+    assert set(known) == {s.label() for s in specs
+                          if s.family in ("csr_vector", "binned", "aligned_coo") and s.params.order == "none"}
     asked = []
     real = lookup.predict_many
 

@@ -15,11 +15,10 @@ columns (cuSPARSE's SpMM) and a transpose between them:
 
 then the unit diagonal and NetworkX's stopping rule, all on the device; only each iteration's gap (n row
 maxima) comes back, and S once at the end. The dense arrays are row-major: each entry of Wᵀ then reads a row
-of the dense operand, n contiguous values, where a column-major operand's row is n values a column apart
-(bcsstk16's two products: 2.6 ms an iteration row-major with the transpose copy, 9.2 ms column-major with
-cuSPARSE reading T transposed). On a small graph the host's calls take as long as the device's
-work, so there the next iteration is queued before the host waits for the last one's gap
-(:func:`lookahead_pays`).
+of the dense operand, n contiguous values, where a column-major operand's row is n values a column apart,
+a sector each; the transpose copied between the products costs one pass over S. On a small graph the host's
+calls take as long as the device's work, so there the next iteration is queued before the host waits for the
+last one's gap (:func:`lookahead_pays`).
 
 Example (1,000 nodes, 10,000 edges, a device 300 times the host's bandwidth; products compiled, then not):
     >>> dense_pays(10_000, 1_000, 10_000, 300.0), dense_pays(10_000, 1_000, 100_000, 300.0)

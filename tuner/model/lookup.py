@@ -336,8 +336,7 @@ def view_workers() -> int:
     """Histogram threads each view's predictions get (:func:`predicted_candidates`, and
     :func:`caller_order_predictions`): the two views (the caller's order and degree order) share eight
     threads or the host's cores, whichever is fewer. A view predicted alone (the degree-order one, once the
-    caller's order was predicted beside the relabelling) keeps its share, beside the tiled families' thread
-    (on rmat:25 on an H200 host, 2 or 1 threads were no faster).
+    caller's order was predicted beside the relabelling) keeps its share, beside the tiled families' thread.
 
     Example:
         >>> 1 <= view_workers() <= 4
