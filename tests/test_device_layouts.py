@@ -113,6 +113,7 @@ def test_a_family_launch_built_on_the_gpu_equals_the_host_launch(monkeypatch, fa
     monkeypatch.setattr(device_reorder, "MIN_NNZ", 0)
     if group_entries is not None:  # tiles built a group of at most 3,000 entries at a time
         monkeypatch.setattr(tiles, "GROUP_ENTRIES", group_entries)
+        monkeypatch.setattr(tiles, "DEVICE_GROUP_SHARE", 0.0)  # however much device memory is free
     fam = families.get(family)
     for name, A in _cases().items():
         m = canonicalize(A)

@@ -1101,17 +1101,29 @@ def test_the_device_iteration_parts_equal_numpys_on_poisoned_outputs():
 def test_the_kept_spmv_equals_scipys_on_poisoned_outputs_and_reads_its_vectors_anew_at_each_call():
     cupy = pytest.importorskip("cupy")
     import cupyx.scipy.sparse as csp
-    from tuner.graph.cusparse_products import CachedSpmv
+    from tuner.graph.cusparse_products import CachedSpmv, loaded_function
     A = sp.random(900, 700, density=0.01, format="csr", random_state=3)
     X = np.random.default_rng(3).uniform(-1.0, 1.0, 700)
     for dtype, tol in ((np.float64, 1e-12), (np.float32, 1e-4)):  # float32: alpha and beta in the values' type
-        spmv = CachedSpmv(csp.csr_matrix(A.astype(dtype)))
-        x, y = cupy.asarray(X, dtype), cupy.full(900, np.nan, dtype)
-        for scale in (1.0, -2.0):  # the second call through the kept descriptors, on new values of x
-            x[...] = cupy.asarray(scale * X, dtype)
-            spmv(x, y)
-            assert np.abs(y.get() - scale * (A @ X)).max() <= tol
-            y.fill(np.nan)
+        for form in ("csr", "coo"):
+            a = csp.csr_matrix(A.astype(dtype))
+            if form == "coo":
+                a = a.tocoo()
+                a.has_canonical_format = True
+            spmv = CachedSpmv(a)
+            x, y = cupy.asarray(X, dtype), cupy.full(900, np.nan, dtype)
+            for scale in (1.0, -2.0):  # the second call through the kept descriptors, on new values of x
+                x[...] = cupy.asarray(scale * X, dtype)
+                spmv(x, y)
+                assert np.abs(y.get() - scale * (A @ X)).max() <= tol
+                y.fill(np.nan)
+            # A CSR matrix is analysed once, at the first pair's call; another pair runs on that analysis.
+            assert spmv.preprocessed == (form == "csr" and loaded_function("cusparseSpMV_preprocess") is not None)
+            x2, y2 = cupy.asarray(X[::-1], dtype), cupy.full(900, np.nan, dtype)
+            spmv(x2, y2)
+            assert np.abs(y2.get() - A @ X[::-1]).max() <= tol
+    spmv = CachedSpmv(csp.csr_matrix(A.astype(np.float32)))
+    y = cupy.full(900, np.nan, np.float32)
     with pytest.raises(ValueError, match="takes x of 700 and y of 900 values"):
         spmv(cupy.ones(900, np.float32), y)
     with pytest.raises(ValueError, match="float32 matrix takes float32 vectors, got float64"):
@@ -1529,3 +1541,12 @@ def test_every_algorithm_on_the_gpu_equals_its_host_result_on_the_same_edge_case
         h, a = tuner.hits(M, backend="scipy")
         h_gpu, a_gpu = tuner.hits(M)
         assert np.abs(h_gpu - h).max() <= 1e-8 and np.abs(a_gpu - a).max() <= 1e-8
+
+
+def test_a_cusparse_entry_point_is_none_where_the_mapped_library_cannot_be_opened(tmp_path):
+    from tuner.graph.cusparse_products import loaded_function
+    maps = tmp_path / "maps"
+    maps.write_text("7f0000000000-7f0000001000 r-xp 00000000 00:00 0  /nonexistent/libcusparse.so.12\n"
+                    "7f0000002000-7f0000003000 r-xp 00000000 00:00 0  /usr/lib/libc.so.6\n")
+    assert loaded_function("cusparseSpMV_preprocess", maps=str(maps)) is None
+    assert loaded_function("cusparseSpMV_preprocess", maps=str(tmp_path / "missing")) is None

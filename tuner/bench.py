@@ -2,8 +2,8 @@
 
 Per matrix it records the chosen plan, our median time, cuSPARSE's (when CuPy is importable: the best of
 CSR and COO through ``cupyx.cusparse.spmv``, which makes its descriptors and work space at every call, and
-CSR through descriptors and work space made once, as a careful caller of many products keeps them:
-:class:`~tuner.graph.cusparse_products.CachedSpmv`), the ratio, the achieved bandwidth on the compulsory
+CSR, analysed once, and COO through descriptors and work space made once, as a careful caller of many
+products keeps them: :class:`~tuner.graph.cusparse_products.CachedSpmv`), the ratio, the achieved bandwidth on the compulsory
 bytes and its fraction of the device-to-device copy bandwidth measured in the same run, the error against
 SciPy in float64, the tuning time and the cache-hit time of a second compile, and the time to a first
 product from a host SciPy matrix, ours and cuSPARSE's, with the products it takes ours to catch up.
@@ -40,8 +40,10 @@ class BenchRow:
     """One matrix's results; times in milliseconds, bandwidths in GB/s (10^9 bytes per second).
 
     cuSPARSE's product: ``cusparse_csr_ms`` and ``cusparse_coo_ms`` through ``cupyx.cusparse.spmv`` (its
-    descriptors and work space made at every call), ``cusparse_kept_ms`` CSR through descriptors made once;
-    ``cusparse_ms`` is the least of them, the anchor of ``speedup``.
+    descriptors and work space made at every call), ``cusparse_kept_ms`` CSR through descriptors made once
+    and analysed once (``cusparseSpMV_preprocess``, where cuSPARSE has it: ``cusparse_preprocessed``),
+    ``cusparse_kept_coo_ms`` COO through descriptors made once; ``cusparse_ms`` is the least of them, the
+    anchor of ``speedup``.
 
     The time to a first product (``time_to_first_ms``: host SciPy matrix to the first y on the host, a cold
     plan and layout cache but the compiled kernels cached; ``cusparse_time_to_first_ms``: the matrix copied
@@ -101,6 +103,8 @@ class BenchRow:
     input_csr_bytes: int | None = None
     compile_host_peak_bytes: int | None = None
     cusparse_kept_ms: float | None = None
+    cusparse_kept_coo_ms: float | None = None
+    cusparse_preprocessed: bool | None = None
     seconds: dict = field(default_factory=dict)
 
 
@@ -199,14 +203,15 @@ def _event_median(cp, fn, repeats: int, warmup: int = 5) -> float:
 
 
 def _cusparse_times(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray, repeats: int):
-    """Median ms of cuSPARSE's SpMV on the matrix as given: CSR and COO through ``cupyx.cusparse.spmv``, and
-    CSR through descriptors made once (:class:`~tuner.graph.cusparse_products.CachedSpmv`); None each where
-    not supported. Every result is checked against SciPy's before it is timed."""
+    """Median ms of cuSPARSE's SpMV on the matrix as given: CSR and COO through ``cupyx.cusparse.spmv``, CSR
+    and COO through descriptors made once (:class:`~tuner.graph.cusparse_products.CachedSpmv`, the CSR one
+    analysed once), and whether that analysis ran; None each where not supported. Every result is checked
+    against SciPy's before it is timed."""
     import cupyx.cusparse as cusparse
     import cupyx.scipy.sparse as cpsp
     from .graph.cusparse_products import CachedSpmv
     if m.index_dtype != np.int32:
-        return None, None, None  # CuPy's sparse matrices hold int32 indices only
+        return None, None, None, None, None  # CuPy's sparse matrices hold int32 indices only
     a_csr = cpsp.csr_matrix((cp.asarray(m.data), cp.asarray(m.indices), cp.asarray(m.indptr)), shape=m.shape)
     # A canonical matrix's rows are sorted and free of duplicates, and so is the COO made from them (as
     # cuSPARSE's COO path requires): said, not checked on the GPU, where CuPy's checks are reductions it
@@ -216,16 +221,17 @@ def _cusparse_times(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray,
     y = cp.empty(m.n_rows, dtype=m.value_dtype)
     a_coo = a_csr.tocoo()
     a_coo.has_canonical_format = True
-    kept = CachedSpmv(a_csr)
+    kept, kept_coo = CachedSpmv(a_csr), CachedSpmv(a_coo)
     out = []
-    for call in (lambda: cusparse.spmv(a_csr, x, y=y), lambda: cusparse.spmv(a_coo, x, y=y), lambda: kept(x, y)):
+    for call in (lambda: cusparse.spmv(a_csr, x, y=y), lambda: cusparse.spmv(a_coo, x, y=y), lambda: kept(x, y),
+                 lambda: kept_coo(x, y)):
         y.fill(np.nan)
         call()
         err = _rel_error(cp.asnumpy(y), ref)
         if not err < 1e-4:
             raise RuntimeError(f"cuSPARSE result disagrees with SciPy (relative error {err:.2e})")
         out.append(_event_median(cp, call, repeats))
-    return tuple(out)
+    return (*out, kept.preprocessed)
 
 
 def _rel_error(y: np.ndarray, ref: np.ndarray) -> float:
@@ -263,7 +269,7 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     y = spmv(x)
     err = _rel_error(y, ref)
     kernel_ms = float(np.median(time_spmv(spmv, repeats, warmup=5)))
-    csr_ms = coo_ms = kept_ms = None
+    csr_ms = coo_ms = kept_ms = kept_coo_ms = preprocessed = None
     if cp is not None:
         xd = cp.asarray(x)
         yd = cp.full(m.n_rows, np.nan, dtype=m.value_dtype)
@@ -271,25 +277,26 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
         err = max(err, _rel_error(cp.asnumpy(yd), ref))
         ours_ms = _event_median(cp, lambda: spmv(xd, out=yd), repeats)
         clock.stage("timing")
-        csr_ms, coo_ms, kept_ms = _cusparse_times(cp, m, x, ref, repeats)
+        csr_ms, coo_ms, kept_ms, kept_coo_ms, preprocessed = _cusparse_times(cp, m, x, ref, repeats)
         clock.stage("cusparse")
     else:
         ours_ms = kernel_ms
         clock.stage("timing")
-    timed = [t for t in (csr_ms, coo_ms, kept_ms) if t is not None]
+    timed = [t for t in (csr_ms, coo_ms, kept_ms, kept_coo_ms) if t is not None]
     best_cusparse = min(timed) if timed else None
     first_ms, ours_totals, tuned_after_ms, interim_after_ms, stand_in_products, stand_in_ms = _ours_race(
         cp, A, x, cache_dir, tune)
     clock.stage("race_ours")
-    cu_first_ms, cu_totals = (_cusparse_race(cp, m, x, len(ours_totals)) if best_cusparse is not None
-                              else (None, []))
+    cu_first_ms, cu_totals = (_cusparse_race(cp, m, x, len(ours_totals), coo=kept_coo_ms < kept_ms)
+                              if best_cusparse is not None else (None, []))
     clock.stage("race_cusparse")
     nbytes = compulsory_bytes(m)
     achieved = nbytes / (ours_ms * 1e-3) / 1e9
     return BenchRow(name=loaders.display_name(source), n_rows=m.n_rows,
                     n_cols=m.n_cols, nnz=m.nnz, value_free=m.value_free, plan=spmv.spec.label(),
                     ours_ms=ours_ms, ours_kernel_ms=kernel_ms, cusparse_csr_ms=csr_ms, cusparse_coo_ms=coo_ms,
-                    cusparse_kept_ms=kept_ms, cusparse_ms=best_cusparse,
+                    cusparse_kept_ms=kept_ms, cusparse_kept_coo_ms=kept_coo_ms,
+                    cusparse_preprocessed=preprocessed, cusparse_ms=best_cusparse,
                     speedup=(best_cusparse / ours_ms) if best_cusparse else None,
                     compulsory_bytes=nbytes, achieved_gbs=achieved,
                     floor_fraction=achieved / copy_gbs if copy_gbs else float("nan"), rel_error=err,
@@ -432,11 +439,13 @@ def _tuned_now(spmv) -> bool:
     return bool(getattr(spmv, "tuned", True))
 
 
-def _cusparse_race(cp, m: CanonicalMatrix, x: np.ndarray, products: int) -> tuple[float, list[float]]:
+def _cusparse_race(cp, m: CanonicalMatrix, x: np.ndarray, products: int, coo: bool = False
+                   ) -> tuple[float, list[float]]:
     """Host matrix to the first y on the host through cuSPARSE (a CuPy CSR of it, one product, y copied back;
     ms), then the running total after each of ``products`` further products as :func:`_ours_race` runs them,
     through descriptors made once (:class:`~tuner.graph.cusparse_products.CachedSpmv`), as a caller of many
-    products keeps them."""
+    products keeps them: of the CSR matrix, analysed once, or with ``coo`` (where that was the faster) of
+    its COO form, made from it; the analysis or the conversion is part of the race."""
     import cupyx.cusparse as cusparse
     import cupyx.scipy.sparse as cpsp
     from .graph.cusparse_products import CachedSpmv
@@ -449,6 +458,9 @@ def _cusparse_race(cp, m: CanonicalMatrix, x: np.ndarray, products: int) -> tupl
     totals = []
     if products:
         a.has_canonical_format = True  # a canonical matrix's rows: sorted, no duplicates
+        if coo:
+            a = a.tocoo()
+            a.has_canonical_format = True
         spmv, xd, yd = CachedSpmv(a), cp.asarray(x), cp.empty(m.n_rows, x.dtype)
         for _ in range(products):
             spmv(xd, yd)
@@ -511,7 +523,8 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
                 "driver_version": info.driver_version},
         "host": platform.node(), "python": platform.python_version(),
         "cusparse": ("cupyx.cusparse.spmv (CuPy %s; CSR and COO) and cuSPARSE's SpMV through descriptors made once "
-                     "(CSR, cusparse_kept_ms)" % cp.__version__) if cp else None,
+                     "(CSR analysed once by cusparseSpMV_preprocess where cuSPARSE has it, cusparse_kept_ms; COO, "
+                     "cusparse_kept_coo_ms)" % cp.__version__) if cp else None,
         "copy_bandwidth_gbs": copy_gbs, "repeats": repeats, "tune": tune,
         "timing": f"medians of CUDA-event times after warm-up; ours_ms and cusparse_*_ms: whole calls from "
                   f"Python on CuPy arrays, {CALLS_PER_SAMPLE} back to back per sample, {repeats} samples (fewer "

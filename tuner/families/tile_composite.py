@@ -187,7 +187,8 @@ def device_launch(m: CanonicalMatrix, p: TileCompositeParams) -> Launch:
 
 def device_bytes(m: CanonicalMatrix) -> int:
     """Device memory :func:`device_launch` needs beyond the relabelled matrix: the layout (slots, padding
-    included, counted as twice the entries) and one group's work (:data:`GROUP_ENTRIES`)."""
+    included, counted as twice the entries) and one group's work (:data:`GROUP_ENTRIES`): the least it needs
+    (a device with more free takes larger groups: :func:`~tuner.formats.tiles.device_group_entries`)."""
     entry = m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
     return 2 * entry * m.nnz + WORK_BYTES_PER_ENTRY * min(m.nnz, GROUP_ENTRIES)
 

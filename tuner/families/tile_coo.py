@@ -64,7 +64,8 @@ def device_launch(m: CanonicalMatrix, p: TileCooParams) -> Launch:
 def device_bytes(m: CanonicalMatrix) -> int:
     """Device memory :func:`device_launch` needs beyond the relabelled matrix: the layout (a row, a column
     and a value per entry; a tile's padding to whole warps is noise) and one group's work
-    (:data:`~tuner.formats.tiles.GROUP_ENTRIES`) with its part of the layout."""
+    (:data:`~tuner.formats.tiles.GROUP_ENTRIES`) with its part of the layout: the least it needs (a device
+    with more free takes larger groups: :func:`~tuner.formats.tiles.device_group_entries`)."""
     entry = 2 * m.index_dtype.itemsize + (0 if m.value_free else m.value_dtype.itemsize)
     return entry * m.nnz + (device_reorder.WORK_BYTES_PER_ENTRY + entry) * min(m.nnz, GROUP_ENTRIES)
 

@@ -578,6 +578,25 @@ def tile_widths(l1_sectors: float, itemsize: int, n_cols: int, multiples=(1, 2, 
 
 # Entries a grouped build tiles at once: one group's work arrays (about 50 B an entry) stay near 13 GB.
 GROUP_ENTRIES = 1 << 28
+# A build on the device takes larger groups where this share of the free device memory holds their work.
+DEVICE_GROUP_SHARE = 1 / 3
+
+
+def device_group_entries(nnz: int, entry_bytes: int, free_bytes: int) -> int:
+    """Entries a grouped build on the device tiles at once: :data:`GROUP_ENTRIES`, or up to all ``nnz`` where
+    :data:`DEVICE_GROUP_SHARE` of ``free_bytes`` holds their work arrays and their part of the layout
+    (``entry_bytes`` each): every further group scans the whole matrix for its entries and searches its row
+    pointers again, so a GPU with the room builds in fewer groups.
+
+    Example (600M entries of 8 B: 40 GB free keeps the default, 150 GB takes them in one group):
+        >>> device_group_entries(600_000_000, 8, 40 * 10**9) == GROUP_ENTRIES
+        True
+        >>> device_group_entries(600_000_000, 8, 150 * 10**9)
+        600000000
+    """
+    from .device_reorder import WORK_BYTES_PER_ENTRY
+    fit = int(DEVICE_GROUP_SHARE * free_bytes) // (WORK_BYTES_PER_ENTRY + entry_bytes)
+    return max(GROUP_ENTRIES, min(int(nnz), fit))
 
 
 def tile_groups(col_lengths: np.ndarray, bounds: np.ndarray, group_entries: int = GROUP_ENTRIES) -> list:
@@ -624,9 +643,9 @@ class TileGroup:
 def grouped_tiles(indptr, indices, data, bounds: np.ndarray, col_lengths: np.ndarray,
                   group_entries: int | None = None):
     """The tiles of column ``bounds`` of a CSR matrix (NumPy or CuPy arrays), a group of consecutive
-    tiles of at most ``group_entries`` entries (:func:`tile_groups`, default :data:`GROUP_ENTRIES`) at a
-    time: the work arrays of a tiling (an entry's tile, its place in tile-major order, its row, the runs)
-    then exist for one group's entries only. A tile-major layout whose parts depend on their own tile
+    tiles of at most ``group_entries`` entries (:func:`tile_groups`, default :data:`GROUP_ENTRIES` on the host,
+    :func:`device_group_entries` on the device) at a time: the work arrays of a tiling (an entry's tile, its
+    place in tile-major order, its row, the runs) then exist for one group's entries only. A tile-major layout whose parts depend on their own tile
     alone is the concatenation of its groups' layouts. One group is the matrix itself, no copy.
 
     Example (tiles {0, 1} and {2, 3}, one group each):
@@ -638,7 +657,13 @@ def grouped_tiles(indptr, indices, data, bounds: np.ndarray, col_lengths: np.nda
     xp = module(indices)
     bounds = host(bounds).astype(np.int64)
     n_rows, n_tiles = int(indptr.size) - 1, bounds.size - 1
-    groups = tile_groups(col_lengths, bounds, GROUP_ENTRIES if group_entries is None else group_entries)
+    if group_entries is None:
+        group_entries = GROUP_ENTRIES
+        if xp is not np:
+            from .device_reorder import free_bytes
+            entry = 2 * indices.dtype.itemsize + (0 if data is None else data.dtype.itemsize)
+            group_entries = device_group_entries(indices.size, entry, free_bytes())
+    groups = tile_groups(col_lengths, bounds, group_entries)
     if len(groups) == 1:
         yield TileGroup(0, n_tiles, indptr, indices, data, tile_entries(indptr, indices, int(bounds[-1]), bounds))
         return
