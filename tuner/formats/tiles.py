@@ -643,10 +643,11 @@ class TileGroup:
 def grouped_tiles(indptr, indices, data, bounds: np.ndarray, col_lengths: np.ndarray,
                   group_entries: int | None = None):
     """The tiles of column ``bounds`` of a CSR matrix (NumPy or CuPy arrays), a group of consecutive
-    tiles of at most ``group_entries`` entries (:func:`tile_groups`, default :data:`GROUP_ENTRIES` on the host,
-    :func:`device_group_entries` on the device) at a time: the work arrays of a tiling (an entry's tile, its
-    place in tile-major order, its row, the runs) then exist for one group's entries only. A tile-major layout whose parts depend on their own tile
-    alone is the concatenation of its groups' layouts. One group is the matrix itself, no copy.
+    tiles of at most ``group_entries`` entries (:func:`tile_groups`; default :data:`GROUP_ENTRIES` on the
+    host, :func:`device_group_entries` on the device) at a time: the work arrays of a tiling (an entry's
+    tile, its place in tile-major order, its row, the runs) then exist for one group's entries only. A
+    tile-major layout whose parts depend on their own tile alone is the concatenation of its groups'
+    layouts. One group is the matrix itself, no copy.
 
     Example (tiles {0, 1} and {2, 3}, one group each):
         >>> indptr, indices = np.array([0, 3, 4]), np.array([0, 2, 3, 1])

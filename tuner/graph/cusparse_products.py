@@ -9,8 +9,8 @@ every operand to, its values lie a column apart, a sector each: :class:`CachedSp
 the solvers hand it row-major blocks (the SpMM bench times cuSPARSE in both).
 
 A careful caller of many products also lets cuSPARSE analyse the matrix once (``cusparseSpMV_preprocess``,
-``cusparseSpMM_preprocess``): the calls after it skip that work, which on a graph of a few hundred thousand
-edges is a large part of a CSR product's call. CuPy binds neither, so they are called through ctypes from
+``cusparseSpMM_preprocess``): the calls after it skip that work, a sizeable part of a CSR product's call on
+a small graph. CuPy binds neither, so they are called through ctypes from
 the copy of cuSPARSE CuPy has loaded; where that copy lacks them (SpMV's before cuSPARSE 12.4) or they fail,
 the products run without (``preprocessed`` says which).
 """
@@ -54,8 +54,8 @@ def loaded_function(name: str, maps: str = "/proc/self/maps"):
 
 
 def _preprocess(name: str, *args) -> bool:
-    """Call cuSPARSE's ``name`` (a preprocessing entry point) on ``args`` (pointers and enums as ints):
-    whether it ran and succeeded."""
+    """Call cuSPARSE's ``name`` (a preprocessing entry point) on ``args``, (int, whether it is a pointer)
+    pairs (pointers go as void pointers, enums as C ints): whether it ran and succeeded."""
     function = loaded_function(name)
     if function is None:
         return False
@@ -97,7 +97,7 @@ class CachedSpmm(_KeptMatrix):
     def __init__(self, a):
         super().__init__(a)
         self._plans: dict = {}
-        self.preprocessed = False  # whether cuSPARSE analysed the matrix for the last (X, out) it was given
+        self.preprocessed = False  # whether cuSPARSE analysed the matrix for the last new (X, out) pair
 
     def _dense(self, X, row_major: bool):
         """A dense-matrix descriptor of X in its order (CuPy's own describes column-major arrays only)."""
@@ -124,16 +124,19 @@ class CachedSpmm(_KeptMatrix):
             if not row_major and not (X.flags.f_contiguous and out.flags.f_contiguous):
                 raise ValueError("CachedSpmm takes X and out both row-major (C-contiguous) or both column-major")
             desc_b, desc_c = self._dense(X, row_major), self._dense(out, row_major)
-            size = cusparse.spMM_bufferSize(handle, op, op, alpha_at, self._desc_a.desc, desc_b.desc, beta_at,
+            # A matrix descriptor of the plan's own: cuSPARSE keeps one analysis per descriptor, in that
+            # plan's work space, and the analysis is of the product's shapes and orders too.
+            desc_a = self._descriptors.SpMatDescriptor.create(self._a)
+            size = cusparse.spMM_bufferSize(handle, op, op, alpha_at, desc_a.desc, desc_b.desc, beta_at,
                                             desc_c.desc, self._type, cusparse.CUSPARSE_MM_ALG_DEFAULT)
             work = self._cupy.empty(max(int(size), 1), np.int8)
             self.preprocessed = self._a.format == "csr" and _preprocess(
                 "cusparseSpMM_preprocess", (handle, True), (op, False), (op, False), (alpha_at, True),
-                (self._desc_a.desc, True), (desc_b.desc, True), (beta_at, True), (desc_c.desc, True),
+                (desc_a.desc, True), (desc_b.desc, True), (beta_at, True), (desc_c.desc, True),
                 (self._type, False), (cusparse.CUSPARSE_MM_ALG_DEFAULT, False), (work.data.ptr, True))
-            plan = self._plans[key] = (X, out, desc_b, desc_c, work)
-        _, _, desc_b, desc_c, work = plan
-        cusparse.spMM(handle, op, op, alpha_at, self._desc_a.desc, desc_b.desc, beta_at, desc_c.desc,
+            plan = self._plans[key] = (X, out, desc_a, desc_b, desc_c, work)
+        _, _, desc_a, desc_b, desc_c, work = plan
+        cusparse.spMM(handle, op, op, alpha_at, desc_a.desc, desc_b.desc, beta_at, desc_c.desc,
                       self._type, cusparse.CUSPARSE_MM_ALG_DEFAULT, work.data.ptr)
 
 
