@@ -582,3 +582,16 @@ def test_an_interim_kernel_that_fails_to_build_leaves_the_tuning_going(monkeypat
     m = canonicalize(power_law(300, seed=43))
     assert compiler._interim(m, info, None, None) is None
     assert "no interim kernel (RuntimeError: nvcc exploded)" in caplog.text
+
+
+def test_a_waited_tuning_reads_a_cached_plan_once(monkeypatch, tmp_path):
+    # The early predictions look for the plan first (a plan-cache hit needs none); the compile then uses
+    # what they read rather than reading the plan file again.
+    from tuner import codegen, planner
+    plan, _ = _waited_tuning(monkeypatch, tmp_path)
+    reads, real = [], planner.load_plan
+    monkeypatch.setattr(planner, "load_plan", lambda cache, key: reads.append(key) or real(cache, key))
+    monkeypatch.setattr(codegen, "load_binary", lambda key, arch, cache: codegen.Binary(key, b"", arch, True))
+    again, early = _waited_tuning(monkeypatch, tmp_path)
+    assert len(reads) == 1 and not early
+    assert (again.family, again.params, again.predicted_ms) == (plan.family, plan.params, plan.predicted_ms)

@@ -362,6 +362,12 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     (:mod:`tuner.plan_worker`) unless the caller waits for the tuned kernel."""
     prof = _profile(info, profile)
     interim, relabelled_at = None, []
+    plans: dict = {}  # plan key -> the cached plan or None, read once (by early() where it runs)
+
+    def cached_plan(key):
+        if key not in plans:
+            plans[key] = planner.load_plan(cache, key)
+        return plans[key]
 
     def relabelled():  # the interim kernel as soon as the relabelled matrix is there, the digest perhaps not
         nonlocal interim
@@ -374,7 +380,7 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     def early(digest):  # on the digest's thread, beside the relabelling: the caller-order predictions
         hashed = time.perf_counter()
         key = planner.plan_key(digest, m.value_dtype, info.name, info.capability, tune, prof.digest)
-        if planner.load_plan(cache, key) is not None:
+        if cached_plan(key) is not None:
             return None
         ordering(m, TILE_ORDER)  # the relabelling's first step: m's column lengths (counted on the GPU) with it
         t0 = time.perf_counter()
@@ -396,7 +402,7 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
                     info.name, tune)
         tune = "exhaustive"
     key = planner.plan_key(digest, m.value_dtype, info.name, info.capability, tune, prof.digest if prof else "")
-    plan = planner.load_plan(cache, key)
+    plan = cached_plan(key)
     if plan is not None:
         binary = codegen.load_binary(plan.binary_key, plan.arch, cache)
         spec = plan.specialization()
