@@ -236,6 +236,31 @@ def test_pycuda_gpuarray_in_and_out():
     assert rel_error(y.get(), A.astype(np.float64) @ x.astype(np.float64)) < 1e-5
 
 
+SHARED_SOURCE = r"""
+extern "C" __global__ void fill_shared(float* out, int n) {
+    extern __shared__ float buf[];  // n floats of dynamic shared memory, written then summed by thread 0
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = (float)(i & 7);  // exact sums
+    __syncthreads();
+    if (threadIdx.x == 0) { float s = 0.f; for (int i = 0; i < n; ++i) s += buf[i]; out[0] = s; }
+}
+"""
+
+
+def test_kernels_of_one_binary_share_their_module_and_its_larger_shared_opt_in():
+    cubin = codegen.compile_source(SHARED_SOURCE, gpu.device_info().arch).cubin
+    big, small = (gpu.Kernel(cubin, "fill_shared", "Pi") for _ in range(2))
+    assert big.module is small.module is gpu.loaded_module(cubin)
+    out = gpu.alloc(4)
+    y = np.empty(1, np.float32)
+    # 100 KB through one kernel object, then 60 KB through the other, then 100 KB again: the second opt-in
+    # must not shrink the function's limit under the first one's launches.
+    for kernel, n in ((big, 25_600), (small, 15_360), (big, 25_600)):
+        gpu.memset_bytes(int(out), 0xFF, 4)
+        kernel.launch(1, 256, out, np.int32(n), shared=4 * n)
+        gpu.copy_to_host(y, int(out))
+        assert y[0] == (np.arange(n) & 7).sum()
+
+
 def test_matrix_without_rows_or_entries_runs():
     empty = tuner.compile(FIXTURES["all_empty"])
     assert np.array_equal(empty(random_vector(30, np.float32)), np.zeros(40, np.float32))

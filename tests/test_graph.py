@@ -721,28 +721,32 @@ def test_resident_pagerank_stages_its_node_vectors_after_the_setups_kernels(monk
 
 
 @pytest.mark.gpu
-def test_resident_pagerank_of_a_pattern_graph_in_float32_and_its_convergence_error():
+def test_resident_pagerank_of_a_pattern_graph_in_float32_and_its_convergence_error(monkeypatch):
     pytest.importorskip("cupy")
+    from tuner.graph import resident
     A = in_degree_graph([600, 0, 3, 256] + [4] * 996, 1000, 73)
     expected = tuner.pagerank(A, weighted=False, backend="scipy", tol=1e-12, tol_rule="per_node")
     x, info = tuner.pagerank(A, weighted=False, dtype=np.float32, tol=1e-9, tol_rule="per_node", return_info=True)
     assert info.backend.startswith("resident") and np.abs(x - expected).max() <= 1e-6 * expected.max()
     with pytest.raises(ConvergenceError, match="did not converge in 2 iterations"):
         tuner.pagerank(A, max_iter=2, tol=1e-12)
-    # node vectors checked on the device name their problem as the host's check does
-    for pers, message in ((np.r_[-1.0, np.ones(999)], "personalization must be finite and non-negative"),
-                          (np.r_[np.nan, np.ones(999)], "personalization must be finite and non-negative"),
-                          (np.zeros(1000), "personalization sums to zero"),
-                          (np.ones(3), "personalization has 3 entries, the graph 1000 nodes")):
-        with pytest.raises(ValueError, match=message):
-            tuner.pagerank(A, personalization=pers)
+    # node vectors checked on the host (up to HOST_NODE_VALUES entries) or on the device (0: every vector)
+    # name their problem alike
+    for host_values in (resident.HOST_NODE_VALUES, 0):
+        monkeypatch.setattr(resident, "HOST_NODE_VALUES", host_values)
+        for pers, message in ((np.r_[-1.0, np.ones(999)], "personalization must be finite and non-negative"),
+                              (np.r_[np.nan, np.ones(999)], "personalization must be finite and non-negative"),
+                              (np.zeros(1000), "personalization sums to zero"),
+                              (np.ones(3), "personalization has 3 entries, the graph 1000 nodes")):
+            with pytest.raises(ValueError, match=message):
+                tuner.pagerank(A, personalization=pers)
+        uneven = np.arange(1000.0)
+        assert np.abs(tuner.pagerank(A, personalization=uneven, dtype=np.float64, tol=1e-12)
+                      - tuner.pagerank(A, personalization=uneven, backend="scipy", tol=1e-12)).max() <= 1e-12
     with pytest.raises(MatrixError, match="no nodes"):
         tuner.pagerank(sp.csr_matrix((0, 0)))
     edgeless = tuner.pagerank(sp.csr_matrix((5, 5)), personalization=np.arange(1.0, 6.0))
     assert np.allclose(edgeless, np.arange(1.0, 6.0) / 15, rtol=1e-6)  # every node dangling: x = p
-    uneven = np.arange(1000.0)
-    assert np.abs(tuner.pagerank(A, personalization=uneven, dtype=np.float64, tol=1e-12)
-                  - tuner.pagerank(A, personalization=uneven, backend="scipy", tol=1e-12)).max() <= 1e-12
 
 
 def dense_simrank(A):

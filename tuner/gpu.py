@@ -169,6 +169,7 @@ def _context():
 
 
 def _release() -> None:
+    _loaded.clear()  # unloaded while the context still exists (unless a kernel object still holds one)
     pool = _state.pop("pool", None)
     if pool is not None:
         pool.stop_holding()  # its free blocks go back while the context still exists
@@ -221,12 +222,35 @@ def device_info() -> DeviceInfo:
                           getattr(a, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", a.MAX_SHARED_MEMORY_PER_BLOCK)))
 
 
+# Modules loaded in this process, by cubin: a load costs a few tenths of a millisecond, as long as a small
+# graph's whole product, and an algorithm's products (HITS's by A and Aᵀ, a walk's per call) often share one
+# binary. They stay loaded for the process's life: a few hundred KB of device code per distinct binary.
+_loaded: dict[bytes, object] = {}
+_opted_in: dict[tuple[int, str], int] = {}  # (module, kernel) -> dynamic shared bytes its function is opted in to
+
+
+def loaded_module(cubin: bytes):
+    """The module of ``cubin`` in this process's context, loaded on its first use only.
+
+    Example (on a GPU machine):
+        >>> loaded_module(binary.cubin) is loaded_module(binary.cubin)  # doctest: +SKIP
+        True
+    """
+    _context()
+    with _lock:
+        module = _loaded.get(cubin)
+        if module is None:
+            module = _loaded[cubin] = drv.module_from_buffer(cubin)
+        return module
+
+
 class Kernel:
-    """A loaded kernel with its prepared argument signature."""
+    """A loaded kernel with its prepared argument signature (its module loaded once per process:
+    :func:`loaded_module`)."""
 
     def __init__(self, cubin: bytes, name: str, signature: str, module=None):
         _context()
-        self.module = module if module is not None else drv.module_from_buffer(cubin)
+        self.module = module if module is not None else loaded_module(cubin)
         self.function = self.module.get_function(name)
         self.function.prepare(signature)
         # prepared_call less what it does on every call that a launch does not need (the deprecated block-shape
@@ -247,9 +271,14 @@ class Kernel:
         stream or ``stream``."""
         if not grid:
             return
-        if shared + self.shared_bytes > 49152 and shared > getattr(self, "_opted_in", 0):
-            self.function.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
-            self._opted_in = int(shared)
+        if shared + self.shared_bytes > 49152 and shared > _opted_in.get((id(self.module), self.name), 0):
+            # per function, not per Kernel: kernels of one loaded module share it, and a smaller opt-in made
+            # through one of them would make the others' larger launches fail
+            with _lock:
+                key = (id(self.module), self.name)
+                if shared > _opted_in.get(key, 0):
+                    self.function.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
+                    _opted_in[key] = int(shared)
         if self._direct:
             self.function._launch_kernel((grid, 1, 1), (block, 1, 1), _pack_args(self.function.arg_format, *args),
                                          int(shared), None if stream is None else stream.stream)
