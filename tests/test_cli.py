@@ -130,6 +130,44 @@ def test_bench_table_shows_speedup_and_floor():
     assert line.split()[:7] == ["g", "1,234", "0.5000", "1.0000", "2.00x", "2000", "50.0%"]
 
 
+class ScriptedClock:
+    """A stand-in for CuPy's events: a call advances a clock by its cost, times three while the host is in
+    a slow spell (the calls numbered ``slow`` of all calls made, warm-ups included)."""
+
+    def __init__(self, slow: range):
+        self.now, self.calls, self.slow = 0.0, 0, slow
+        clock = self
+
+        class Event:
+            def record(self):
+                self.at = clock.now
+
+            def synchronize(self):
+                pass
+
+        self.cuda = type("cuda", (), {"Event": Event, "get_elapsed_time": staticmethod(lambda a, b: b.at - a.at)})
+
+    def call(self, cost: float):
+        def run():
+            self.now += cost * (3.0 if self.calls in self.slow else 1.0)
+            self.calls += 1
+        return run
+
+
+def test_bench_times_ours_and_cusparse_in_turns_so_a_slow_spell_falls_on_both():
+    # 20 samples of 10 calls each after 5 warm-ups, per way. A spell of 130 calls from the 31st: in turns
+    # it falls on 8 of our samples and 5 of cuSPARSE's; timed one way after the other, on 13 of ours alone.
+    spell = range(30, 160)
+    fake = ScriptedClock(spell)
+    medians = bench._event_medians(fake, {"ours": fake.call(0.010), "cusparse": fake.call(0.020)}, repeats=20)
+    assert medians == {"ours": pytest.approx(0.010), "cusparse": pytest.approx(0.020)}
+    assert fake.calls == 2 * (5 + 20 * bench.CALLS_PER_SAMPLE)
+    fake = ScriptedClock(spell)  # one after the other, the spell makes ours look 3 times as slow
+    sequential = {name: bench._event_medians(fake, {name: fake.call(cost)}, repeats=20)[name]
+                  for name, cost in (("ours", 0.010), ("cusparse", 0.020))}
+    assert sequential == {"ours": pytest.approx(0.030), "cusparse": pytest.approx(0.020)}
+
+
 def test_default_suite_lists_real_matrices_then_generated(tmp_path):
     (tmp_path / "b.npz").write_bytes(b"")
     (tmp_path / "a.npz").write_bytes(b"")

@@ -161,6 +161,7 @@ def _cupy():
 
 
 CALLS_PER_SAMPLE = 10
+ROUNDS = 4  # turns in which ours and cuSPARSE's ways take their samples (_event_medians)
 SAMPLE_SPAN_MS = 1000.0  # the samples of one measurement take about this long in all, ...
 MIN_SAMPLES = 20  # ... but never fewer than this many samples
 
@@ -177,17 +178,25 @@ def samples_for(sample_ms: float, repeats: int) -> int:
     return int(min(repeats, max(MIN_SAMPLES, -(-SAMPLE_SPAN_MS // max(sample_ms, 1e-6)))))
 
 
-def _event_median(cp, fn, repeats: int, warmup: int = 5) -> float:
-    """Median over :func:`samples_for` ``repeats`` samples of the per-call time of ``CALLS_PER_SAMPLE``
-    back-to-back calls.
+def _event_medians(cp, calls: dict, repeats: int, rounds: int = ROUNDS, warmup: int = 5) -> dict:
+    """Median per-call ms of each of ``calls`` (name -> callable), over :func:`samples_for` ``repeats`` samples
+    of ``CALLS_PER_SAMPLE`` back-to-back calls each, taken in ``rounds`` turns: after a warm-up and a first
+    sample each, every callable takes its share of its samples in every round. A small graph's calls are
+    the host's (tens of microseconds, both ours and cuSPARSE's), and the host runs slower or faster for
+    seconds at a time: in turns such a spell falls on every way alike, not on whichever was being timed.
 
     Back-to-back calls between two events measure what an iterative caller sees: where the GPU work is
     longer than the Python call it hides the call, and where it is shorter the call rate is the limit.
-    """
-    for _ in range(warmup):
-        fn()
 
-    def sample() -> float:
+    Example (on a GPU machine):
+        >>> _event_medians(cupy, {"ours": lambda: spmv(x, out=y), "kept": lambda: kept(x, y)}, 100)  # doctest: +SKIP
+        {'ours': 0.0131, 'kept': 0.0137}
+    """
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
+
+    def sample(fn) -> float:
         start, end = cp.cuda.Event(), cp.cuda.Event()
         start.record()
         for _ in range(CALLS_PER_SAMPLE):
@@ -196,22 +205,27 @@ def _event_median(cp, fn, repeats: int, warmup: int = 5) -> float:
         end.synchronize()
         return cp.cuda.get_elapsed_time(start, end)
 
-    times = [sample()]
-    times += [sample() for _ in range(samples_for(times[0], repeats) - 1)]
-    times = [t / CALLS_PER_SAMPLE for t in times]
-    return float(np.median(times))
+    times = {name: [sample(fn)] for name, fn in calls.items()}
+    left = {name: samples_for(times[name][0], repeats) - 1 for name in calls}
+    for r in range(rounds):
+        for name, fn in calls.items():
+            times[name] += [sample(fn) for _ in range(left[name] // rounds + (r < left[name] % rounds))]
+    return {name: float(np.median(t)) / CALLS_PER_SAMPLE for name, t in times.items()}
 
 
-def _cusparse_times(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray, repeats: int):
-    """Median ms of cuSPARSE's SpMV on the matrix as given: CSR and COO through ``cupyx.cusparse.spmv``, CSR
-    and COO through descriptors made once (:class:`~tuner.graph.cusparse_products.CachedSpmv`, the CSR one
-    analysed once), and whether that analysis ran; None each where not supported. Every result is checked
-    against SciPy's before it is timed."""
+CUSPARSE_WAYS = ("cusparse_csr_ms", "cusparse_coo_ms", "cusparse_kept_ms", "cusparse_kept_coo_ms")
+
+
+def _cusparse_calls(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray) -> tuple[dict, bool | None]:
+    """cuSPARSE's SpMV of the matrix as given, by the :data:`CUSPARSE_WAYS` it is timed in (CSR and COO
+    through ``cupyx.cusparse.spmv``, CSR and COO through descriptors made once,
+    :class:`~tuner.graph.cusparse_products.CachedSpmv`, the CSR one analysed once), each result checked
+    against SciPy's; with whether that analysis ran. None each where not supported."""
     import cupyx.cusparse as cusparse
     import cupyx.scipy.sparse as cpsp
     from .graph.cusparse_products import CachedSpmv
     if m.index_dtype != np.int32:
-        return None, None, None, None, None  # CuPy's sparse matrices hold int32 indices only
+        return {}, None  # CuPy's sparse matrices hold int32 indices only
     a_csr = cpsp.csr_matrix((cp.asarray(m.data), cp.asarray(m.indices), cp.asarray(m.indptr)), shape=m.shape)
     # A canonical matrix's rows are sorted and free of duplicates, and so is the COO made from them (as
     # cuSPARSE's COO path requires): said, not checked on the GPU, where CuPy's checks are reductions it
@@ -222,16 +236,15 @@ def _cusparse_times(cp, m: CanonicalMatrix, x_host: np.ndarray, ref: np.ndarray,
     a_coo = a_csr.tocoo()
     a_coo.has_canonical_format = True
     kept, kept_coo = CachedSpmv(a_csr), CachedSpmv(a_coo)
-    out = []
-    for call in (lambda: cusparse.spmv(a_csr, x, y=y), lambda: cusparse.spmv(a_coo, x, y=y), lambda: kept(x, y),
-                 lambda: kept_coo(x, y)):
+    calls = dict(zip(CUSPARSE_WAYS, (lambda: cusparse.spmv(a_csr, x, y=y), lambda: cusparse.spmv(a_coo, x, y=y),
+                                     lambda: kept(x, y), lambda: kept_coo(x, y))))
+    for call in calls.values():
         y.fill(np.nan)
         call()
         err = _rel_error(cp.asnumpy(y), ref)
         if not err < 1e-4:
             raise RuntimeError(f"cuSPARSE result disagrees with SciPy (relative error {err:.2e})")
-        out.append(_event_median(cp, call, repeats))
-    return (*out, kept.preprocessed)
+    return calls, kept.preprocessed
 
 
 def _rel_error(y: np.ndarray, ref: np.ndarray) -> float:
@@ -269,19 +282,20 @@ def bench_one(source: str, repeats: int = 100, cp=None, copy_gbs: float = 0.0, c
     y = spmv(x)
     err = _rel_error(y, ref)
     kernel_ms = float(np.median(time_spmv(spmv, repeats, warmup=5)))
+    clock.stage("timing")
     csr_ms = coo_ms = kept_ms = kept_coo_ms = preprocessed = None
+    ours_ms = kernel_ms
     if cp is not None:
         xd = cp.asarray(x)
         yd = cp.full(m.n_rows, np.nan, dtype=m.value_dtype)
         spmv(xd, out=yd)
         err = max(err, _rel_error(cp.asnumpy(yd), ref))
-        ours_ms = _event_median(cp, lambda: spmv(xd, out=yd), repeats)
-        clock.stage("timing")
-        csr_ms, coo_ms, kept_ms, kept_coo_ms, preprocessed = _cusparse_times(cp, m, x, ref, repeats)
+        cusparse_calls, preprocessed = _cusparse_calls(cp, m, x, ref)
+        # ours and cuSPARSE's ways timed in turns: the stage 'cusparse' holds our calls' samples too
+        medians = _event_medians(cp, {"ours": lambda: spmv(xd, out=yd), **cusparse_calls}, repeats)
+        ours_ms = medians["ours"]
+        csr_ms, coo_ms, kept_ms, kept_coo_ms = (medians.get(way) for way in CUSPARSE_WAYS)
         clock.stage("cusparse")
-    else:
-        ours_ms = kernel_ms
-        clock.stage("timing")
     timed = [t for t in (csr_ms, coo_ms, kept_ms, kept_coo_ms) if t is not None]
     best_cusparse = min(timed) if timed else None
     first_ms, ours_totals, tuned_after_ms, interim_after_ms, stand_in_products, stand_in_ms = _ours_race(
@@ -528,7 +542,8 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
         "copy_bandwidth_gbs": copy_gbs, "repeats": repeats, "tune": tune,
         "timing": f"medians of CUDA-event times after warm-up; ours_ms and cusparse_*_ms: whole calls from "
                   f"Python on CuPy arrays, {CALLS_PER_SAMPLE} back to back per sample, {repeats} samples (fewer "
-                  f"where they take over {SAMPLE_SPAN_MS / 1e3:.0f} s, at least {MIN_SAMPLES}); "
+                  f"where they take over {SAMPLE_SPAN_MS / 1e3:.0f} s, at least {MIN_SAMPLES}), ours and "
+                  f"cuSPARSE's ways taking their samples in {ROUNDS} turns; "
                   "ours_kernel_ms: the kernel alone on the GPU (launches queued behind a hold kernel, so the "
                   "host's issue rate does not count); a relabelled plan's times include its gathers of x "
                   "and y; layout_s: time to build the chosen layout as a compile does (relabelling included; "
