@@ -37,8 +37,8 @@ CHUNKS = (32, 64, 128, 256)  # Wᵀ's entries a warp pulls at a time: one to eig
 SINGLE_CHUNKS = (32, 64, 128)
 L2_SHARE = 4  # the rank cache's share of L2 beyond which degree order pays (relabel_pays)
 CHUNKS_PER_SM = 64  # chunks an SM takes before a larger chunk is: one or two a warp (it holds 32-40 warps)
-# Node vectors up to this many entries are checked and normalised on the host: its three passes take about
-# a nanosecond an entry (0.1 ms here), the device's checks five launches and a wait (0.2-0.3 ms) whatever n.
+# Node vectors up to this many entries are checked and normalised on the host: its passes take about a
+# nanosecond an entry (0.1 ms at this size), the device's checks five launches and a wait (0.2-0.3 ms) at any.
 HOST_NODE_VALUES = 1 << 17
 _kernels: dict = {}  # (value type, pattern, chunk, single, device) -> (function, blocks the GPU holds)
 
