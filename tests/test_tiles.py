@@ -713,6 +713,19 @@ def test_a_tile_coo_layout_built_a_group_of_tiles_at_a_time_equals_the_one_build
     assert np.allclose(y, (abs(B) > 0 if pattern else B) @ np.arange(1.0, B.shape[1] + 1), rtol=1e-12)
 
 
+def test_the_tile_order_alone_is_the_tilings_order_and_groups_skip_the_runs_where_asked():
+    from tuner.formats.tiles import TiledEntries, grouped_tiles, tile_entries, tile_order
+    B, lengths, bounds = columns_by_degree(84)
+    full, alone = tile_entries(B.indptr, B.indices, B.shape[1], bounds), tile_order(B.indptr, B.indices, bounds)
+    assert not isinstance(alone, TiledEntries)
+    assert np.array_equal(alone.order, full.order) and np.array_equal(alone.tile_starts, full.tile_starts)
+    assert np.array_equal(alone.bounds, full.bounds) and alone.n_tiles == full.n_tiles == bounds.size - 1
+    for runs in (True, False):
+        parts = list(grouped_tiles(B.indptr, B.indices, None, bounds, lengths, group_entries=5_000, runs=runs))
+        assert len(parts) > 2 and all(isinstance(g.tiled, TiledEntries) == runs for g in parts)
+        assert sum(int(g.tiled.tile_starts[-1]) for g in parts) == B.nnz
+
+
 def test_tile_groups_hold_at_most_their_entries_unless_one_tile_is_larger():
     from tuner.formats.tiles import tile_groups
     lengths = np.array([9, 1, 1, 1, 3, 3, 0, 2])

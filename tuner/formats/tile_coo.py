@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from .aligned_coo import WARP, AlignedCoo, Sizes
-from .tiles import TiledEntries, entry_rows, grouped_tiles
+from .tiles import TileOrder, entry_rows, grouped_tiles
 from .xp import host, like, module, segment_of
 
 
-def build_tile_coo(indptr, indices, data, tiled: TiledEntries, index_dtype=np.int32) -> AlignedCoo:
+def build_tile_coo(indptr, indices, data, tiled: TileOrder, index_dtype=np.int32) -> AlignedCoo:
     """The TILE-COO layout of a CSR matrix cut into ``tiled``'s tiles (NumPy arrays, or CuPy arrays and a
-    tiling of them: the layout is then built on the device, the same arrays).
+    tiling of them: the layout is then built on the device, the same arrays); of the tiling it reads only
+    the tile-major order (:class:`~tuner.formats.tiles.TileOrder`), each entry's row found anew.
 
     Example (two tiles of columns {0, 1} and {2, 3}; each tile padded to 32 slots):
         >>> from tuner.formats.tiles import tile_entries
@@ -68,7 +69,7 @@ def build_tile_coo_grouped(indptr, indices, data, bounds: np.ndarray, col_length
     # Each group's part is written into the whole layout as it is made: one layout and one part, not the
     # parts and their concatenation, are live at once.
     out = None
-    for g in grouped_tiles(indptr, indices, data, bounds, col_lengths, group_entries):
+    for g in grouped_tiles(indptr, indices, data, bounds, col_lengths, group_entries, runs=False):
         part = build_tile_coo(g.indptr, g.cols, g.vals, g.tiled, index_dtype)
         if g.first == 0 and g.end == bounds.size - 1:
             return part

@@ -6,9 +6,9 @@ than one entry (the reuse that tiling buys; Algorithm 1, lines 6-7); everything 
 is the sparse remainder, one more tile. A kernel that visits the entries tile by tile gathers from one
 slice of x at a time, small enough to stay in each SM's L1.
 
-:func:`tile_entries` regroups a CSR matrix's entries tile-major (CSR order kept inside a tile, so a tile's
-entries are sorted by row) and finds each tile's rows: the runs of one (tile, row). Vectorised: a
-division, a radix sort on the tile ids and a few passes over the entries.
+:func:`tile_order` puts a CSR matrix's entries tile-major (CSR order kept inside a tile, so a tile's
+entries are sorted by row), and :func:`tile_entries` also finds each tile's rows: the runs of one (tile,
+row). Vectorised: a division, a radix sort on the tile ids and a few passes over the entries.
 """
 from __future__ import annotations
 
@@ -57,30 +57,40 @@ def tile_bounds(col_lengths: np.ndarray, width: int) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class TiledEntries:
-    """A matrix's entries regrouped tile-major.
+class TileOrder:
+    """A matrix's entries in tile-major order (:func:`tile_order`): what a layout that keeps each entry as it
+    is (TILE-COO) needs.
 
     Attributes:
         bounds: column bounds of the tiles (:func:`tile_bounds`).
         order: entry numbers (positions in the CSR arrays) in tile-major order, CSR order inside a tile.
         tile_starts: position in ``order`` where each tile's entries begin (n_tiles + 1 values).
+    """
+
+    bounds: np.ndarray
+    order: np.ndarray
+    tile_starts: np.ndarray
+
+    @property
+    def n_tiles(self) -> int:
+        return self.bounds.size - 1
+
+
+@dataclass(frozen=True, eq=False)
+class TiledEntries(TileOrder):
+    """A matrix's entries regrouped tile-major, with every tile's rows (:func:`tile_entries`).
+
+    Attributes (beyond :class:`TileOrder`'s):
         run_rows: row of each (tile, row) run, tile by tile, rows ascending inside a tile.
         run_lengths: entries in each run (the row's length inside the tile).
         run_starts: position in ``order`` where each run begins.
         tile_runs: index in the runs where each tile's runs begin (n_tiles + 1 values).
     """
 
-    bounds: np.ndarray
-    order: np.ndarray
-    tile_starts: np.ndarray
     run_rows: np.ndarray
     run_lengths: np.ndarray
     run_starts: np.ndarray
     tile_runs: np.ndarray
-
-    @property
-    def n_tiles(self) -> int:
-        return self.bounds.size - 1
 
     def tile_lengths(self, t: int) -> np.ndarray:
         """Lengths of tile ``t``'s rows inside the tile, in row order."""
@@ -511,15 +521,15 @@ def key_counts(key: np.ndarray, bins: int) -> np.ndarray:
     return out
 
 
-def tile_entries(indptr, indices, n_cols: int, bounds: np.ndarray) -> TiledEntries:
-    """Regroup the entries of a CSR matrix tile-major and find every tile's rows. The CSR arrays may be
-    NumPy or CuPy (the per-entry and per-run results are then device arrays; ``bounds``, ``tile_starts``
-    and ``tile_runs`` are always host arrays): both give the same arrays.
+def tile_order(indptr, indices, bounds: np.ndarray) -> TileOrder:
+    """The entries of a CSR matrix in tile-major order, CSR order inside a tile: a stable sort on the tile
+    numbers (NumPy or CuPy arrays; ``order`` is then a device array, ``bounds`` and ``tile_starts`` are
+    always host arrays).
 
     Example (two tiles of columns {0, 1} and {2, 3}):
-        >>> t = tile_entries(np.array([0, 3, 4]), np.array([0, 2, 3, 1]), 4, np.array([0, 2, 4]))
-        >>> t.order.tolist(), t.run_rows.tolist(), t.run_lengths.tolist(), t.tile_runs.tolist()
-        ([0, 3, 1, 2], [0, 1, 0], [1, 1, 2], [0, 2, 3])
+        >>> t = tile_order(np.array([0, 3, 4]), np.array([0, 2, 3, 1]), np.array([0, 2, 4]))
+        >>> t.order.tolist(), t.tile_starts.tolist()
+        ([0, 3, 1, 2], [0, 2, 4])
     """
     xp = module(indices)
     bounds = host(bounds).astype(np.int64)
@@ -536,7 +546,24 @@ def tile_entries(indptr, indices, n_cols: int, bounds: np.ndarray) -> TiledEntri
         order, tile = argsort(tile, key_bits(n_tiles - 1))
         tile_counts = host(xp.diff(xp.searchsorted(tile, xp.arange(n_tiles + 1, dtype=np.uint32))))
     del tile
-    tile_starts = np.concatenate([[0], np.cumsum(tile_counts)]).astype(np.int64)
+    return TileOrder(bounds=bounds, order=order,
+                     tile_starts=np.concatenate([[0], np.cumsum(tile_counts)]).astype(np.int64))
+
+
+def tile_entries(indptr, indices, n_cols: int, bounds: np.ndarray) -> TiledEntries:
+    """Regroup the entries of a CSR matrix tile-major (:func:`tile_order`) and find every tile's rows. The
+    CSR arrays may be NumPy or CuPy (the per-entry and per-run results are then device arrays; ``bounds``,
+    ``tile_starts`` and ``tile_runs`` are always host arrays): both give the same arrays.
+
+    Example (two tiles of columns {0, 1} and {2, 3}):
+        >>> t = tile_entries(np.array([0, 3, 4]), np.array([0, 2, 3, 1]), 4, np.array([0, 2, 4]))
+        >>> t.order.tolist(), t.run_rows.tolist(), t.run_lengths.tolist(), t.tile_runs.tolist()
+        ([0, 3, 1, 2], [0, 1, 0], [1, 1, 2], [0, 2, 3])
+    """
+    xp = module(indices)
+    sorted_ = tile_order(indptr, indices, bounds)
+    order, tile_starts = sorted_.order, sorted_.tile_starts
+    nnz = int(tile_starts[-1])
     rows = entry_rows(indptr, order)
     # A run starts at every tile start and wherever the row changes inside a tile.
     new = xp.ones(nnz, dtype=bool)
@@ -550,7 +577,7 @@ def tile_entries(indptr, indices, n_cols: int, bounds: np.ndarray) -> TiledEntri
     del rows
     run_lengths = xp.diff(xp.concatenate([run_starts, like(run_starts, [nnz])]))
     tile_runs = host(xp.searchsorted(run_starts, like(run_starts, tile_starts))).astype(np.int64)
-    return TiledEntries(bounds=bounds, order=order, tile_starts=tile_starts, run_rows=run_rows,
+    return TiledEntries(bounds=sorted_.bounds, order=order, tile_starts=tile_starts, run_rows=run_rows,
                         run_lengths=run_lengths, run_starts=run_starts, tile_runs=tile_runs)
 
 
@@ -629,7 +656,8 @@ class TileGroup:
         first, end: the group's tiles.
         indptr: the row pointers of the group's entries (as many rows as the matrix).
         cols, vals: its entries' columns (the matrix's numbering) and values (None: value-free), in CSR order.
-        tiled: :func:`tile_entries` of the group, its positions into ``cols``, its rows the matrix's.
+        tiled: :func:`tile_entries` of the group (or only its :func:`tile_order`, where the runs were not
+            asked for), its positions into ``cols``, its rows the matrix's.
     """
 
     first: int
@@ -637,17 +665,18 @@ class TileGroup:
     indptr: object
     cols: object
     vals: object
-    tiled: TiledEntries
+    tiled: TileOrder
 
 
 def grouped_tiles(indptr, indices, data, bounds: np.ndarray, col_lengths: np.ndarray,
-                  group_entries: int | None = None):
+                  group_entries: int | None = None, runs: bool = True):
     """The tiles of column ``bounds`` of a CSR matrix (NumPy or CuPy arrays), a group of consecutive
     tiles of at most ``group_entries`` entries (:func:`tile_groups`; default :data:`GROUP_ENTRIES` on the
     host, :func:`device_group_entries` on the device) at a time: the work arrays of a tiling (an entry's
     tile, its place in tile-major order, its row, the runs) then exist for one group's entries only. A
     tile-major layout whose parts depend on their own tile alone is the concatenation of its groups'
-    layouts. One group is the matrix itself, no copy.
+    layouts. One group is the matrix itself, no copy. ``runs``: each group's :func:`tile_entries`; else
+    only its :func:`tile_order` (a layout that needs no runs then pays no pass over the entries for them).
 
     Example (tiles {0, 1} and {2, 3}, one group each):
         >>> indptr, indices = np.array([0, 3, 4]), np.array([0, 2, 3, 1])
@@ -665,8 +694,11 @@ def grouped_tiles(indptr, indices, data, bounds: np.ndarray, col_lengths: np.nda
             entry = 2 * indices.dtype.itemsize + (0 if data is None else data.dtype.itemsize)
             group_entries = device_group_entries(indices.size, entry, free_bytes())
     groups = tile_groups(col_lengths, bounds, group_entries)
+
+    def tiled(ptr, cols, cuts):
+        return tile_entries(ptr, cols, int(cuts[-1]), cuts) if runs else tile_order(ptr, cols, cuts)
     if len(groups) == 1:
-        yield TileGroup(0, n_tiles, indptr, indices, data, tile_entries(indptr, indices, int(bounds[-1]), bounds))
+        yield TileGroup(0, n_tiles, indptr, indices, data, tiled(indptr, indices, bounds))
         return
     for first, end in groups:
         lo, hi = int(bounds[first]), int(bounds[end])
@@ -674,9 +706,9 @@ def grouped_tiles(indptr, indices, data, bounds: np.ndarray, col_lengths: np.nda
         # The group's row pointers: its entries before each row's first (a search of the ascending positions).
         ptr = xp.searchsorted(pos, like(pos, indptr).astype(pos.dtype), side="left").astype(np.int64)
         cols = indices[pos]
-        tiled = tile_entries(ptr, cols - lo, hi - lo, bounds[first:end + 1] - lo)
-        yield TileGroup(first, end, ptr, cols, None if data is None else data[pos], tiled)
-        del pos, ptr, cols, tiled
+        part = tiled(ptr, cols - lo, bounds[first:end + 1] - lo)
+        yield TileGroup(first, end, ptr, cols, None if data is None else data[pos], part)
+        del pos, ptr, cols, part
 
 
 def _positions_between(indices, lo: int, hi: int, piece: int | None = None):
