@@ -39,7 +39,37 @@ DATA_DIR = default_data_dir()
 REAL = real_matrices()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run only the K-th of N interleaved parts of the selected tests (every N-th from the K-th "
+                          "on), e.g. the GPU tests over two calls of a time-limited GPU machine: --shard 1/2, then "
+                          "--shard 2/2")
+
+
+def shard_part(items: list, spec: str) -> tuple[list, list]:
+    """(kept, dropped): the K-th of N interleaved parts of ``items`` for a ``spec`` 'K/N', every N-th item from
+    the K-th on, so that each part gets its share of every module's slow and quick tests.
+
+    Example:
+        >>> shard_part(list("abcde"), "2/2")
+        (['b', 'd'], ['a', 'c', 'e'])
+    """
+    try:
+        k, n = (int(part) for part in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard takes K/N with whole numbers, e.g. 1/2, got {spec!r}") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--shard K/N needs 1 <= K <= N, got {spec!r}")
+    return ([item for i, item in enumerate(items) if i % n == k - 1],
+            [item for i, item in enumerate(items) if i % n != k - 1])
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs: the parts share what is left
 def pytest_collection_modifyitems(config, items):
+    spec = config.getoption("--shard")
+    if spec:
+        items[:], dropped = shard_part(items, spec)
+        config.hook.pytest_deselected(items=dropped)
     if gpu.available():
         return
     skip = pytest.mark.skip(reason=f"no CUDA GPU: {gpu.unavailable_reason()}")
