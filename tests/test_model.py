@@ -242,6 +242,42 @@ def test_caller_order_predictions_made_early_give_the_plan_made_at_once(profile,
     assert asked and not set(asked) & set(known)  # the known ones were not predicted again
 
 
+def test_caller_order_predictions_still_being_made_are_waited_for_after_the_others(profile, monkeypatch):
+    # A compile hands the planner a callable for the predictions its digest thread is still making: the
+    # planner predicts everything else first, then takes them, and plans as it would have at once.
+    from tuner.model import lookup
+    A = power_law(5000, seed=25)
+    specs, predicted = lookup.predicted_candidates(canonicalize(A), profile)
+    m = canonicalize(A)
+    known = lookup.caller_order_predictions(m, profile)
+    asked, seen_then = [], []
+    real = lookup.predict_many
+
+    def recording(m, specs, *a, **k):
+        asked.extend(s.label() for s in specs)
+        return real(m, specs, *a, **k)
+    monkeypatch.setattr(lookup, "predict_many", recording)
+
+    def later():
+        seen_then.extend(asked)
+        return known
+    again, again_predicted = lookup.predicted_candidates(m, profile, known=later)
+    assert [s.label() for s in again] == [s.label() for s in specs] and again_predicted == predicted
+    others = {s.label() for s in specs} - set(known)
+    assert set(seen_then) == others and set(asked) == others  # all of them before later(); none of its own
+
+
+def test_caller_order_predictions_that_failed_are_made_by_the_planner(profile):
+    from tuner.model import lookup
+    A = power_law(5000, seed=26)
+    specs, predicted = lookup.predicted_candidates(canonicalize(A), profile)
+    again, again_predicted = lookup.predicted_candidates(canonicalize(A), profile, known=lambda: None)
+    assert [s.label() for s in again] == [s.label() for s in specs] and again_predicted == predicted
+    partial = dict(list(lookup.caller_order_predictions(canonicalize(A), profile).items())[:3])
+    _, with_some = lookup.predicted_candidates(canonicalize(A), profile, known=lambda: partial)
+    assert with_some == predicted
+
+
 def test_a_layout_asked_for_on_many_threads_at_once_is_built_once():
     import threading
     import time

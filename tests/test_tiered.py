@@ -516,7 +516,7 @@ def test_what_follows_the_digest_runs_on_its_thread_beside_the_relabelling(monke
     monkeypatch.setattr(compiler, "ordered_matrix", relabel)
     digest, relabel_s, after_value = compiler._digest_beside_relabelling(
         canonicalize(power_law(300, seed=3)), after_digest=after)
-    assert (digest, after_value) == ("d1g", "known") and seen == ["relabel", ("after", "d1g", True)]
+    assert (digest, after_value()) == ("d1g", "known") and seen == ["relabel", ("after", "d1g", True)]
     monkeypatch.setattr(compiler.device_reorder, "usable", lambda *a: False)  # nothing relabelled here
     assert compiler._digest_beside_relabelling(canonicalize(power_law(300, seed=3)), after_digest=after) == (
         "d1g", 0.0, None)

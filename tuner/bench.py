@@ -551,8 +551,9 @@ def run(suite: list[str], out: Path | None, repeats: int = 100, cache_dir=None, 
                   "set's high-water mark during the first compile beyond the process's before it; plan_s: "
                   "the planner's wall time for every candidate and its prediction once the relabelled matrix "
                   "is there (Plan.seconds['plan']); plan_early_s: the predictions of the candidates in the "
-                  "caller's order, made beside the relabelling before that (Plan.seconds['plan_early'], "
-                  "null where none were)",
+                  "caller's order, made on another thread from the digest on, beside the relabelling and "
+                  "then the rest of the planning, which takes them last (Plan.seconds['plan_early'], null "
+                  "where none were)",
         "suite": list(suite), "rows": [],
     }
     done, before = resumed_rows(out, info.name, tune, repeats) if resume else ({}, "")

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -152,7 +154,8 @@ def plan_candidates(m: CanonicalMatrix, profile: Profile | None, repeats: int = 
     seconds of the relabelled matrix the tiled candidates read ('relabel': their layout's first step, built
     before the planning) and of the planning beyond it ('plan'). ``known``: predictions made before, by
     candidate label (:func:`~tuner.model.lookup.caller_order_predictions`, which a compile makes beside the
-    relabelling), not made again (the first plan only, where ``repeats`` > 1).
+    relabelling), not made again (the first plan only, where ``repeats`` > 1); or a callable returning them
+    once made (:func:`~tuner.model.lookup.predicted_candidates`), whose wait counts in 'plan'.
 
     With ``repeats`` > 1 the planning is done that many times, each after the first on a new copy of the
     matrix as the relabelling left it (:func:`~tuner.families.base.restore`: nothing the earlier plans
@@ -361,24 +364,24 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
     caller waits for that; a plan made anew there is made in a process of its own
     (:mod:`tuner.plan_worker`) unless the caller waits for the tuned kernel."""
     prof = _profile(info, profile)
-    interim, relabelled_at = None, []
-    plans: dict = {}  # plan key -> the cached plan or None, read once (by early() where it runs)
+    interim = None
+    plans: dict = {}  # plan key -> the cached plan or None, read once (by early() or this thread, the first)
+    reading = threading.Lock()
 
     def cached_plan(key):
-        if key not in plans:
-            plans[key] = planner.load_plan(cache, key)
-        return plans[key]
+        with reading:
+            if key not in plans:
+                plans[key] = planner.load_plan(cache, key)
+            return plans[key]
 
     def relabelled():  # the interim kernel as soon as the relabelled matrix is there, the digest perhaps not
         nonlocal interim
-        relabelled_at.append(time.perf_counter())
         if hand_over is not None and not hand_over.caller_waits:
             interim = _interim(m, info, cache, prof)
             if interim is not None:
                 hand_over(interim)
 
     def early(digest):  # on the digest's thread, beside the relabelling: the caller-order predictions
-        hashed = time.perf_counter()
         key = planner.plan_key(digest, m.value_dtype, info.name, info.capability, tune, prof.digest)
         if cached_plan(key) is not None:
             return None
@@ -389,14 +392,10 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
         except MemoryError as e:  # CuPy's OutOfMemoryError is one: beside the relabelling's sorts, room was short
             log.warning("no caller-order predictions beside the relabelling (%s): they are made after it", e)
             return None
-        return known, time.perf_counter() - t0, hashed
+        return known, time.perf_counter() - t0
 
     in_process = prof is not None and (hand_over is None or hand_over.caller_waits)
-    digest, relabel_s, made_early = _digest_beside_relabelling(m, relabelled, early if in_process else None)
-    # What the early predictions kept this thread waiting once the relabelling and the digest were done is
-    # planning too: it is added to the planning's seconds below.
-    early_wait = (max(0.0, time.perf_counter() - max(relabelled_at[0], made_early[2]))
-                  if made_early is not None and relabelled_at else 0.0)
+    digest, relabel_s, early_result = _digest_beside_relabelling(m, relabelled, early if in_process else None)
     if prof is None and tune != "exhaustive":
         log.warning("no GPU profile for %s (run `python -m tuner profile`): tune=%r falls back to 'exhaustive'",
                     info.name, tune)
@@ -411,12 +410,19 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
         return _spmv(m, spec, binary.cubin, plan, cache, digest, _interim_layout(interim, spec))
     apart = hand_over is not None and relabel_s > 0 and prof is not None and not hand_over.caller_waits
     planned = _plan_apart(m, prof) if apart else None
-    known, early_s = made_early[:2] if made_early is not None and planned is None else (None, None)
-    specs, predicted, seconds = planned if planned is not None else plan_candidates(m, prof, known=known)
+    early_s = []
+
+    def known():  # the caller-order predictions, waited for only once the planner has made the others
+        made = early_result()
+        if made is None:
+            return None
+        early_s.append(made[1])
+        return made[0]
+    specs, predicted, seconds = planned if planned is not None else plan_candidates(
+        m, prof, known=known if early_result is not None else None)
     seconds["relabel"] += relabel_s  # made beside the digest, before the planner asked for it
-    if early_s is not None:
-        seconds["plan"] += early_wait
-        seconds["plan_early"] = early_s
+    if early_s:
+        seconds["plan_early"] = early_s[0]
     if prof and tune != "exhaustive":
         specs, predicted = predictable(specs, predicted, info.name)
     binaries: dict[int, codegen.Binary] = {}
@@ -500,24 +506,31 @@ def _digest_beside_relabelling(m: CanonicalMatrix, relabelled=None, after_digest
     it, and the plans of large power-law graphs use it, so on a plan-cache hit it is seldom wasted; a plan
     in the caller's order drops it with the other device copies), then calls ``relabelled`` (if given) before
     it waits for the digest; with the relabelling's seconds (0.0 where it was not made here, and
-    ``relabelled`` not called) and what ``after_digest(digest)`` returned, called on the digest's thread
-    once the digest is made, beside the relabelling (None where not given or nothing was relabelled here).
+    ``relabelled`` not called) and a callable that waits for and returns what ``after_digest(digest)``
+    returned (None where not given or nothing was relabelled here): called on the digest's thread once the
+    digest is made, beside the relabelling, it may go on after this returns.
     """
     if not device_reorder.usable(m.n_rows, m.n_cols, m.nnz, relabel_bytes(m)):
         return structure_digest(m), 0.0, None
+    hashed: Future = Future()
 
     def digest_then():
-        digest = structure_digest(m)
-        return digest, after_digest(digest) if after_digest is not None else None
-    with thread_pool(1) as pool:
-        done = pool.submit(digest_then)
-        t0 = time.perf_counter()
-        ordered_matrix(m, TILE_ORDER)
-        relabel_s = time.perf_counter() - t0
-        if relabelled is not None:
-            relabelled()
-        digest, after = done.result()
-        return digest, relabel_s, after
+        try:
+            digest = structure_digest(m)
+        except BaseException as e:
+            hashed.set_exception(e)
+            raise
+        hashed.set_result(digest)
+        return after_digest(digest) if after_digest is not None else None
+    pool = thread_pool(1)
+    done = pool.submit(digest_then)
+    pool.shutdown(wait=False)  # its one thread ends with digest_then
+    t0 = time.perf_counter()
+    ordered_matrix(m, TILE_ORDER)
+    relabel_s = time.perf_counter() - t0
+    if relabelled is not None:
+        relabelled()
+    return hashed.result(), relabel_s, done.result if after_digest is not None else None
 
 
 def _spmv(m: CanonicalMatrix, spec, cubin: bytes, plan, cache: Cache, digest: str, layout=None) -> SpMV:

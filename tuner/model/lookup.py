@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -264,7 +265,7 @@ PARALLEL_ROWS = 1 << 20  # from this many rows on, predict_many predicts its can
 
 
 def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] | None = None,
-                         known: dict[str, float | None] | None = None
+                         known: dict[str, float | None] | Callable[[], dict | None] | None = None
                          ) -> tuple[list[Specialization], list[float | None]]:
     """Every candidate of ``m`` (``families.specializations``) and its prediction (:func:`predict_many`),
     in that order. While the families whose space reads the profile (the tiled ones: they count every
@@ -274,13 +275,17 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
     waits for another, so the other families' histograms are built while the tiled ones count their
     tiles (on rmat:23 the planning takes a tenth less time than predicting them after the tiled ones).
     ``known``: predictions already made, by candidate label (:func:`caller_order_predictions`, made while
-    the GPU relabelled the matrix); those candidates are not predicted again.
+    the GPU relabelled the matrix); those candidates are not predicted again. Or a callable that returns
+    them (None where they could not be made), still being made on another thread: the candidates in the
+    caller's order are left to it, and it is called once the others are predicted, so that nothing here
+    waits for it before then (the candidates it did not predict are predicted after it).
 
     Example: see tests/test_model.py (needs a profile).
     """
     names = list(families.REGISTRY) if names is None else list(names)
     tiled = [n for n in names if families.get(n).uses_profile]
-    known = known or {}
+    later = known if callable(known) else None
+    known = {} if later is not None or known is None else known
 
     def tiled_candidates():
         specs = families.specializations(m, tiled, profile=profile)
@@ -293,9 +298,13 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
         plain = families.specializations(m, [n for n in names if n not in tiled], profile=profile)
         predicted = {id(spec): known[spec.label()] for spec in plain if spec.label() in known}
         views: dict[str, list[Specialization]] = {}
+        deferred = []  # the caller's order, left to ``later``
         for spec in plain:
-            if id(spec) not in predicted:
-                views.setdefault(getattr(spec.params, "order", NONE), []).append(spec)
+            order = getattr(spec.params, "order", NONE)
+            if later is not None and order == NONE:
+                deferred.append(spec)
+            elif id(spec) not in predicted:
+                views.setdefault(order, []).append(spec)
         workers = view_workers()
         with thread_pool(max(len(views), 1)) as pool:
             pending = [(view, pool.submit(predict_many, m, view, profile, workers)) for view in views.values()]
@@ -303,6 +312,12 @@ def predicted_candidates(m: CanonicalMatrix, profile: Profile, names: list[str] 
             predicted.update(zip(map(id, tiled_specs), tiled_predicted))
             for view, done in pending:
                 predicted.update(zip(map(id, view), done.result()))
+        if deferred:
+            early = dict(later() or {})
+            missing = [spec for spec in deferred if spec.label() not in early]
+            if missing:
+                early.update(zip((s.label() for s in missing), predict_many(m, missing, profile, workers)))
+            predicted.update((id(spec), early[spec.label()]) for spec in deferred)
     made = {n: [] for n in names}
     for spec in plain + tiled_specs:
         made[spec.family].append(spec)
