@@ -522,6 +522,19 @@ def test_what_follows_the_digest_runs_on_its_thread_beside_the_relabelling(monke
         "d1g", 0.0, None)
 
 
+def test_a_digest_that_fails_beside_the_relabelling_raises_in_the_compile(monkeypatch):
+    # The digest's thread hands the digest over before it goes on with what follows it: where hashing fails,
+    # the compile gets that error rather than waiting for a digest that never comes.
+    def digest(m):
+        raise OSError("read error")
+    monkeypatch.setattr(compiler.device_reorder, "usable", lambda *a: True)
+    monkeypatch.setattr(compiler, "relabel_bytes", lambda m: 0)
+    monkeypatch.setattr(compiler, "structure_digest", digest)
+    monkeypatch.setattr(compiler, "ordered_matrix", lambda m, order: None)
+    with pytest.raises(OSError, match="read error"):
+        compiler._digest_beside_relabelling(canonicalize(power_law(300, seed=3)), after_digest=lambda d: "known")
+
+
 def _waited_tuning(monkeypatch, tmp_path, early_fails=False):
     """compiler._tuned of a compile the caller waits for, relabelled on a NumPy stand-in for the GPU, with the
     fake profile; nothing compiled or launched: (the plan it made, the labels of the early predictions)."""
