@@ -381,7 +381,7 @@ def _tuned(m: CanonicalMatrix, info, cache: Cache, tune: str, top_k: int, trials
             if interim is not None:
                 hand_over(interim)
 
-    def early(digest):  # on the digest's thread, beside the relabelling: the caller-order predictions
+    def early(digest):  # the caller-order predictions, on the digest's thread (the planner takes them last)
         key = planner.plan_key(digest, m.value_dtype, info.name, info.capability, tune, prof.digest)
         if cached_plan(key) is not None:
             return None
